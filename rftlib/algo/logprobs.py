@@ -1,0 +1,128 @@
+"""Per-token log-probabilities and entropies of sampled tokens, without the full logits tensor.
+
+Dimensions: N rows, T completion tokens, H hidden size, V vocabulary. The straightforward route
+(``full_logprobs_entropy``) materialises (N, T, V) float32 logits -- 4096 tokens x 152k vocab is
+2.5 GB, plus as much again for log_softmax and for their gradients -- which dominates the memory of
+RL fine-tuning. ``chunked_logprobs_entropy`` starts from the final hidden states instead and runs
+the LM head on ``chunk_size`` token rows at a time; under autograd each chunk is recomputed in the
+backward pass (activation checkpointing), so only the (chunk, H) inputs are kept, never the
+(chunk, V) logits of every chunk at once.
+
+Entropy is a diagnostic (entropy collapse is GRPO's classic failure), so by default it is computed
+under no_grad: its softmax need not be kept for backward. Pass ``entropy_grad=True`` to
+back-propagate through it (needed only for an entropy bonus).
+"""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+
+import torch
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+
+def _entropy_from_logits(logits: torch.Tensor, lse: torch.Tensor) -> torch.Tensor:
+    """H = -sum p log p = logsumexp(z) - sum softmax(z) * z. (..., V), (...) -> (...)."""
+    return lse - (torch.softmax(logits, dim=-1) * logits).sum(dim=-1)
+
+
+def _chunk_logprobs_entropy(
+    h: torch.Tensor,  # (C, H)
+    weight: torch.Tensor,  # (V, H)
+    bias: torch.Tensor | None,  # (V,)
+    targets: torch.Tensor,  # (C,) long
+    temperature: float,
+    with_entropy: bool,
+    entropy_grad: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-prob of each target and (optionally) entropy, for one chunk of C token rows."""
+    logits = F.linear(h, weight, bias).float()  # (C, V) float32
+    if temperature != 1.0:  # skip a (C, V) copy in the common case
+        logits = logits / temperature  # (C, V)
+    lse = torch.logsumexp(logits, dim=-1)  # (C,)
+    logprobs = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - lse  # (C,)
+    entropy = None
+    if with_entropy:
+        with nullcontext() if entropy_grad else torch.no_grad():
+            entropy = _entropy_from_logits(logits, lse)  # (C,)
+    return logprobs, entropy
+
+
+def chunked_logprobs_entropy(
+    hidden: torch.Tensor,
+    lm_head_weight: torch.Tensor,
+    targets: torch.Tensor,
+    *,
+    temperature: float = 1.0,  # the sampling temperature: logprobs of the distribution that sampled
+    chunk_size: int = 1024,  # token rows per LM-head call; peak extra memory ~ chunk_size * V * 4 bytes * a few
+    lm_head_bias: torch.Tensor | None = None,
+    with_entropy: bool = True,
+    checkpoint_chunks: bool = True,  # recompute each chunk in backward instead of keeping its logits
+    entropy_grad: bool = False,  # back-propagate through the entropy (only for an entropy bonus)
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """log pi(target) and entropy per token from hidden states, ``chunk_size`` tokens at a time.
+
+    hidden: (N, T, H) final hidden states at the positions that predict ``targets``;
+    lm_head_weight: (V, H); targets: (N, T) integer token ids.
+    The matmul runs in the dtype of hidden/weight (as the model's own lm_head would); the logits
+    are then upcast to float32 and divided by ``temperature`` before any softmax.
+    ``targets`` must be valid ids everywhere, padding included (use e.g. the pad token id there and
+    mask the result later): gather rejects negative ids such as -100.
+    Returns (logprobs (N, T) float32, entropy (N, T) float32 or None when with_entropy=False).
+    Values equal ``full_logprobs_entropy(hidden @ W.T + b, targets)`` up to float rounding.
+    """
+    if hidden.dim() != 3 or targets.shape != hidden.shape[:2]:
+        raise ValueError(f"need hidden (N, T, H) and targets (N, T); got {tuple(hidden.shape)} and {tuple(targets.shape)}")
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+    n, t, h = hidden.shape
+    flat_hidden = hidden.reshape(n * t, h)  # (N*T, H)
+    flat_targets = targets.reshape(n * t).long()  # (N*T,)
+    needs_grad = torch.is_grad_enabled() and (
+        hidden.requires_grad or lm_head_weight.requires_grad or (lm_head_bias is not None and lm_head_bias.requires_grad)
+    )
+    logprob_chunks, entropy_chunks = [], []
+    for start in range(0, n * t, chunk_size):
+        args = (
+            flat_hidden[start : start + chunk_size],  # (C, H)
+            lm_head_weight,
+            lm_head_bias,
+            flat_targets[start : start + chunk_size],  # (C,)
+            temperature,
+            with_entropy,
+            entropy_grad,
+        )
+        if checkpoint_chunks and needs_grad:
+            lp, ent = checkpoint(_chunk_logprobs_entropy, *args, use_reentrant=False)
+        else:
+            lp, ent = _chunk_logprobs_entropy(*args)
+        logprob_chunks.append(lp)
+        entropy_chunks.append(ent)
+    logprobs = torch.cat(logprob_chunks).view(n, t)  # (N, T)
+    entropy = torch.cat(entropy_chunks).view(n, t) if with_entropy else None  # (N, T)
+    return logprobs, entropy
+
+
+def full_logprobs_entropy(
+    logits: torch.Tensor,
+    targets: torch.Tensor,
+    temperature: float = 1.0,
+    *,
+    with_entropy: bool = True,
+    entropy_grad: bool = False,  # as in chunked_logprobs_entropy, so both paths behave alike
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Reference: log pi(target) and entropy from full logits (N, T, V). Simple; memory O(N*T*V).
+
+    Returns (logprobs (N, T) float32, entropy (N, T) float32 or None).
+    """
+    if logits.dim() != 3 or targets.shape != logits.shape[:2]:
+        raise ValueError(f"need logits (N, T, V) and targets (N, T); got {tuple(logits.shape)} and {tuple(targets.shape)}")
+    scaled = logits.float() / temperature  # (N, T, V)
+    log_probs_all = torch.log_softmax(scaled, dim=-1)  # (N, T, V)
+    logprobs = log_probs_all.gather(-1, targets.long().unsqueeze(-1)).squeeze(-1)  # (N, T)
+    entropy = None
+    if with_entropy:
+        with nullcontext() if entropy_grad else torch.no_grad():
+            entropy = -(log_probs_all.exp() * log_probs_all).sum(dim=-1)  # (N, T)
+    return logprobs, entropy
