@@ -1,0 +1,167 @@
+"""rftlib.preflight.memory: term formulas by hand, then the four memory situations of the seeds."""
+
+import pytest
+
+from rftlib.preflight.memory import (
+    ALL_LINEAR, GB, LOGITS_NAIVE, MODELS, estimate_rollout_memory, estimate_train_memory, lora_params,
+)
+
+
+@pytest.mark.parametrize("name, total, active", [
+    ("Qwen2.5-0.5B", 494_032_768, None),  # HF model card / peft printout in seed 002
+    ("Qwen2.5-1.5B", 1_543_714_304, None),
+    ("SmolLM2-135M", 134_515_008, None),
+    ("gpt-oss-20b", 20_914_757_184, 3_608_307_264),  # model card: 21B total, 3.6B active
+    ("gpt-oss-120b", 116_829_156_672, 5_132_849_472),  # model card: 117B total, 5.1B active
+])
+def test_param_counts_from_shapes(name, total, active):
+    m = MODELS[name]
+    assert m.n_params == total
+    if active:
+        assert m.n_active == active
+
+
+def test_lora_params_match_seed_002_printout():
+    # seed 002: "trainable params: 8,798,208 || all params: 502,830,976 || trainable%: 1.7497"
+    n = lora_params("Qwen2.5-Coder-0.5B-Instruct", 16, ALL_LINEAR)
+    assert n == 8_798_208
+    assert n / (n + MODELS["Qwen2.5-0.5B"].n_params) == pytest.approx(0.017497, abs=1e-6)
+    # gpt-oss-20b, rank 32, attention only: 24 * 32 * ((2880+4096)*2 + (2880+512)*2)
+    assert lora_params("gpt-oss-20b", 32) == 24 * 32 * (2 * 6976 + 2 * 3392)
+    with pytest.raises(ValueError, match="MoE"):
+        lora_params("gpt-oss-20b", 32, ALL_LINEAR)  # seed 003 §6: no all-linear on MoE
+
+
+def test_term_formulas_by_hand():
+    e = estimate_train_memory("Qwen2.5-1.5B", gpu=80, finetune="full", reference="copy", sequences=2,
+                              seq_len=100, gradient_checkpointing=False, generation=(2, 100))
+    P = 1_543_714_304
+    assert e.gb("policy weights") == pytest.approx(P * 2 / GB)
+    assert e.gb("reference model (frozen copy)") == pytest.approx(P * 2 / GB)
+    assert e.gb("optimizer states (AdamW m+v)") == pytest.approx(P * 8 / GB)
+    assert e.gb("logits") == pytest.approx(2 * 100 * 151936 * 4 * 3 / GB)
+    # per token per layer: 2*(4*1536 + 3*1536 + 3*256 + 4*8960) + 8*1536 = 107,008 bytes
+    assert e.gb("activations") == pytest.approx(200 * 28 * 107_008 / GB)
+    kv = [g for t, g, _ in e.aside if t == "generation KV cache"][0]
+    assert kv == pytest.approx(2 * 28 * 2 * 128 * 2 * 100 * 2 / GB)  # 2 * L * kv * hd * bytes * tokens * seqs
+    # ZeRO-3 over 4 ranks divides weights, grads, optimizer; offload moves weights off the GPU
+    z = estimate_train_memory("Qwen2.5-1.5B", gpu=80, finetune="full", zero_stage=3, world_size=4, offload=True,
+                              adam_offload=True)
+    assert z.gb("policy weights") == 0 and z.gb("optimizer states (AdamW m+v)") == 0
+    assert z.gb("gradients") == pytest.approx(P * 2 / 4 / GB)
+
+
+def test_seed000_phase14_a100_oom():
+    """Seed 000, Phase 14: Qwen 1.5B policy + frozen reference copy, 2 prompts x 4 samples on an A100 40GB: OOM.
+
+    The seed is silent on everything but the model, the GPU and the 8 sequences. Assumed (a hand-written
+    GRPO script): full fine-tuning; bf16 weights (the seed: "~3GB per copy in bfloat16"); AdamW moments in
+    fp32 and no separate master copy; the reference a second bf16 copy; 8 sequences x 768 tokens
+    (~256-token MBPP prompt + 512 generated); no gradient checkpointing; SDPA attention; logits
+    materialised in fp32 over the 151,936 vocabulary, lean handling (3 copies).
+
+    Predicted: OOM at ~52 GB of 42.9, dominated by activations (18.4 GB), then optimizer states (12.4 GB)
+    and logits (7.5 GB). The seed blamed "two 1.5B models"; the two copies are only 6.2 GB of it.
+    Sensitivity (checked below): at 512 tokens in all the same plan is "tight" (98%), not OOM; with
+    gradient checkpointing it fits (35 GB) unless the loop also keeps the reference model's logits
+    (LOGITS_NAIVE), which reproduces the seed's "checkpointing helps but not enough" (OOM, logits dominant).
+    """
+    plan = dict(gpu="A100-40GB", finetune="full", train_dtype="bf16", reference="copy", optimizer_dtype="fp32",
+                master_weights=False, sequences=8, generation=(8, 768))
+    e = estimate_train_memory("Qwen2.5-1.5B", seq_len=768, gradient_checkpointing=False, **plan)
+    print(e.table())
+    assert e.verdict == "OOM" and e.dominant == "activations"
+    assert e.gb("reference model (frozen copy)") + e.gb("policy weights") < 0.15 * e.total_gb
+    assert estimate_train_memory("Qwen2.5-1.5B", seq_len=512, gradient_checkpointing=False, **plan).verdict == "tight"
+    assert estimate_train_memory("Qwen2.5-1.5B", seq_len=768, gradient_checkpointing=True, **plan).verdict == "fits"
+    naive = estimate_train_memory("Qwen2.5-1.5B", seq_len=768, gradient_checkpointing=True,
+                                  logits_copies=LOGITS_NAIVE, **plan)
+    assert naive.verdict == "OOM" and naive.dominant == "logits"
+
+
+def test_seed000_phase15_h100_plan():
+    """Seed 000, Phase 15 plan: 16 prompts x 8 samples = 128 sequences x 512 tokens in one micro-batch
+    (GRAD_ACCUM = 1) on an H100 80GB, same assumptions as Phase 14, with gradient checkpointing.
+
+    Predicted: OOM (~161 GB): the (128, 512, 151936) fp32 logits alone are 40 GB a copy. Chunked logits
+    (rftlib's chunked_logprobs_entropy) bring it to ~44 GB: fits.
+    """
+    plan = dict(gpu="H100-80GB", finetune="full", reference="copy", master_weights=False, sequences=128,
+                seq_len=512, gradient_checkpointing=True, generation=(128, 512))
+    e = estimate_train_memory("Qwen2.5-1.5B", **plan)
+    print(e.table())
+    assert e.verdict == "OOM" and e.dominant == "logits"
+    fixed = estimate_train_memory("Qwen2.5-1.5B", logits="chunked", **plan)
+    print(fixed.table())
+    assert fixed.verdict == "fits"
+
+
+def test_seed002_rtx3080_tight():
+    """Seed 002: Qwen2.5-Coder-0.5B-Instruct, LoRA (1.75% of params), fp16, frozen reference copy, G=2,
+    max length 512, on an RTX 3080 10GB: "~9.5 GB of 10 GB".
+
+    Assumed: 2 sequences x 512 tokens in all; LoRA r=16 on all linear layers (reproduces the seed's
+    8,798,208 trainable params) with dropout 0.05, adapters in fp32 (peft's default on a half model);
+    AdamW fp32; no gradient checkpointing; the hand-written loop keeps policy and reference fp32 logits
+    and log-probs (LOGITS_NAIVE); HF generate on the same GPU.
+
+    Predicted: tight (9.8 GB, 91% of the 10.7 GB nvidia-smi total; the seed saw ~9.5 GB), dominated by
+    logits. The seed's own breakdown puts 6-7 GB in "KV cache";
+    the KV cache of 2 x 512 tokens is 0.01 GB: that space is the two models' logits over a 151,936 vocabulary.
+    Sensitivity: with lean logits handling (3 copies) the same run would be ~74% (fits).
+    """
+    plan = dict(gpu="RTX3080-10GB", train_dtype="fp16", finetune="lora", lora_rank=16, lora_targets=ALL_LINEAR,
+                lora_dropout=0.05, reference="copy", sequences=2, seq_len=512, gradient_checkpointing=False,
+                generation=(2, 512))
+    e = estimate_train_memory("Qwen2.5-Coder-0.5B-Instruct", logits_copies=LOGITS_NAIVE, **plan)
+    print(e.table())
+    assert e.verdict == "tight" and e.dominant == "logits"
+    kv = [g for t, g, _ in e.aside if t == "generation KV cache"][0]
+    assert kv < 0.02
+    assert estimate_train_memory("Qwen2.5-Coder-0.5B-Instruct", **plan).verdict == "fits"
+
+
+def test_seed003_gpt_oss_allocations():
+    """Seed 003 §5: actor GPUs 4-7 under ZeRO-3 (world 4), LoRA attention-only, checkpointing, micro batch 1.
+
+    - 20B: "84 GB bf16 / 4 = 21 GB/GPU". 20.91B params x 2 B (bf16) is 41.8 GB, i.e. 10.5 GB/GPU; the
+      seed's 84 GB is 4 bytes/param (an fp32 dequantisation). Both are reproduced: 10.46 and 20.91 GB/GPU.
+      Either way it fits without offload (prompt 1024 + generate 4096 tokens).
+    - 120B: "234 GB bf16 / 4 = 58.5 GB/GPU, requires CPU offload": 116.83B x 2 B / 4 = 58.4 GB/GPU;
+      without offload the ZeRO-3 gathered layers (2 x 3.2B params) and fp32 logits push it to ~98%
+      (tight); with --offload --adam_offload it fits.
+    - vLLM GPUs 0-3 at gpu_memory_utilization 0.85: 72.7 GB = 67.7 GiB of the H100's 79.6 GiB (the
+      seed's "~68 GB/80 GB used"), MXFP4 weights / TP=2 leave the rest to KV cache.
+    """
+    z3 = dict(gpu="H100-80GB", finetune="lora", zero_stage=3, world_size=4, sequences=1, gradient_checkpointing=True)
+    e20 = estimate_train_memory("gpt-oss-20b", lora_rank=32, seq_len=1024 + 4096, **z3)
+    print(e20.table())
+    assert e20.gb("policy weights") == pytest.approx(10.46, abs=0.01) and e20.verdict == "fits"
+    e20_seed = estimate_train_memory("gpt-oss-20b", lora_rank=32, seq_len=5120, train_dtype="fp32", **z3)
+    assert e20_seed.gb("policy weights") == pytest.approx(21.0, abs=0.1) and e20_seed.verdict == "fits"
+
+    e120 = estimate_train_memory("gpt-oss-120b", lora_rank=64, seq_len=1024 + 3072, **z3)
+    print(e120.table())
+    assert e120.gb("policy weights") == pytest.approx(58.4, abs=0.1)
+    assert e120.verdict in ("tight", "OOM")
+    off = estimate_train_memory("gpt-oss-120b", lora_rank=64, seq_len=4096, offload=True, adam_offload=True, **z3)
+    print(off.table())
+    assert off.verdict == "fits" and off.gb("policy weights") == 0
+
+    for name in ("gpt-oss-20b", "gpt-oss-120b"):
+        r = estimate_rollout_memory(name, gpu="H100-80GB", gpu_memory_utilization=0.85, tensor_parallel=2,
+                                    max_model_len=5120)
+        print(r.table())
+        assert r.total_gb * GB / 2**30 == pytest.approx(67.7, abs=0.1)
+        assert r.verdict == "fits" and r.gb("KV cache pool") > 30
+
+
+def test_bad_inputs_name_the_valid_ones():
+    with pytest.raises(ValueError, match="known"):
+        estimate_train_memory("llama-7b")
+    with pytest.raises(ValueError, match="known"):
+        estimate_train_memory("Qwen2.5-1.5B", gpu="TPU")
+    with pytest.raises(ValueError, match="zero_stage=3"):
+        estimate_train_memory("Qwen2.5-1.5B", offload=True)
+    short = estimate_rollout_memory("gpt-oss-120b", tensor_parallel=1, gpu_memory_utilization=0.5)
+    assert short.verdict == "OOM" and "exceed" in short.problem
