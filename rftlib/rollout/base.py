@@ -1,0 +1,43 @@
+"""The rollout engine interface and what every engine returns.
+
+Engines (HF generate here, vLLM on GPUs) differ in speed, not in contract: prompt-major rows,
+completions cut at the first EOS (kept, so the model learns to stop), behaviour logprobs of the
+sampled tokens under the sampling distribution (temperature applied), truncation flags.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+
+@dataclass
+class Rollout:
+    prompt_ids: torch.Tensor  # (N, P) left-padded prompt tokens, each prompt repeated G times
+    prompt_mask: torch.Tensor  # (N, P) float {0,1}
+    completion_ids: torch.Tensor  # (N, T) sampled tokens, pad after EOS
+    completion_mask: torch.Tensor  # (N, T) float {0,1}: tokens up to and including the first EOS
+    behaviour_logprobs: torch.Tensor  # (N, T) float32 log pi_behaviour(token), 0 where masked
+    truncated: torch.Tensor  # (N,) bool: hit max_new_tokens without EOS
+    texts: list[str]  # N decoded completions (special tokens stripped)
+    group_size: int  # G
+
+    @property
+    def num_rows(self) -> int:
+        return self.completion_ids.shape[0]
+
+    def lengths(self) -> torch.Tensor:
+        return self.completion_mask.sum(-1)  # (N,)
+
+
+class RolloutEngine(Protocol):
+    def generate(self, prompts: list[str], *, group_size: int, max_new_tokens: int, temperature: float,
+                 top_p: float = 1.0, greedy: bool = False) -> Rollout:
+        """Sample group_size completions for each chat-formatted prompt (rows prompt-major)."""
+        ...
+
+    def sync_weights(self, model) -> None:
+        """Make the engine sample from the trainer's current weights (no-op when they share them)."""
+        ...

@@ -1,0 +1,38 @@
+"""Per-token logprobs of a rollout's completions under the current (or reference) policy.
+
+Runs the backbone once over prompt+completion, keeps only the hidden states that predict
+completion tokens, and hands them to the chunked LM-head computation in rftlib.algo.logprobs,
+so the full (N, T, V) float32 logits never exist. Position ids are derived from the attention
+mask exactly as ``generate`` derives them under left padding, so at ratio 1 the result equals
+the behaviour logprobs.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from rftlib.algo.logprobs import chunked_logprobs_entropy
+from rftlib.models.loading import policy_parts
+
+
+def completion_logprobs(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, completion_ids: torch.Tensor,
+                        completion_mask: torch.Tensor, *, temperature: float = 1.0, chunk_size: int = 1024,
+                        with_entropy: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(logprobs (n, T), entropy (n, T) or None) for n rows; zero where completion_mask is 0."""
+    parts = policy_parts(model)
+    P = prompt_ids.shape[1]
+    input_ids = torch.cat([prompt_ids, completion_ids], 1)  # (n, P+T)
+    attn = torch.cat([prompt_mask, completion_mask], 1).long()  # (n, P+T)
+    # padding after EOS is masked too, but it only follows the real tokens, so causality keeps it harmless
+    position_ids = (attn.cumsum(-1) - 1).clamp(min=0)  # (n, P+T)
+    hidden = parts.backbone(input_ids=input_ids, attention_mask=attn, position_ids=position_ids,
+                            use_cache=False).last_hidden_state  # (n, P+T, H)
+    hidden = hidden[:, P - 1:-1]  # (n, T, H): position t predicts completion token t
+    W = parts.lm_head.weight  # (V, H)
+    bias = getattr(parts.lm_head, "bias", None)
+    logp, ent = chunked_logprobs_entropy(hidden, W, completion_ids, temperature=temperature, chunk_size=chunk_size,
+                                         lm_head_bias=bias, with_entropy=with_entropy)
+    logp = logp * completion_mask  # (n, T)
+    if ent is not None:
+        ent = ent * completion_mask
+    return logp, ent
