@@ -37,4 +37,15 @@ def arithmetic_task(eval_size: int = 100, seed: int = 1234) -> Task:
         raise ValueError(f"eval_size={eval_size}: the arithmetic task has {len(probs)} problems; "
                          f"choose 1..{len(probs) - 1}")
     random.Random(seed).shuffle(probs)
-    return Task(name="arithmetic", train=probs[eval_size:], eval=probs[:eval_size], reward=math_em_reward)
+    train, held = probs[eval_size:], probs[:eval_size]
+    rng = random.Random(42)  # seed 003's probe seed
+    ood = []
+    for i in range(50):  # out of distribution: two-digit operands, never seen in training
+        a, b, op = rng.randint(10, 99), rng.randint(10, 99), rng.choice("+-")
+        ans = a + b if op == "+" else a - b
+        ood.append(Example(id=f"ood{i}:{a}{op}{b}", prompt=f"Calculate {a} {op} {b}.", answer=str(ans),
+                           meta={"a": a, "b": b, "op": op}))
+    probes = {"id": rng.sample(train, min(50, len(train))), "ood": ood}
+    return Task(name="arithmetic", train=train, eval=held, reward=math_em_reward, probes=probes,
+                # SmolLM2 ignores format instructions and the reward reads the last number: no boxes
+                health_skip=("has_boxed",))

@@ -33,6 +33,10 @@ class Task:
     """reward(completion_text, example, truncated) -> (reward, numeric diagnostics)"""
     system_prompt: str | None = None
     """None keeps the model's chat-template default"""
+    probes: dict[str, list[Example]] = field(default_factory=dict)
+    """extra eval sets by name, e.g. id (drawn from the pool) and ood (another distribution)"""
+    health_skip: tuple[str, ...] = ()
+    """health rules that do not apply to this task (e.g. has_boxed where answers are not boxed)"""
 
     def __post_init__(self) -> None:
         overlap = {e.prompt for e in self.train} & {e.prompt for e in self.eval}
@@ -40,12 +44,21 @@ class Task:
             raise ValueError(f"task {self.name}: {len(overlap)} held-out prompts also in the training pool, "
                              f"e.g. {sorted(overlap)[0]!r}")
 
+    def eval_set(self, probe: str) -> list[Example]:
+        """The examples of an eval probe: 'heldout' is the held-out split, others come from probes."""
+        if probe == "heldout":
+            return self.eval
+        if probe not in self.probes:
+            raise ValueError(f"task {self.name} has no eval probe '{probe}'; it has heldout"
+                             + "".join(f", {k}" for k in self.probes))
+        return self.probes[probe]
+
 
 TASKS = Registry("task")
 
 
 def build_task(name: str, **kwargs: Any) -> Task:
-    return TASKS.get(name)(**kwargs)
+    return registered_tasks().get(name)(**kwargs)
 
 
 def math_em_reward(completion: str, example: Example, truncated: bool) -> tuple[float, dict[str, float]]:
@@ -56,5 +69,8 @@ def math_em_reward(completion: str, example: Example, truncated: bool) -> tuple[
     return r.reward, r.diagnostics()
 
 
-# Builders register themselves on import.
-from rftlib.data import arithmetic as _arithmetic  # noqa: E402,F401
+def registered_tasks() -> Registry:
+    """The task registry with every built-in builder imported (lazily: they import this module)."""
+    from rftlib.data import arithmetic, benchmarks, code_problems, curriculum, prepare  # noqa: F401
+
+    return TASKS

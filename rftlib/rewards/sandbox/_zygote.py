@@ -43,6 +43,11 @@ import time
 MAX_DEPTH = 64  # nesting deeper than this is refused (it is never a sane test output)
 
 
+import collections as _collections
+
+_DICT_LIKE = (_collections.Counter, _collections.OrderedDict, _collections.defaultdict)
+
+
 def encode_value(value, _depth=0):
     """A JSON-able form of a value made only of exact builtin types; TypeError otherwise.
 
@@ -62,8 +67,10 @@ def encode_value(value, _depth=0):
         return {"s": [encode_value(v, d) for v in value]}
     if t is frozenset:
         return {"f": [encode_value(v, d) for v in value]}
-    if t is dict:
-        return {"d": [[encode_value(k, d), encode_value(v, d)] for k, v in value.items()]}
+    if t is dict or t in _DICT_LIKE:
+        # exact stdlib mappings compare equal to dicts (MBPP references return Counter); a user
+        # subclass is still refused, and items are read through dict's own method
+        return {"d": [[encode_value(k, d), encode_value(v, d)] for k, v in dict.items(value)]}
     if t is bytes:
         return {"b": value.hex()}
     if t is complex:
