@@ -133,6 +133,15 @@ class RunConfig:
     # ---- evaluation, logging, checkpoints -----------------------------------------------------
     eval_steps: int = 10
     """held-out greedy eval every this many steps (0: only at step 0 and at the end)"""
+    eval_probes: list = field(default_factory=lambda: ["heldout"])
+    """eval sets run at each eval: heldout (the task's held-out split), id (from the training pool),
+    ood (out of distribution) when the task defines them (seed 003: ID and OOD probes)"""
+    early_stop_probe: str | None = None
+    """stop when this probe's greedy_pass@1 drops at early_stop_patience consecutive evals (seed 003: ood)"""
+    early_stop_patience: int = 2
+    """consecutive drops that stop training (seed 003 section 12: 2)"""
+    health_abort: bool = False
+    """stop the attempt when a health verdict fails (seed 003 section 12 smoke tests); False only warns"""
     eval_batch_size: int = 64
     """prompts per generate call in eval"""
     save_steps: int = 10
@@ -327,10 +336,15 @@ def validate(cfg: RunConfig) -> None:
         value = getattr(cfg, name)
         if value not in reg:
             bad(f"{name}='{value}': valid values are {', '.join(reg.names())}")
-    from rftlib.data.tasks import TASKS
+    from rftlib.data.tasks import registered_tasks
 
-    if cfg.task not in TASKS:
-        bad(f"task='{cfg.task}': valid tasks are {', '.join(TASKS.names())}")
+    tasks = registered_tasks()
+    if cfg.task not in tasks:
+        bad(f"task='{cfg.task}': valid tasks are {', '.join(tasks.names())}")
+    if cfg.early_stop_probe is not None and cfg.early_stop_probe not in cfg.eval_probes:
+        bad(f"early_stop_probe='{cfg.early_stop_probe}' is not evaluated: add it to eval_probes {cfg.eval_probes}")
+    if cfg.early_stop_patience < 1:
+        bad(f"early_stop_patience={cfg.early_stop_patience}: must be at least 1")
 
 
 def to_dict(cfg: RunConfig) -> dict[str, Any]:

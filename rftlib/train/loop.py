@@ -38,6 +38,12 @@ from rftlib.train.schedule import lr_at, make_scheduler, warmup_steps_for
 EVAL_KEY = "eval/heldout/greedy_pass@1"
 
 
+def _read_rows(path: Path) -> list[dict[str, Any]]:
+    from rftlib.monitor.metrics import read_metrics
+
+    return read_metrics(path.parent.parent)
+
+
 class PromptSampler:
     """Walks the training pool in seeded per-epoch permutations; its state is a resumable cursor."""
 
@@ -60,6 +66,9 @@ class PromptSampler:
 
     def state(self) -> dict[str, int]:
         return {"epoch": self.epoch, "pos": self.pos}
+
+    def load_state(self, s: dict[str, int]) -> None:
+        self.epoch, self.pos = s["epoch"], s["pos"]
 
 
 def _q(x: torch.Tensor, q: float) -> float:
@@ -104,7 +113,8 @@ class Trainer:
                                         warmup_steps=self.warmup_steps, min_lr_ratio=cfg.min_lr_ratio)
         self.amp = autocast_dtype(cfg.autocast)
         self.engine = HFEngine(self.model, self.tok, amp=self.amp)
-        self.sampler = PromptSampler(len(self.task.train), cfg.seed)
+        make = getattr(self.task, "make_sampler", None)  # curriculum / weighted mixing tasks bring their own
+        self.sampler = make(cfg.seed) if make else PromptSampler(len(self.task.train), cfg.seed)
         self.step_num = 0
         self.eval_history: list[dict[str, Any]] = []
         self.skipped_steps = 0
@@ -135,7 +145,7 @@ class Trainer:
         ckpt.set_rng_state(state["rng"])
         ts = state["trainer_state"]
         self.step_num = ts["step"]
-        self.sampler.epoch, self.sampler.pos = ts["sampler"]["epoch"], ts["sampler"]["pos"]
+        self.sampler.load_state(ts["sampler"])
         self.eval_history = ts["eval_history"]
         self.skipped_steps = ts.get("skipped_steps", 0)
         # metrics lines past the checkpoint (a crash after the save) would be duplicated: drop them
@@ -148,14 +158,32 @@ class Trainer:
 
     # ---- evaluation -------------------------------------------------------------------------
     def evaluate(self) -> dict[str, Any]:
-        res = greedy_eval(self.engine, self.tok, self.task, self.task.eval, max_new_tokens=self.cfg.max_new_tokens,
-                          batch_size=self.cfg.eval_batch_size)
+        """greedy_pass@1 on every eval probe; results in eval/step_N[_probe].json and the history."""
+        summary: dict[str, Any] = {"step": self.step_num}
         (self.run_dir / "eval").mkdir(exist_ok=True)
-        write_json(self.run_dir / "eval" / f"step_{self.step_num}.json", res)
-        summary = {"step": self.step_num, EVAL_KEY: res["greedy_pass@1"],
-                   "eval/heldout/mean_length": res["mean_length"]}
+        for probe in self.cfg.eval_probes:
+            res = greedy_eval(self.engine, self.tok, self.task, self.task.eval_set(probe),
+                              max_new_tokens=self.cfg.max_new_tokens, batch_size=self.cfg.eval_batch_size,
+                              dataset=probe)
+            suffix = "" if probe == "heldout" else f"_{probe}"
+            write_json(self.run_dir / "eval" / f"step_{self.step_num}{suffix}.json", res)
+            summary[f"eval/{probe}/greedy_pass@1"] = res["greedy_pass@1"]
+            summary[f"eval/{probe}/mean_length"] = res["mean_length"]
         self.eval_history.append(summary)
         return summary
+
+    def early_stop_reason(self) -> str | None:
+        """Why to stop now (the probe dropped at ``patience`` consecutive evals), else None."""
+        cfg = self.cfg
+        if cfg.early_stop_probe is None:
+            return None
+        key = f"eval/{cfg.early_stop_probe}/greedy_pass@1"
+        vals = [e[key] for e in self.eval_history if key in e]
+        k = cfg.early_stop_patience
+        if len(vals) > k and all(vals[-i] < vals[-i - 1] for i in range(1, k + 1)):
+            trail = " -> ".join(f"{v:.3f}" for v in vals[-k - 1:])
+            return f"{key} dropped at {k} consecutive evals ({trail})"
+        return None
 
     # ---- one rollout step -------------------------------------------------------------------
     def _rows(self, ro, idx: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -171,7 +199,8 @@ class Trainer:
         cfg, G = self.cfg, self.cfg.n_samples_per_prompt
         timing: dict[str, float] = {}
         t_step = t = time.time()
-        examples = [self.task.train[i] for i in self.sampler.next(cfg.rollout_batch_size)]
+        indices = self.sampler.next(cfg.rollout_batch_size)
+        examples = [self.task.train[i] for i in indices]
         ro = self.engine.generate(format_prompts(self.tok, examples, self.task.system_prompt), group_size=G,
                                   max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p)
         timing["generate"] = time.time() - t
@@ -184,6 +213,9 @@ class Trainer:
             rewards.append(float(r))
             diags.append(d)
         rewards_t = torch.tensor(rewards)  # (N,)
+        if hasattr(self.sampler, "update"):  # a curriculum moves on the measured solve rate
+            correct = [float(d.get("correctness", r)) for d, r in zip(diags, rewards)]
+            self.sampler.update([i for i in indices for _ in range(G)], correct)
         advantages = compute_advantages(cfg.advantage_estimator, rewards_t, G, cfg.adv_eps)  # (N,)
         timing["reward"] = time.time() - t
 
@@ -208,6 +240,8 @@ class Trainer:
         timing["step"] = time.time() - t_step
 
         row = self._metrics(ro, rewards_t, diags, advantages, upd, timing)
+        if hasattr(self.sampler, "metrics"):
+            row.update(self.sampler.metrics())
         if upd["grad_norm_max"] > cfg.spike_grad_norm:
             self.logger.spike({"step": self.step_num, "grad_norm": upd["grad_norm_max"],
                                "prompt_hashes": [hashlib.md5(e.prompt.encode()).hexdigest() for e in examples],
@@ -266,7 +300,7 @@ class Trainer:
                     self.optimizer.zero_grad(set_to_none=True)
                 acc["grad_norm"].append(grad_norm)
                 acc["loss"].append(loss_total)
-        return {**acc, "grad_norm_max": max(acc["grad_norm"])}
+        return {**acc, "grad_norm_max": max(acc["grad_norm"]), "clip": (cfg.eps_clip, clip_high)}
 
     def _metrics(self, ro, rewards, diags, advantages, upd, timing) -> dict[str, Any]:
         cfg = self.cfg
@@ -298,13 +332,21 @@ class Trainer:
         row.update(response_length_mean=float(lengths.mean()), response_length_max=float(lengths.max()),
                    truncated=float(ro.truncated.float().mean()))
         row["lr"] = float(np.mean(upd["lr"])) if upd["lr"] else 0.0  # the LR the step(s) used
+        row["eps_clip_low"], row["eps_clip_high"] = upd["clip"]  # what the loss was called with
         row["skipped_steps"] = self.skipped_steps
         row.update({f"timing/{k}": v for k, v in timing.items()})
         return row
 
     # ---- the loop -------------------------------------------------------------------------------
     def train(self) -> dict[str, Any]:
-        """Run to num_steps (or stop_after_steps more); eval at 0, every eval_steps and at the end."""
+        """Run to num_steps (or stop_after_steps more); eval at 0, every eval_steps and at the end.
+
+        Stops early when the early-stop probe drops at ``early_stop_patience`` consecutive evals,
+        or, with ``health_abort``, when a health verdict fails; either way it checkpoints first
+        and records why in summary.json.
+        """
+        from rftlib.monitor.health import check_health
+
         cfg = self.cfg
         start = self.step_num
         end = cfg.num_steps if cfg.stop_after_steps is None else min(cfg.num_steps, start + cfg.stop_after_steps)
@@ -315,18 +357,43 @@ class Trainer:
             from tqdm.auto import tqdm
 
             bar = tqdm(total=cfg.num_steps, initial=start, desc=self.run_dir.name, unit="step")
+        rows = [r for r in _read_rows(self.logger.path)]
+        health_cfg = {"max_grad_norm": cfg.max_grad_norm}
+        if cfg.early_stop_probe:
+            health_cfg["ood_metric"] = f"eval/{cfg.early_stop_probe}/greedy_pass@1"
+        from rftlib.monitor.health import RULES
+
+        rules = [r for r in RULES.names() if r not in self.task.health_skip]
+        self.stop_reason = None
+        seen_bad: set[tuple[str, str]] = set()
         while self.step_num < end:
             row = self.step()
             final = self.step_num == cfg.num_steps
-            if final or (cfg.eval_steps and self.step_num % cfg.eval_steps == 0):
+            is_eval = final or (cfg.eval_steps and self.step_num % cfg.eval_steps == 0)
+            if is_eval:
                 row.update({k: v for k, v in self.evaluate().items() if k != "step"})
+                self.stop_reason = self.early_stop_reason()
             self._emit(row)
-            if final or self.step_num == end or (cfg.save_steps and self.step_num % cfg.save_steps == 0):
+            rows.append(row)
+            verdicts = check_health(rows, rules=rules, **health_cfg)
+            write_json(self.run_dir / "logs" / "health.json", [v.__dict__ for v in verdicts])
+            for v in verdicts:
+                if v.status in ("warn", "fail") and (v.name, v.status) not in seen_bad:
+                    seen_bad.add((v.name, v.status))
+                    print(f"[health step {self.step_num}] {v.status.upper()} {v.name}: {v.message} -> {v.action}")
+                    if v.status == "fail" and cfg.health_abort and self.stop_reason is None:
+                        self.stop_reason = f"health verdict {v.name} failed: {v.message}"
+            stop = self.stop_reason is not None
+            if final or stop or self.step_num == end or (cfg.save_steps and self.step_num % cfg.save_steps == 0) \
+                    or (is_eval and cfg.early_stop_probe):
                 self.save()
             if bar is not None:
                 bar.update(1)
                 bar.set_postfix(reward=f"{row['reward_mean']:.2f}", len=f"{row['response_length_mean']:.0f}",
                                 s=f"{row['timing/step']:.0f}")
+            if stop:
+                print(f"[early stop at step {self.step_num}] {self.stop_reason}")
+                break
         if bar is not None:
             bar.close()
         return self.summary()
@@ -341,7 +408,15 @@ class Trainer:
         base = evals[0][EVAL_KEY] if evals else None
         last = evals[-1][EVAL_KEY] if evals else None
         best = max(evals, key=lambda e: e[EVAL_KEY]) if evals else None
+        probes = {}
+        for p in self.cfg.eval_probes:
+            key = f"eval/{p}/greedy_pass@1"
+            vals = [(e["step"], e[key]) for e in self.eval_history if key in e]
+            if vals:
+                bs, bv = max(vals, key=lambda x: (x[1], -x[0]))
+                probes[p] = {"baseline": vals[0][1], "final": vals[-1][1], "best": bv, "best_step": bs}
         out = {"attempt_id": self.run_dir.name, "run_dir": str(self.run_dir), "steps": self.step_num,
+               "stop_reason": getattr(self, "stop_reason", None), "probes": probes,
                "baseline": base, "final": last, "gain": None if base is None or last is None else last - base,
                "best_step": best["step"] if best else None, "best": best[EVAL_KEY] if best else None,
                "skipped_steps": self.skipped_steps, "eval_mode": "greedy_pass@1", "eval_dataset": "heldout",

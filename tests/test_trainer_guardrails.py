@@ -1,0 +1,57 @@
+"""Guardrails wired into the loop: early stopping on the OOD probe, health verdicts, spike log."""
+
+import json
+
+import pytest
+
+import rftlib.train.loop as loop
+from rftlib.train import checkpoint as ckpt
+
+
+def test_planted_ood_drop_stops_after_second_drop(tiny_cfg, monkeypatch):
+    planted = iter([0.50, 0.60, 0.55, 0.50, 0.70, 0.80])  # evals at steps 0,1,2,3,...: drops at 2 and 3
+    real = loop.greedy_eval
+
+    def fake(engine, tok, task, examples, **kw):
+        res = real(engine, tok, task, examples[:2], **kw)
+        if kw.get("dataset") == "ood":
+            res["greedy_pass@1"] = next(planted)
+        return res
+
+    monkeypatch.setattr(loop, "greedy_eval", fake)
+    cfg = tiny_cfg(num_steps=8, eval_steps=1, save_steps=0, eval_probes=["heldout", "ood"], early_stop_probe="ood")
+    tr = loop.Trainer(cfg, progress=False)
+    summary = tr.train()
+    tr.close()
+    assert summary["steps"] == 3  # stopped right after the second consecutive drop
+    assert "dropped at 2 consecutive evals (0.600 -> 0.550 -> 0.500)" in summary["stop_reason"]
+    assert summary["probes"]["ood"]["best_step"] == 1 and summary["probes"]["ood"]["best"] == 0.6
+    assert 1 in ckpt.list_steps(tr.run_dir) or ckpt.list_steps(tr.run_dir)[-1] == 3  # eval steps checkpointed
+    assert (tr.run_dir / "eval" / "step_2_ood.json").exists()
+
+
+def test_health_verdicts_written_and_abort(tiny_cfg, capsys):
+    # the tiny model is never right: every reward 0, every advantage 0, so grad_norm is exactly 0,
+    # seed 003 section 12's "frozen weights" smoke test, which fails after 2 steps
+    cfg = tiny_cfg(num_steps=8, health_abort=True, save_steps=0)
+    tr = loop.Trainer(cfg, progress=False)
+    summary = tr.train()
+    tr.close()
+    verdicts = {v["name"]: v for v in json.loads((tr.run_dir / "logs" / "health.json").read_text())}
+    assert verdicts["grad_norm"]["status"] == "fail" and verdicts["grad_norm"]["value"] == 0.0
+    assert "has_boxed" not in verdicts  # the arithmetic task opts out: its answers are never boxed
+    assert summary["stop_reason"].startswith("health verdict grad_norm failed")
+    assert summary["steps"] == 2
+    assert "FAIL grad_norm" in capsys.readouterr().out
+    assert ckpt.list_steps(tr.run_dir) == [2]  # checkpointed before stopping
+
+
+def test_spike_log_records_prompt_hashes(tiny_cfg):
+    cfg = tiny_cfg(num_steps=1, spike_grad_norm=0.0)  # every step is a "spike"
+    tr = loop.Trainer(cfg, progress=False, reward_override=lambda t, e, tr_: (float(len(t) % 2), {}))
+    tr.train()
+    tr.close()
+    (line,) = (tr.run_dir / "logs" / "spike_log.jsonl").read_text().splitlines()
+    spike = json.loads(line)
+    assert spike["step"] == 1 and len(spike["prompt_hashes"]) == cfg.rollout_batch_size
+    assert {"grad_norm", "log_ratio_max", "ratio_max"} <= set(spike)
