@@ -150,6 +150,8 @@ class RunConfig:
     """keep at most this many training_state/step_N (seed 003: 2-3)"""
     log_samples: int = 4
     """completions written to samples/ per save"""
+    gns_probe: bool = False
+    """log the gradient noise scale from micro-batch vs batch grad norms (seed 001; McCandlish 2018)"""
     spike_grad_norm: float = 50.0
     """grad_norm above this appends to spike_log.jsonl (seed 003)"""
     torch_threads: int = 0

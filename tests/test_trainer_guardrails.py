@@ -55,3 +55,16 @@ def test_spike_log_records_prompt_hashes(tiny_cfg):
     spike = json.loads(line)
     assert spike["step"] == 1 and len(spike["prompt_hashes"]) == cfg.rollout_batch_size
     assert {"grad_norm", "log_ratio_max", "ratio_max"} <= set(spike)
+
+
+def test_gns_probe_and_ess_logged(tiny_cfg):
+    from rftlib.monitor.metrics import read_metrics
+
+    cfg = tiny_cfg(num_steps=1, gns_probe=True, micro_batch_size=4)  # 16 rows: 4 micro-batches
+    tr = loop.Trainer(cfg, progress=False, reward_override=lambda t, e, tr_: (float(len(t) % 2), {}))
+    tr.train()
+    tr.close()
+    row = read_metrics(tr.run_dir)[1]
+    assert row["importance_ess"] == 1.0  # exactly on-policy
+    assert {"gns_grad_sq", "gns_trace", "gns_b_simple"} <= set(row)
+    assert row["gns_b_simple"] == pytest.approx(row["gns_trace"] / row["gns_grad_sq"], rel=1e-5)

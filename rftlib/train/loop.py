@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from rftlib.algo.advantages import advantage_stats, compute_advantages
+from rftlib.algo.diagnostics import importance_ess, simple_noise_scale
 from rftlib.algo.losses import grpo_loss
 from rftlib.attempts import create_attempt, read_attempt, write_json
 from rftlib.config import RunConfig, make_config
@@ -260,13 +261,16 @@ class Trainer:
         mb = cfg.micro_batch_size
         clip_high = cfg.eps_clip_high if cfg.eps_clip_high is not None else cfg.eps_clip
         norm_const = cfg.loss_norm_const if cfg.loss_norm_const is not None else float(cfg.max_new_tokens)
-        acc: dict[str, list] = {"tok": [], "metrics": [], "entropy": [], "grad_norm": [], "loss": [], "lr": []}
+        acc: dict[str, list] = {"tok": [], "metrics": [], "entropy": [], "grad_norm": [], "loss": [], "lr": [],
+                                "gns": []}
         self.model.train()
         for epoch in range(cfg.num_updates_per_rollout):
             for b0 in range(0, N, tb_rows):
                 batch = torch.arange(b0, min(b0 + tb_rows, N))
                 num_tokens = ro.completion_mask[batch].sum().clamp(min=1.0)
                 loss_total = 0.0
+                gns = cfg.gns_probe and len(batch) > mb
+                prev, micro_sq = None, []
                 for m0 in range(0, len(batch), mb):
                     ix = batch[m0:m0 + mb]
                     rows = self._rows(ro, ix)
@@ -281,10 +285,18 @@ class Trainer:
                         log_ratio_clamp=cfg.log_ratio_clamp, entropy=ent, entropy_coef=cfg.entropy_coef)
                     loss.backward()
                     loss_total += float(loss.detach())
+                    m["importance_ess"] = importance_ess(logp.detach() - old, rows["completion_mask"])
+                    if gns:  # this micro-batch's own gradient, rescaled to its mean gradient
+                        flat = torch.cat([p.grad.reshape(-1) for p in self.params if p.grad is not None])
+                        g = flat if prev is None else flat - prev
+                        micro_sq.append((g * (len(batch) / len(ix))).pow(2).sum())
+                        prev = flat.clone()
                     if epoch == 0:
                         acc["entropy"].append(ent.detach()[rows["completion_mask"] > 0])
                     acc["tok"].append(float(rows["completion_mask"].sum()))
                     acc["metrics"].append({k: float(v) for k, v in m.items()})
+                if gns and prev is not None:
+                    acc["gns"].append(simple_noise_scale(torch.stack(micro_sq), prev.pow(2).sum(), mb, len(batch)))
                 grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, cfg.max_grad_norm))
                 if not (math.isfinite(loss_total) and math.isfinite(grad_norm)):
                     # a non-finite loss would poison the weights and every later checkpoint: skip the step
@@ -333,6 +345,9 @@ class Trainer:
                    truncated=float(ro.truncated.float().mean()))
         row["lr"] = float(np.mean(upd["lr"])) if upd["lr"] else 0.0  # the LR the step(s) used
         row["eps_clip_low"], row["eps_clip_high"] = upd["clip"]  # what the loss was called with
+        if upd["gns"]:  # single-step estimates: average gns_grad_sq and gns_trace over steps to read B_simple
+            for k in upd["gns"][0]:
+                row[k] = float(np.mean([float(g[k]) for g in upd["gns"]]))
         row["skipped_steps"] = self.skipped_steps
         row.update({f"timing/{k}": v for k, v in timing.items()})
         return row
