@@ -36,7 +36,8 @@ def greedy_eval(engine, tokenizer, task: Task, examples: list[Example], *, max_n
         for ex, text, trunc, length in zip(batch, ro.texts, ro.truncated.tolist(), ro.lengths().tolist()):
             r, diag = task.reward(text, ex, bool(trunc))
             results.append({"id": ex.id, "prompt": ex.prompt, "answer": ex.answer, "completion": text,
-                            "reward": r, "correct": float(diag.get("correctness", r)), "length": int(length)})
+                            "reward": r, "correct": float(diag.get("correctness", r)), "length": int(length),
+                            "has_boxed": float(diag.get("has_boxed", 0.0))})
     n = len(results)
     acc = sum(r["correct"] for r in results) / max(n, 1)
     return {"mode": "greedy_pass@1", "dataset": dataset, "n_problems": n, "n_samples": 1, "temperature": 0.0,
@@ -91,3 +92,17 @@ def compare(a: dict[str, Any], b: dict[str, Any]) -> float:
         if a.get(key) != b.get(key):
             raise ValueError(f"refusing to compare evals with different {key}: {a.get(key)!r} vs {b.get(key)!r}")
     return b[a["mode"]] - a[a["mode"]]
+
+
+def sft_decision(engine, tokenizer, task: Task, examples: list[Example], *, max_new_tokens: int,
+                 threshold: float = 0.95, batch_size: int = 64) -> dict[str, Any]:
+    """Seed 003 section 12: SFT is needed only if the base model's format compliance (the \\boxed{}
+    rate, greedy, on a probe) is below 95%. Returns the rate, the verdict and the eval it came from."""
+    res = greedy_eval(engine, tokenizer, task, examples, max_new_tokens=max_new_tokens, batch_size=batch_size,
+                      dataset="format_probe")
+    rate = sum(r["has_boxed"] for r in res["results"]) / max(len(res["results"]), 1)
+    verdict = "SFT needed" if rate < threshold else "SFT not needed"
+    return {"has_boxed_rate": rate, "threshold": threshold, "verdict": verdict, "n": len(res["results"]),
+            "message": f"{verdict}: boxed-answer rate {rate:.0%} on {len(res['results'])} problems "
+                       f"({'<' if rate < threshold else '>='} {threshold:.0%}, seed 003 section 12)",
+            "eval": res}

@@ -60,3 +60,14 @@ def test_compare_refuses_across_modes():
     c = {"mode": "sampling_pass@8", "dataset": "ood", "n_samples": 8, "max_new_tokens": 8, "sampling_pass@8": 0.9}
     with pytest.raises(ValueError, match="different mode"):
         compare(a, c)
+
+
+def test_sft_decision_from_boxed_rate():
+    from rftlib.eval import sft_decision
+
+    # 19 of 20 boxed = 95%: not needed; 18 of 20 = 90%: needed (seed 003 section 12)
+    ex = [Example(f"p{i}", "Calculate 1 + 2.", "3") for i in range(20)]
+    ok = sft_decision(ScriptedEngine(["\\boxed{3}"] * 19 + ["3"]), Tok(), TASK, ex, max_new_tokens=8)
+    assert ok["has_boxed_rate"] == pytest.approx(0.95) and ok["verdict"] == "SFT not needed"
+    bad = sft_decision(ScriptedEngine(["\\boxed{3}"] * 18 + ["3", "3"]), Tok(), TASK, ex, max_new_tokens=8)
+    assert bad["verdict"] == "SFT needed" and "90%" in bad["message"]
