@@ -237,10 +237,11 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
+        mark = getattr(e, "context_mark", None) or getattr(e, "problem_mark", None)
         loc = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
-        problem = getattr(e, "problem", None) or str(e)
-        raise ConfigError(f"malformed YAML at {loc}: {problem}") from None
+        line = text.splitlines()[mark.line] if mark and mark.line < len(text.splitlines()) else ""
+        what = " ".join(x for x in (getattr(e, "context", None), getattr(e, "problem", None)) if x) or str(e)
+        raise ConfigError(f"malformed YAML at {loc}: {what}" + (f"\n    {line}" if line else "")) from None
     if data is None:
         return {}
     if not isinstance(data, dict):
