@@ -108,9 +108,10 @@ def test_chunked_peak_memory_is_lower():
         import bench_logprobs
     finally:
         sys.path.remove(str(bench))
-    r = bench_logprobs.measure("chunked-then-full", tokens=1024, vocab=16000, hidden_size=32, chunk_size=128,
-                               env=bench_logprobs.MMAP_ENV)
-    full, chunked = r["full"]["delta_mb"], r["chunked"]["delta_mb"]
-    # full holds several 62.5 MiB (N*T, V) tensors at once; chunked a few 7.8 MiB ones
-    assert full > 150, r
-    assert chunked < 0.5 * full, r
+    kw = dict(tokens=1024, vocab=32000, hidden_size=32, chunk_size=128, env=bench_logprobs.MMAP_ENV)
+    full = bench_logprobs.measure("full", **kw)
+    chunked = bench_logprobs.measure("chunked", **kw)
+    # Two fresh processes with the same imports: their peaks differ by what the computation held.
+    # Full holds several 125 MiB (N*T, V) fp32 tensors at once; chunked a few 15.6 MiB chunks. Peak
+    # RSS is a high-water mark that import-time spikes can hide, so compare peaks, not deltas.
+    assert full["peak_mb"] - chunked["peak_mb"] > 150, (full, chunked)

@@ -58,7 +58,14 @@ TASKS = Registry("task")
 
 
 def build_task(name: str, **kwargs: Any) -> Task:
-    return registered_tasks().get(name)(**kwargs)
+    """Build a task, passing only the keyword arguments its builder takes (eval_size is optional)."""
+    import inspect
+
+    builder = registered_tasks().get(name)
+    params = inspect.signature(builder).parameters
+    if not any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        kwargs = {k: v for k, v in kwargs.items() if k in params}
+    return builder(**kwargs)
 
 
 def math_em_reward(completion: str, example: Example, truncated: bool) -> tuple[float, dict[str, float]]:

@@ -1,0 +1,211 @@
+"""What the notebooks call: parameters -> config -> attempt -> train -> results.
+
+Notebooks stay thin (a ``parameters`` cell and calls into this module) so that every behaviour
+is reachable from pytest. Papermill only *warns* about an unknown parameter; :func:`collect`
+refuses it, listing the near matches.
+
+The parameters cell gives every RunConfig field the value ``None``, meaning "the preset's value,
+else the RunConfig default": papermill injects what the user passes after that cell, so only the
+names the user set are non-None, and a preset is never silently overridden by a default.
+"""
+
+from __future__ import annotations
+
+import difflib
+import sys
+import time
+import types
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rftlib.config import ConfigError, RunConfig, config_fields, field_docs, make_config, to_dict
+
+# parameters of the notebook itself (not of the RunConfig)
+NOTEBOOK_PARAMS: dict[str, tuple[Any, str]] = {
+    "preset": ("default", "a params/<name>.yaml preset or a path to one"),
+    "attempt_id": (None, "run directory name; None picks the next attempt-NN-<name>"),
+    "resume": (None, "an attempt directory to continue from its step_latest (seed 001 resume)"),
+    "additional_steps": (None, "with resume: train this many more steps than the attempt had"),
+    "live_view": (True, "ipywidgets panel in JupyterLab; False prints a text progress bar (headless)"),
+    "skip_preflight": (False, "launch even if the LR preflight refuses (seed 003 preflight_lr.sh)"),
+}
+_IPY_NAMES = {"In", "Out", "get_ipython", "exit", "quit", "open"}
+
+
+def parameters_cell() -> str:
+    """The source of train.ipynb's ``parameters`` cell, generated from RunConfig so they never drift."""
+    docs = field_docs()
+    defaults = to_dict(RunConfig())
+    lines = ["# Parameters (papermill -p NAME VALUE, or -f params/<preset>.yaml). None = preset value, else default.",
+             "# Notebook"]
+    for k, (v, doc) in NOTEBOOK_PARAMS.items():
+        lines.append(f"{k} = {v!r}  # {doc}")
+    lines.append("# RunConfig (rftlib/config.py): default shown in the comment")
+    for name, f in config_fields().items():
+        # one line each; no '=' in the comment (papermill's parameter parser would stop there)
+        doc = " ".join(docs.get(name, "").split()).replace(" = ", ": ").replace("=", ":")
+        lines.append(f"{name} = None  # [{defaults[name]!r}] {doc}")
+    return "\n".join(lines) + "\n"
+
+
+def collect(ns: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Split a notebook's globals into (notebook params, config overrides); refuse unknown names."""
+    known = set(NOTEBOOK_PARAMS) | set(config_fields())
+    unknown = [k for k, v in ns.items() if not k.startswith("_") and k not in known and k not in _IPY_NAMES
+               and not isinstance(v, (types.ModuleType, types.FunctionType, type))]
+    if unknown:
+        msgs = []
+        for k in unknown:
+            near = difflib.get_close_matches(k, sorted(known), n=3, cutoff=0.5)
+            msgs.append(f"'{k}'" + (f" (did you mean {', '.join(near)}?)" if near else ""))
+        raise ConfigError(f"unknown notebook parameter {', '.join(msgs)}; valid names: {', '.join(sorted(known))}")
+    nb = {k: ns.get(k, v) for k, (v, _) in NOTEBOOK_PARAMS.items()}
+    overrides = {k: ns[k] for k in config_fields() if ns.get(k) is not None}
+    return nb, overrides
+
+
+@dataclass
+class Run:
+    cfg: RunConfig
+    run_dir: Path
+    resume: bool
+    nb: dict[str, Any] = field(default_factory=dict)
+    summary: dict[str, Any] | None = None
+
+
+def start(ns: dict[str, Any]) -> Run:
+    """Resolve the config from the notebook's parameters and create (or reopen) the attempt."""
+    from rftlib.attempts import create_attempt
+    from rftlib.train.loop import resume_config
+
+    nb, overrides = collect(ns)
+    if nb["resume"]:
+        run_dir = Path(nb["resume"])
+        from rftlib.attempts import read_attempt
+
+        saved = read_attempt(run_dir)["config"]
+        if nb["additional_steps"]:
+            from rftlib.train.checkpoint import latest_dir, load_checkpoint
+
+            done = load_checkpoint(latest_dir(run_dir))["trainer_state"]["step"]
+            overrides["num_steps"] = done + int(nb["additional_steps"])
+        overrides.setdefault("stop_after_steps", None)
+        cfg = resume_config(run_dir, **{k: v for k, v in overrides.items() if saved.get(k) != v or k == "num_steps"})
+        if cfg.num_steps != saved.get("num_steps"):  # the attempt was extended: its record says so
+            import yaml
+
+            doc = read_attempt(run_dir)
+            doc.setdefault("resumes", []).append({"from_num_steps": saved.get("num_steps"),
+                                                  "to_num_steps": cfg.num_steps})
+            doc["config"]["num_steps"] = cfg.num_steps
+            (run_dir / "config.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
+        return Run(cfg, run_dir, True, nb)
+    cfg = make_config(nb["preset"], overrides)
+    pre = lr_preflight(cfg)
+    if pre.verdict == "refuse" and not nb["skip_preflight"]:
+        raise ConfigError(f"LR preflight refused the launch: {pre.message}\n{pre.table()}\n"
+                          "(pass skip_preflight=True to launch anyway)")
+    run_dir = create_attempt(cfg, nb["attempt_id"])
+    return Run(cfg, run_dir, False, nb)
+
+
+def lr_preflight(cfg: RunConfig):
+    """Seed 003's LR preflight on the schedule this config will actually run (optimizer steps)."""
+    from rftlib.preflight.lr import lr_preflight_for_steps
+
+    tb = cfg.train_batch_size or cfg.rollout_batch_size
+    per_rollout = cfg.num_updates_per_rollout * (cfg.rollout_batch_size // tb)
+    return lr_preflight_for_steps(cfg.num_steps * per_rollout, cfg.warmup_ratio, cfg.lr,
+                                  min_lr_ratio=cfg.min_lr_ratio, steps_per_rollout=per_rollout)
+
+
+def describe(run: Run) -> str:
+    """The attempt's id and how its config differs from the defaults."""
+    from rftlib.config import diff
+
+    d = diff(RunConfig(), run.cfg)
+    rows = [f"attempt {run.run_dir.name}" + (" (resumed)" if run.resume else ""), f"run dir: {run.run_dir}"]
+    rows += [f"  {k}: {a!r} -> {b!r}" for k, (a, b) in d.items()] or ["  (all defaults)"]
+    rows.append(f"LR preflight: {lr_preflight(run.cfg).message}")
+    return "\n".join(rows)
+
+
+def train(run: Run) -> dict[str, Any]:
+    """Train the attempt to its end, with a live view (JupyterLab) or a text progress bar."""
+    from rftlib.train.loop import Trainer
+
+    callbacks = []
+    live = None
+    if run.nb.get("live_view") and _in_notebook_frontend():
+        from rftlib.report.live import LiveView
+
+        live = LiveView(run.cfg)
+        callbacks.append(live.update)
+    t0 = time.time()
+    trainer = Trainer(run.cfg, run.run_dir, resume=run.resume, progress=live is None, callbacks=callbacks)
+    t1 = time.time()
+    try:
+        summary = trainer.train()
+    finally:
+        trainer.close()
+    summary.update(load_seconds=round(t1 - t0, 1), train_seconds=round(time.time() - t1, 1))
+    from rftlib.attempts import write_json
+
+    write_json(run.run_dir / "summary.json", summary)
+    run.summary = summary
+    return summary
+
+
+def _in_notebook_frontend() -> bool:
+    try:
+        from IPython import get_ipython
+
+        ip = get_ipython()
+        return ip is not None and ip.__class__.__name__ == "ZMQInteractiveShell" and "papermill" not in sys.modules
+    except ImportError:
+        return False
+
+
+def result_text(summary: dict[str, Any], goal_points: float | None = None) -> str:
+    """Before/after held-out accuracy in words (and against a goal, for the demo)."""
+    b, f = summary.get("baseline"), summary.get("final")
+    if b is None or f is None:
+        return "no held-out eval recorded"
+    gain = 100 * (f - b)
+    s = (f"held-out {summary.get('eval_mode')} on {summary.get('eval_n')} problems: before {b:.2f}, after {f:.2f} "
+         f"({gain:+.0f} points) over {summary.get('steps')} steps in {summary.get('train_seconds', 0) / 60:.1f} min "
+         f"of training (best {summary.get('best'):.2f} at step {summary.get('best_step')})")
+    if goal_points is not None:
+        s += f"; goal +{goal_points:.0f} points: {'MET' if gain >= goal_points else 'NOT MET'}"
+    return s
+
+
+def plot_run(run_dir: str | Path):
+    """Reward, response length and held-out accuracy against step (matplotlib figure)."""
+    import matplotlib
+
+    if "matplotlib.pyplot" not in sys.modules:
+        matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from rftlib.monitor.metrics import read_metrics
+    from rftlib.train.loop import EVAL_KEY
+
+    rows = read_metrics(run_dir)
+    tr = [r for r in rows if "reward_mean" in r]
+    ev = [r for r in rows if EVAL_KEY in r]
+    fig, ax = plt.subplots(1, 3, figsize=(13, 3.4))
+    ax[0].plot([r["step"] for r in tr], [r["reward_mean"] for r in tr], marker=".")
+    ax[0].set(title="training reward_mean", xlabel="step")
+    ax[1].plot([r["step"] for r in tr], [r["response_length_mean"] for r in tr], marker=".", label="mean")
+    ax[1].plot([r["step"] for r in tr], [100 * r["truncated"] for r in tr], marker=".", label="truncated %")
+    ax[1].set(title="response length (tokens)", xlabel="step")
+    ax[1].legend()
+    ax[2].plot([r["step"] for r in ev], [r[EVAL_KEY] for r in ev], marker="o")
+    if ev:
+        ax[2].axhline(ev[0][EVAL_KEY], ls="--", c="gray", label="step-0 baseline")
+        ax[2].legend()
+    ax[2].set(title="held-out greedy_pass@1", xlabel="step", ylim=(0, 1))
+    fig.tight_layout()
+    return fig
