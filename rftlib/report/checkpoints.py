@@ -1,0 +1,130 @@
+"""Evaluate every checkpoint of an attempt, the final one included (seed 001's eval_batch.py).
+
+For each ``training_state/step_N`` the trained parameters (the LoRA adapter, or all weights under
+full fine-tuning: ``trainable.pt``) are loaded into one copy of the base model and
+:func:`rftlib.eval.greedy_eval` runs on the task's held-out set. Results go to
+``eval/ckpt_step_N.json`` (the eval file format plus ``step``, ``final``, ``checkpoint`` and
+``source``). It is resumable: a checkpoint whose file already exists with the same settings is
+skipped. When the trainer already evaluated that very state (``eval/step_N.json``: the trainer
+evaluates before it saves, same weights, same greedy settings) the result is reused rather than
+recomputed.
+
+The final checkpoint is the one at the attempt's ``num_steps`` (seed 001's "final", which its
+runner once failed to parse); it is marked ``"final": true``.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from rftlib.attempts import read_attempt, write_json
+
+
+def checkpoint_steps(run_dir: str | Path) -> list[int]:
+    from rftlib.train.checkpoint import list_steps
+
+    return list_steps(run_dir)
+
+
+def _final_step(run_dir: Path, cfg: dict[str, Any]) -> int:
+    """The attempt's last step: num_steps as the latest checkpoint records it (a resume with
+    additional steps raises it past config.yaml's), else the config's."""
+    import json
+
+    from rftlib.train.checkpoint import latest_dir
+
+    try:
+        state = json.loads((latest_dir(run_dir) / "trainer_state.json").read_text())
+        return int(state.get("num_steps", cfg["num_steps"]))
+    except (FileNotFoundError, ValueError, KeyError):
+        return int(cfg["num_steps"])
+
+
+def _same_settings(doc: dict[str, Any], *, limit: int | None, max_new_tokens: int) -> bool:
+    return (doc.get("mode") == "greedy_pass@1" and doc.get("max_new_tokens") == max_new_tokens
+            and doc.get("limit") == limit)
+
+
+def eval_checkpoints(run_dir: str | Path, *, limit: int | None = None, max_new_tokens: int | None = None,
+                     batch_size: int | None = None, recompute: bool = False, reuse_training_evals: bool = True,
+                     log: Callable[[str], None] = print) -> dict[int, dict[str, Any]]:
+    """Evaluate each training_state/step_N; returns {step: result} for all checkpoints (cached ones
+    included). ``limit``: only the first ``limit`` held-out problems (seed 001's --subset-frac);
+    ``max_new_tokens``/``batch_size``: default to the attempt's config."""
+    import json
+
+    run_dir = Path(run_dir)
+    cfg = read_attempt(run_dir)["config"]
+    steps = checkpoint_steps(run_dir)
+    mnt = int(max_new_tokens or cfg["max_new_tokens"])
+    final_step = _final_step(run_dir, cfg)
+    out_dir = run_dir / "eval"
+    out_dir.mkdir(exist_ok=True)
+    results: dict[int, dict[str, Any]] = {}
+    todo: list[int] = []
+    for s in steps:
+        path = out_dir / f"ckpt_step_{s}.json"
+        if path.exists() and not recompute:
+            doc = json.loads(path.read_text())
+            if _same_settings(doc, limit=limit, max_new_tokens=mnt):
+                if doc.get("final") != (s == final_step):  # a resume moved the end: "final" follows it
+                    doc["final"] = s == final_step
+                    write_json(path, doc)
+                results[s] = doc
+                log(f"[eval] step {s}: cached ({doc['greedy_pass@1']:.3f})")
+                continue
+        train_eval = out_dir / f"step_{s}.json"
+        if reuse_training_evals and not recompute and limit is None and train_eval.exists():
+            doc = json.loads(train_eval.read_text())
+            if doc.get("mode") == "greedy_pass@1" and doc.get("max_new_tokens") == mnt:
+                doc.update(step=s, limit=None, final=s == final_step, checkpoint=f"training_state/step_{s}",
+                           source=f"eval/step_{s}.json (the trainer's eval of the same weights)")
+                write_json(path, doc)
+                results[s] = doc
+                log(f"[eval] step {s}: reused the in-training eval ({doc['greedy_pass@1']:.3f})")
+                continue
+        todo.append(s)
+    if todo:
+        results.update(_evaluate(run_dir, cfg, todo, limit=limit, max_new_tokens=mnt, final_step=final_step,
+                                 batch_size=int(batch_size or cfg.get("eval_batch_size", 64)), log=log))
+    if not steps:
+        log(f"[eval] no checkpoints under {run_dir / 'training_state'}")
+    return dict(sorted(results.items()))
+
+
+def _evaluate(run_dir: Path, cfg: dict[str, Any], steps: list[int], *, limit: int | None, max_new_tokens: int,
+              final_step: int, batch_size: int, log: Callable[[str], None]) -> dict[int, dict[str, Any]]:
+    """Load the base model once, then each checkpoint's trained parameters in turn."""
+    import torch
+
+    from rftlib.data.tasks import build_task
+    from rftlib.eval import greedy_eval
+    from rftlib.models.loading import apply_lora, autocast_dtype, load_model_and_tokenizer, load_trainable_state
+    from rftlib.rollout.hf import HFEngine
+    from rftlib.train.checkpoint import STATE
+
+    t = time.time()
+    task = build_task(cfg["task"], eval_size=cfg["eval_size"])
+    examples = task.eval[:limit] if limit else task.eval
+    model, tok = load_model_and_tokenizer(cfg["model"], cfg["dtype"])
+    model = apply_lora(model, rank=cfg["lora_rank"], alpha=cfg["lora_alpha"], dropout=cfg["lora_dropout"],
+                       target_modules=cfg["lora_target_modules"])
+    model.eval()
+    engine = HFEngine(model, tok, amp=autocast_dtype(cfg.get("autocast", "none")))
+    log(f"[eval] model {cfg['model']} loaded in {time.time() - t:.1f} s; {len(examples)} held-out problems, "
+        f"greedy, max_new_tokens {max_new_tokens}")
+    out = {}
+    for s in steps:
+        t = time.time()
+        state = torch.load(run_dir / STATE / f"step_{s}" / "trainable.pt", weights_only=True)
+        load_trainable_state(model, state)
+        res = greedy_eval(engine, tok, task, examples, max_new_tokens=max_new_tokens, batch_size=batch_size)
+        res.update(step=s, limit=limit, final=s == final_step, checkpoint=f"training_state/step_{s}",
+                   source="rftlib.report.checkpoints (checkpoint reloaded)", seconds=round(time.time() - t, 2))
+        write_json(run_dir / "eval" / f"ckpt_step_{s}.json", res)
+        out[s] = res
+        log(f"[eval] step {s}{' (final)' if s == final_step else ''}: greedy_pass@1 {res['greedy_pass@1']:.3f} "
+            f"({time.time() - t:.1f} s)")
+    return out

@@ -1,0 +1,116 @@
+"""reports/index.html: every attempt in a runs root, rebuilt from the run directories alone.
+
+It replaces the hand-kept research log (seed 003 ``rl_grpo_research.md``): one row per attempt
+with its date, git SHA, the key config differences from a baseline attempt, the held-out eval
+(step-0 baseline vs best, with the mode), the health verdicts, the notes and a link to its report.
+Nothing is stored between builds, so deleting or adding a run directory and rebuilding is all it
+takes to keep it true (``rft index --runs runs --out reports``).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+from pathlib import Path
+from typing import Sequence
+
+from rftlib.report.attempt import Attempt, key_differences, list_attempts
+from rftlib.report.html import Html, esc, pct, status_badge, table
+
+PAGE = """<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1">
+<title>{title}</title>
+<style>
+body {{ font-family: -apple-system, "Segoe UI", "DejaVu Sans", Arial, sans-serif; margin: 18px 24px; color: #111827; }}
+h1 {{ font-size: 22px; margin: 0 0 4px 0; }}
+p.meta {{ color: #4b5563; margin: 0 0 12px 0; font-size: 13px; }}
+table.rft-index td small {{ color: #4b5563; }}
+a {{ color: #1d4ed8; }}
+</style></head>
+<body>
+<h1>{title}</h1>
+<p class="meta">{meta}</p>
+{body}
+</body></html>
+"""
+
+
+def _eval_cell(a: Attempt) -> str:
+    base, best, final = a.baseline_best_final()
+    if best is None:
+        return "<i>no eval</i>"
+    gain = "" if base is None else f" ({100 * (best[1] - base):+.1f})"
+    return (f"{esc(pct(base))} &rarr; <b>{esc(pct(best[1]))}</b>{esc(gain)} @ {best[0]}"
+            f"<br><small>final {esc(pct(final))}; {esc(a.eval_label())}</small>")
+
+
+def _verdict_cell(a: Attempt) -> str:
+    c = a.verdict_counts()
+    bad = [v for v in a.verdicts if v.status in ("fail", "warn")]
+    head = " ".join(f"{status_badge(s)}&nbsp;{n}" for s in ("fail", "warn", "pass") if (n := c[s]))
+    names = "<br>".join(f"<small>{esc(v.status)}: {esc(v.name)}</small>" for v in bad[:4])
+    return head + ("<br>" + names if names else "")
+
+
+def _diff_cell(a: Attempt, baseline: Attempt | None) -> str:
+    if baseline is None or a is baseline:
+        return "<i>(baseline)</i>" if a is baseline else ""
+    d = key_differences(a.config, baseline.config)
+    if not d:
+        return "<i>same config</i>"
+    items = [f"{esc(k)}: {esc(x)} &rarr; <b>{esc(y)}</b>" for k, (x, y) in list(d.items())[:8]]
+    if len(d) > 8:
+        items.append(f"<small>+{len(d) - 8} more</small>")
+    return "<br>".join(items)
+
+
+def build_index(runs_root: str | Path, out_dir: str | Path, *, baseline: str | None = None,
+                title: str = "rftlib attempts") -> Html:
+    """The index page's HTML. ``baseline``: the attempt id the config differences are taken
+    against (default: the first attempt). Report links point to ``<out_dir>/<attempt-id>.html``."""
+    out_dir = Path(out_dir)
+    attempts = list_attempts(runs_root)
+    base = None
+    if attempts:
+        byid = {a.attempt_id: a for a in attempts}
+        if baseline is not None and baseline not in byid:
+            raise ValueError(f"baseline attempt {baseline!r} is not in {runs_root} (have: {', '.join(byid)})")
+        base = byid[baseline] if baseline else attempts[0]
+    rows = []
+    for a in attempts:
+        rep = out_dir / f"{a.attempt_id}.html"
+        link = (f'<a href="{esc(rep.name)}">{esc(a.attempt_id)}</a>' if rep.exists() else
+                f"{esc(a.attempt_id)}<br><small>no report: rft report {esc(a.run_dir)}</small>")
+        rows.append((link, esc(a.created.replace("T", " ")), f"<code>{esc(a.sha)}</code>", esc(a.status),
+                     _diff_cell(a, base), _eval_cell(a), _verdict_cell(a),
+                     f'<div style="white-space:pre-wrap;max-width:320px">{esc(a.config.get("notes") or "")}</div>'))
+    body = table(["attempt", "date", "git", "status", f"key config vs {base.attempt_id if base else '-'}",
+                  "held-out: step 0 \u2192 best", "health", "notes"], rows, raw=tuple(range(8)), cls="rft-index")
+    comps = sorted(out_dir.glob("compare-*.html")) if out_dir.is_dir() else []
+    if comps:
+        body += "<h2>Comparisons</h2><ul>" + "".join(f'<li><a href="{esc(p.name)}">{esc(p.stem)}</a></li>' for p in comps) + "</ul>"
+    meta = (f"{len(attempts)} attempt(s) in <code>{esc(Path(runs_root).resolve())}</code>; rebuilt from the run "
+            f"directories at {_dt.datetime.now().isoformat(timespec='seconds')} (<code>rft index</code>).")
+    return Html(PAGE.format(title=esc(title), meta=meta, body=body))
+
+
+def write_index(runs_root: str | Path, out_dir: str | Path | None = None, **kw) -> Path:
+    """Write ``<out_dir>/index.html`` (default out_dir: ``reports`` next to the runs root)."""
+    out = Path(out_dir) if out_dir is not None else reports_dir_for(runs_root)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "index.html"
+    tmp = path.with_suffix(".html.tmp")
+    tmp.write_text(build_index(runs_root, out, **kw))
+    tmp.replace(path)
+    return path
+
+
+def reports_dir_for(runs_root: str | Path) -> Path:
+    """Where reports go by default: ``reports/`` beside the runs root (runs/ -> reports/)."""
+    return Path(runs_root).resolve().parent / "reports"
+
+
+def index_ids(html: str) -> Sequence[str]:
+    """The attempt ids listed in an index page (for tests and scripts)."""
+    import re
+
+    return re.findall(r'<td style="[^"]*">(?:<a href="[^"]*">)?(attempt-[A-Za-z0-9.\-]+)', html)

@@ -1,0 +1,191 @@
+"""The notebook templates in notebooks/, built from code so they never drift from the library.
+``python -m rftlib.report.templates`` rewrites them (outputs cleared, stable cell ids).
+
+Each has one ``parameters`` cell of typed, commented literals (papermill ``-p NAME VALUE``;
+``papermill --help-notebook`` lists them) and cells that only call into rftlib: the logic is in
+rftlib.report.* where the tests reach it.
+
+    train.ipynb     one attempt: config -> train -> plots -> every checkpoint evaluated -> report
+    validate.ipynb  seed 002's loop validation: component, timing and memory tables with evidence
+    analysis.ipynb  one attempt's report (reports/<attempt-id>.html)
+    compare.ipynb   A/B of two or more attempts with paired-bootstrap CIs
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import nbformat
+from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
+
+from rftlib.workbench import parameters_cell
+
+NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
+
+
+def _params(source: str) -> nbformat.NotebookNode:
+    cell = new_code_cell(source)
+    cell.metadata["tags"] = ["parameters"]
+    return cell
+
+
+def _notebook(name: str, cells: list) -> nbformat.NotebookNode:
+    for i, c in enumerate(cells):  # stable ids: regenerating gives the same file
+        c["id"] = f"{name}-{i:02d}"
+    nb = new_notebook(cells=cells)
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nb.metadata["language_info"] = {"name": "python"}
+    return nb
+
+
+md, code = new_markdown_cell, new_code_cell
+
+
+def train_notebook() -> nbformat.NotebookNode:
+    cells = [
+        md("# GRPO attempt\n\nOne attempt: resolve the config (preset + parameters), train, "
+           "evaluate on the held-out set, plot. Run headless with\n"
+           "`papermill notebooks/train.ipynb out.ipynb -p eps_clip 0.1` or `-f params/<preset>.yaml`."),
+        _params(parameters_cell()),
+        code("from rftlib import workbench as wb\n\nrun = wb.start(globals())\nprint(wb.describe(run))"),
+        code("summary = wb.train(run)\nprint(wb.result_text(summary))"),
+        code("fig = wb.plot_run(run.run_dir)"),
+        md("## Every checkpoint, the final one included\n\n`training_state/step_N` evaluated greedily on the "
+           "held-out set into `eval/ckpt_step_N.json` (resumable; a state the trainer already evaluated is "
+           "reused). Then the attempt's report, `reports/<attempt-id>.html`, and the index are (re)written."),
+        code("from rftlib.report import checkpoints, publish\n\nckpt = checkpoints.eval_checkpoints(run.run_dir)"),
+        code("report = publish.write_report(run.run_dir)\nprint(f\"report: {report}\\nindex:  {report.parent / 'index.html'}\")"),
+    ]
+    return _notebook("train", cells)
+
+
+VALIDATE_PARAMS = '''\
+# Parameters (papermill -p NAME VALUE). Typed literals only; the work is in rftlib.report.validate.
+preset: str = "seed002-fizzbuzz-rtx3080-cpu"  # params/<name>.yaml; the -cpu variant runs the tiny model here, seed002-fizzbuzz-rtx3080 is the seed's GPU setup (Qwen2.5-Coder-0.5B-Instruct)
+model: str = ""  # override the preset's model (HF id or local dir); "" keeps the preset's
+task: str = ""  # override the preset's task; "" keeps the preset's
+num_steps: int = 0  # steps with the task reward; 0 keeps the preset's (seed 002: 5)
+control_steps: int = 2  # extra steps with a coin-flip reward, run only if no task step changed the weights
+runs_root: str = "runs"  # where the validation attempt's run directory is made
+attempt_id: str = ""  # run directory name; "" picks the next attempt-NN-<name>
+notes: str = "seed 002 loop validation: does every component of the GRPO loop work?"  # shown in reports and the index
+'''
+
+
+def validate_notebook() -> nbformat.NotebookNode:
+    cells = [
+        md("# GRPO training loop validation (seed 002, Experiment 07)\n\n"
+           "A short run that checks every component of the loop (rollout -> reward -> advantage -> update) and "
+           "fills the seed's tables with measured evidence. Extraction and test execution are also checked on "
+           "control completions built from the gold answer; if the task reward gives no learning signal (seed "
+           "002's all-1.0 rewards, or an untrained model), control-reward steps check backprop and KL anyway, "
+           "marked as such.\n\nOn a GPU box: `papermill notebooks/validate.ipynb out.ipynb -p preset "
+           "seed002-fizzbuzz-rtx3080`."),
+        _params(VALIDATE_PARAMS),
+        code("from rftlib.report import validate as V\n\n"
+             "cfg, run_dir = V.start(preset, attempt_id=attempt_id, model=model, task=task, num_steps=num_steps,\n"
+             "                       runs_root=runs_root, notes=notes)\n"
+             "v = V.run_validation(cfg, run_dir, control_steps=control_steps)\n"
+             "print(V.summary_text(v))"),
+        md("## Component Validation"),
+        code("V.component_table(v)"),
+        md("## Metrics Summary"),
+        code("V.steps_table(v)"),
+        md("## Timing Analysis"),
+        code("V.timing_table(v)"),
+        md("## Memory Usage"),
+        code("V.memory_table(v)"),
+        md("## Success Criteria Evaluation"),
+        code("V.criteria_table(v)"),
+        md("## Control completions"),
+        code("V.controls_block(v)"),
+    ]
+    return _notebook("validate", cells)
+
+
+ANALYSIS_PARAMS = '''\
+# Parameters (papermill -p NAME VALUE). Typed literals only; the work is in rftlib.report.analysis.
+run_dir: str = "runs/attempt-01-smollm2-arithmetic"  # the attempt's run directory
+baseline_attempt: str = ""  # a run directory to diff the config against; "": the RunConfig defaults
+n_samples: int = 4  # completions shown per samples table
+'''
+
+
+def analysis_notebook() -> nbformat.NotebookNode:
+    cells = [
+        md("# Attempt report\n\nEverything below is read from the attempt's run directory. Metric tiers follow "
+           "seed 003 section 7; health verdicts are its section 12 smoke tests and section 7 warnings."),
+        _params(ANALYSIS_PARAMS),
+        code("from rftlib.report import analysis as A, plots as P\n\na = A.load_attempt(run_dir)\nA.header(a)"),
+        md("## Health verdicts"),
+        code("A.verdict_table(a)"),
+        md("## Tier 1: ground truth"),
+        code("P.tier1(a)"),
+        md("## Held-out eval against the step-0 baseline"),
+        code("P.eval_curve(a)"),
+        code("A.checkpoint_table(a)"),
+        md("## Tier 2: stability"),
+        code("P.tier2(a)"),
+        code("A.spike_table(a)"),
+        md("## Tier 3: collapse detection"),
+        code("P.tier3(a)"),
+        md("## Per-step metrics"),
+        code("A.metrics_table(a)"),
+        md("## Sample completions"),
+        code("A.samples_table(a, n_samples)"),
+        code("A.eval_samples_table(a, n_samples)"),
+        md("## Config"),
+        code("A.config_diff(a, baseline_attempt)"),
+        code("A.config_table(a)"),
+        md("## Provenance"),
+        code("A.provenance_table(a)"),
+    ]
+    return _notebook("analysis", cells)
+
+
+COMPARE_PARAMS = '''\
+# Parameters (papermill -p NAME VALUE). Typed literals only; the work is in rftlib.report.compare.
+attempts: list = ["runs/attempt-28-eps-clip-0.2", "runs/attempt-28-eps-clip-0.1"]  # run directories; the first is the reference A (seed 003: a28a eps_clip 0.2 vs a28b 0.1)
+n_boot: int = 10000  # bootstrap resamples for the paired confidence intervals
+'''
+
+
+def compare_notebook() -> nbformat.NotebookNode:
+    cells = [
+        md("# A/B comparison\n\nTwo or more attempts side by side. Accuracy differences come with a paired "
+           "bootstrap 95% confidence interval over the held-out problems (each problem evaluated by both "
+           "attempts): on a small eval set one problem is several points, so a difference whose interval "
+           "contains 0 is not evidence of anything."),
+        _params(COMPARE_PARAMS),
+        code("from rftlib.report import compare as C, plots as P\n\natts = C.load_all(attempts)\nC.header(atts)"),
+        md("## Differences against the first attempt"),
+        code("C.difference_table(atts, n_boot=n_boot)"),
+        md("## Held-out eval curves"),
+        code("P.overlay_eval(atts)"),
+        md("## Training metrics, overlaid"),
+        code("P.overlay(atts)"),
+        md("## Config differences"),
+        code("C.config_diff_table(atts)"),
+        md("## Health, side by side"),
+        code("C.verdicts_side_by_side(atts)"),
+    ]
+    return _notebook("compare", cells)
+
+
+TEMPLATES = {"train.ipynb": train_notebook, "validate.ipynb": validate_notebook,
+             "analysis.ipynb": analysis_notebook, "compare.ipynb": compare_notebook}
+
+
+def write_all() -> list[Path]:
+    NOTEBOOKS.mkdir(exist_ok=True)
+    out = []
+    for name, build in TEMPLATES.items():
+        path = NOTEBOOKS / name
+        nbformat.write(build(), path)
+        out.append(path)
+    return out
+
+
+if __name__ == "__main__":
+    for p in write_all():
+        print(p)

@@ -1,0 +1,498 @@
+"""Seed 002 ("Experiment 07: GRPO Training Loop Validation") as a function: a short run that checks
+every component of the loop and fills the seed's tables with evidence, not assertions.
+
+``run_validation(cfg)`` builds a :class:`~rftlib.train.loop.Trainer`, runs ``cfg.num_steps``
+steps of :meth:`Trainer.step` with the task reward (recording every completion and reward), and
+snapshots the trainable parameters before and after each step. Then:
+
+- Component Validation: rollout, parseable output, extraction, test execution (code tasks) /
+  answer check (math), reward computation, reward tensor, advantages, KL penalty, backpropagation,
+  finite losses. Extraction and execution are also checked on *control* completions built from the
+  gold answer (a right one must score 1, a wrong one less), so they are tested even when the model
+  writes nothing usable (the untrained tiny model in CI).
+- If no task step changed the weights (seed 002's own case: every reward 1.0, so every advantage 0;
+  or an untrained model that never scores), ``control_steps`` more steps run with a *control reward*
+  (a deterministic coin flip on the completion's hash: mixed rewards within groups). They exercise
+  the advantage -> loss -> backprop -> KL path, and are marked as control steps everywhere.
+- Timing table (seed 002's phases), memory table (peak RSS here; torch.cuda.max_memory_allocated on
+  a GPU; parameter, adapter, optimizer and gradient bytes counted exactly), success criteria.
+
+Results are written to ``<run_dir>/validation.json`` and the per-step rows to logs/metrics.jsonl,
+so the attempt appears in the index like any other.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import math
+import resource
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from rftlib.config import RunConfig
+from rftlib.report.html import Html, esc, fmt, join, pre, status_badge, table
+
+
+@dataclass
+class Check:
+    component: str
+    status: str  # pass | warn | fail | n/a
+    evidence: str
+
+
+@dataclass
+class StepRecord:
+    step: int
+    control: bool  # rewards from the control reward, not the task's
+    row: dict[str, Any]
+    rewards: list[float]
+    completions: list[str]
+    diags: list[dict[str, float]]
+    params_changed: int  # trainable tensors that changed in this step
+    params_total: int
+    max_abs_delta: float
+
+
+@dataclass
+class Validation:
+    run_dir: Path
+    device: str
+    config: dict[str, Any]
+    checks: list[Check] = field(default_factory=list)
+    timing: list[tuple[str, float | None, str]] = field(default_factory=list)  # (phase, seconds, note)
+    memory: list[tuple[str, float | None, str]] = field(default_factory=list)  # (item, bytes, note)
+    steps: list[StepRecord] = field(default_factory=list)
+    params: dict[str, int] = field(default_factory=dict)  # trainable / total
+    controls: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def passed(self) -> bool:
+        return all(c.status in ("pass", "n/a", "warn") for c in self.checks)
+
+    def to_json(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["run_dir"] = str(self.run_dir)
+        for s in d["steps"]:
+            s["completions"] = s["completions"][:4]
+            s["diags"] = s["diags"][:4]
+        return d
+
+
+# ---- control inputs -------------------------------------------------------------------------------
+def _is_code(example) -> bool:
+    return "problem" in (example.meta or {})
+
+
+def control_example(task):
+    """An example with a gold answer to build control completions from: a code problem with a
+    reference solution (FizzBuzz when the task has it, seed 002's problem), else the first math one."""
+    pool = [e for e in list(task.eval) + list(task.train[:200]) if e.answer]
+    fizz = [e for e in pool if _is_code(e) and e.meta.get("entry_point") == "fizzbuzz"]
+    return (fizz or pool or [task.eval[0]])[0]
+
+
+def control_completions(example) -> tuple[str, str]:
+    """(right, wrong) completions for the example, written as a model would."""
+    if _is_code(example):
+        entry = example.meta.get("entry_point") or example.meta["problem"].entry_point
+        right = f"Here is the function.\n```python\n{example.answer.strip()}\n```"
+        wrong = f"```python\ndef {entry}(*args):\n    return None\n```"
+        return right, wrong
+    return f"Working it out, the answer is \\boxed{{{example.answer}}}.", "The answer is \\boxed{not a number}."
+
+
+def control_reward(text: str, example, truncated: bool) -> tuple[float, dict[str, float]]:
+    """A deterministic coin flip on the completion text: different completions of a prompt get
+    mixed 0/1 rewards, so advantages are non-zero whatever the model writes. Control only."""
+    r = float(int(hashlib.md5(text.encode()).hexdigest(), 16) % 2)
+    return r, {"correctness": r, "control_reward": 1.0}
+
+
+# ---- helpers -------------------------------------------------------------------------------------
+def _snapshot(model) -> dict[str, Any]:
+    return {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+
+
+def _delta(before: dict[str, Any], model) -> tuple[int, int, float]:
+    changed, biggest = 0, 0.0
+    params = dict(model.named_parameters())
+    for n, t in before.items():
+        d = float((params[n].detach() - t).abs().max()) if t.numel() else 0.0
+        if d > 0:
+            changed += 1
+            biggest = max(biggest, d)
+    return changed, len(before), biggest
+
+
+def _bytes(tensors) -> int:
+    return int(sum(t.numel() * t.element_size() for t in tensors))
+
+
+def _optimizer_bytes(opt) -> int:
+    import torch
+
+    return int(sum(v.numel() * v.element_size() for st in opt.state.values() for v in st.values()
+                   if isinstance(v, torch.Tensor)))
+
+
+def _peak_rss() -> int:
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # Linux reports KiB
+
+
+def _rss() -> int | None:
+    try:
+        import psutil
+
+        return int(psutil.Process().memory_info().rss)
+    except ImportError:
+        return None
+
+
+def _parses(code: str) -> bool:
+    try:
+        ast.parse(code)
+        return bool(code.strip())
+    except (SyntaxError, ValueError):
+        return False
+
+
+# ---- the run --------------------------------------------------------------------------------------
+def run_validation(cfg: RunConfig, run_dir: str | Path | None = None, *, control_steps: int = 2,
+                   log: Callable[[str], None] = print) -> Validation:
+    """Run the validation attempt and return the filled tables (also written to validation.json)."""
+    import torch
+
+    from rftlib.algo.advantages import compute_advantages
+    from rftlib.attempts import create_attempt, write_json
+    from rftlib.train.loop import Trainer
+
+    cuda = torch.cuda.is_available()
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+    rss0 = _rss()
+    run_dir = Path(run_dir) if run_dir is not None else create_attempt(cfg)
+    t0 = time.time()
+    trainer = Trainer(cfg, run_dir, progress=False)
+    setup_s = time.time() - t0
+    rss_loaded = _rss()
+    model, G = trainer.model, cfg.n_samples_per_prompt
+    v = Validation(run_dir=run_dir, device=torch.cuda.get_device_name(0) if cuda else "cpu",
+                   config={k: getattr(cfg, k) for k in cfg.__dataclass_fields__})
+    all_params = list(model.parameters())
+    trainable = [p for p in all_params if p.requires_grad]
+    v.params = {"trainable": sum(p.numel() for p in trainable), "total": sum(p.numel() for p in all_params)}
+    log(f"[validate] {cfg.model} on {cfg.task}: trainable params: {v.params['trainable']:,} || all params: "
+        f"{v.params['total']:,} || trainable%: {100 * v.params['trainable'] / max(v.params['total'], 1):.4f}")
+
+    task_reward = trainer.task.reward
+    record: list[tuple[str, float, dict]] = []
+
+    def recording(fn):
+        def wrapped(text, example, truncated):
+            r, d = fn(text, example, truncated)
+            record.append((text, float(r), dict(d)))
+            return r, d
+        return wrapped
+
+    def one_step(control: bool) -> StepRecord:
+        record.clear()
+        trainer.task.reward = recording(control_reward if control else task_reward)
+        before = _snapshot(model)
+        row = trainer.step()
+        row["validation/control_step"] = float(control)
+        trainer.logger.log(row)
+        changed, total, biggest = _delta(before, model)
+        rec = StepRecord(step=row["step"], control=control, row=row, rewards=[r for _, r, _ in record],
+                         completions=[t for t, _, _ in record], diags=[d for _, _, d in record],
+                         params_changed=changed, params_total=total, max_abs_delta=biggest)
+        log(f"[validate] step {rec.step}{' (control reward)' if control else ''}: loss {row['loss']:.4f}, "
+            f"reward {row['reward_mean']:.3f}, advantage_std {row['advantage_std']:.3g}, "
+            f"kl {row.get('kl', float('nan')):.3g}, params changed {changed}/{total} (max |d| {biggest:.2e})")
+        return rec
+
+    try:
+        for _ in range(cfg.num_steps):
+            v.steps.append(one_step(control=False))
+        if control_steps and not any(s.params_changed for s in v.steps):
+            log(f"[validate] no task step changed the weights: {control_steps} control step(s) with a coin-flip reward")
+            for _ in range(control_steps):
+                v.steps.append(one_step(control=True))
+    finally:
+        trainer.task.reward = task_reward
+        trainer.close()
+
+    ex = control_example(trainer.task)
+    right, wrong = control_completions(ex)
+    r_right, d_right = task_reward(right, ex, False)
+    r_wrong, d_wrong = task_reward(wrong, ex, False)
+    v.controls = {"example_id": ex.id, "right": right, "wrong": wrong, "reward_right": r_right, "reward_wrong": r_wrong,
+                  "diag_right": d_right, "diag_wrong": d_wrong}
+    v.checks = _checks(v, trainer.task, ex, compute_advantages)
+    v.timing = _timing(v, trainer, setup_s)
+    v.memory = _memory(v, trainer, rss0, rss_loaded, cuda)
+    write_json(run_dir / "validation.json", v.to_json())
+    return v
+
+
+# ---- the three tables -----------------------------------------------------------------------------
+def _checks(v: Validation, task, ex, compute_advantages) -> list[Check]:
+    import torch
+
+    cfg, G = v.config, v.config["n_samples_per_prompt"]
+    task_steps = [s for s in v.steps if not s.control]
+    first = task_steps[0]
+    texts = [t for s in task_steps for t in s.completions]
+    out: list[Check] = []
+
+    # Rollout
+    nonempty = sum(bool(t.strip()) for t in texts)
+    lens = [s.row["response_length_mean"] for s in task_steps]
+    trunc = sum(s.row["truncated"] for s in task_steps) / len(task_steps)
+    out.append(Check("Rollout", "pass" if texts and len(first.completions) == cfg["rollout_batch_size"] * G else "fail",
+                     f"{len(texts)} completions over {len(task_steps)} steps ({cfg['rollout_batch_size']} prompts x G={G} "
+                     f"per step); {nonempty} non-empty; mean length {sum(lens) / len(lens):.1f} tokens; "
+                     f"truncated {100 * trunc:.0f}%; first: {texts[0][:80]!r}"))
+
+    # Parseable output + extraction
+    code = _is_code(ex)
+    if code:
+        from rftlib.rewards.code import extract_code
+
+        entry = ex.meta.get("entry_point")
+        fenced = sum(1 for t in texts if extract_code(t, entry)[1] != "raw")
+        parses = sum(1 for t in texts if _parses(extract_code(t, entry)[0]))
+        out.append(Check("Rollout output parseable", "pass" if parses else "warn",
+                         f"{parses}/{len(texts)} completions hold Python that parses, {fenced}/{len(texts)} a code "
+                         "fence" + ("" if parses else " (an untrained model writes no code: expected with the tiny model)")))
+        got, rule = extract_code(v.controls["right"], entry)
+        ok = got.strip() == ex.answer.strip() and rule == "python_fence"
+        out.append(Check("Code extraction", "pass" if ok else "fail",
+                         f"control: a ```python fenced reference solution of {ex.id} extracted by rule '{rule}', "
+                         f"{'identical to' if ok else 'DIFFERENT from'} the reference; model completions: "
+                         f"{fenced}/{len(texts)} fenced"))
+        dr, dw = v.controls["diag_right"], v.controls["diag_wrong"]
+        ok = dr.get("tests_passed") == dr.get("tests_total") and dr.get("tests_total", 0) > 0 and \
+            dw.get("tests_passed", 0) < dw.get("tests_total", 0)
+        out.append(Check("Test execution (sandbox)", "pass" if ok else "fail",
+                         f"control: reference passes {dr.get('tests_passed', 0):.0f}/{dr.get('tests_total', 0):.0f} tests "
+                         f"in the sandbox ({dr.get('exec_s', 0):.2f} s); a stub returning None passes "
+                         f"{dw.get('tests_passed', 0):.0f}/{dw.get('tests_total', 0):.0f}"))
+    else:
+        from rftlib.rewards.math import extract_answer
+
+        parsed = sum(1 for t in texts if extract_answer(t)[0] is not None)
+        boxed = sum(1 for t in texts if extract_answer(t)[1] == 2)
+        out.append(Check("Rollout output parseable", "pass" if parsed else "warn",
+                         f"{parsed}/{len(texts)} completions have an extractable answer, {boxed}/{len(texts)} a \\boxed{{}}"
+                         + ("" if parsed else " (an untrained model: expected with the tiny model)")))
+        got, method = extract_answer(v.controls["right"])
+        ok = got == ex.answer and method == 2
+        out.append(Check("Answer extraction", "pass" if ok else "fail",
+                         f"control: '\\boxed{{{ex.answer}}}' extracted as {got!r} (method {method}: 2 = boxed)"))
+        out.append(Check("Answer check", "pass" if v.controls["reward_right"] == 1.0 and v.controls["reward_wrong"] < 1.0
+                         else "fail", f"control: the gold answer scores {v.controls['reward_right']}, a wrong one "
+                                      f"{v.controls['reward_wrong']}"))
+
+    # Reward computation / tensor
+    rewards = [r for s in task_steps for r in s.rewards]
+    in_range = all(0.0 <= r <= 1.0 and math.isfinite(r) for r in rewards)
+    ctrl_ok = v.controls["reward_right"] == 1.0 and v.controls["reward_wrong"] < 1.0
+    out.append(Check("Reward computation", "pass" if in_range and ctrl_ok else "fail",
+                     f"{len(rewards)} task rewards, all in [0, 1]: {in_range}; values seen {sorted(set(rewards))[:6]}; "
+                     f"mean {sum(rewards) / len(rewards):.3f}; control right/wrong: {v.controls['reward_right']}/"
+                     f"{v.controls['reward_wrong']:.2f}"))
+    t = torch.tensor(first.rewards)  # (N,) as the trainer builds it
+    ok = t.shape == (cfg["rollout_batch_size"] * G,) and t.dtype == torch.float32 and bool(torch.isfinite(t).all())
+    out.append(Check("Reward tensor", "pass" if ok else "fail",
+                     f"step {first.step}: tensor({[round(x, 3) for x in t.tolist()][:8]}{'...' if t.numel() > 8 else ''}) "
+                     f"shape {tuple(t.shape)} {str(t.dtype).replace('torch.', '')}"))
+
+    # Advantages: recomputed from the recorded rewards and compared with what the trainer logged
+    worst_mean, consistent, signal_steps = 0.0, True, []
+    for s in v.steps:
+        adv = compute_advantages(cfg["advantage_estimator"], torch.tensor(s.rewards), G, cfg["adv_eps"])  # (N,)
+        worst_mean = max(worst_mean, float(adv.view(-1, G).mean(1).abs().max()))
+        consistent &= abs(float(adv.std(correction=0)) - s.row["advantage_std"]) < 1e-5
+        if float(adv.abs().max()) > 0:
+            signal_steps.append(s.step)
+    ok = worst_mean < 1e-5 and consistent
+    no_sig = [s.step for s in task_steps if s.step not in signal_steps]
+    out.append(Check("Advantage calculation", ("pass" if signal_steps else "warn") if ok else "fail",
+                     f"{cfg['advantage_estimator']}: group means of the advantages <= {worst_mean:.1e} (zero-sum per "
+                     f"group); recomputed std matches the logged advantage_std: {consistent}; non-zero advantages at "
+                     f"steps {signal_steps or 'none'}"
+                     + (f"; task steps {no_sig} had all-equal rewards in every group (no learning signal, "
+                        "as seed 002's all-1.0 rewards)" if no_sig else "")))
+
+    # KL
+    if cfg["beta"] <= 0:
+        out.append(Check("KL penalty", "n/a", "beta = 0: no KL term and no reference forward (seed 003's 120B setting)"))
+    else:
+        kls = [(s.step, s.row.get("kl")) for s in v.steps]
+        changed_before = [s.step for s in v.steps if s.params_changed]
+        after = [(st, k) for st, k in kls if changed_before and st > changed_before[0] and k is not None]
+        at_start = kls[0][1]
+        ok = at_start is not None and abs(at_start) < 1e-6 and any(k > 0 for _, k in after)
+        out.append(Check("KL penalty", "pass" if ok else ("warn" if not after else "fail"),
+                         f"{cfg['kl_estimator']}, beta {cfg['beta']}: kl = {fmt(at_start)} at step {kls[0][0]} (policy "
+                         f"== reference before any update), then "
+                         + (", ".join(f"{fmt(k)} at step {st}" for st, k in after[:3]) if after else
+                            "no step after a weight change to measure it")
+                         + ("; reference = the policy with the LoRA adapter disabled (no second copy)"
+                            if cfg["lora_rank"] > 0 else "; reference = a frozen copy (full fine-tuning)")))
+
+    # Backprop
+    upd = [s for s in v.steps if s.params_changed]
+    if upd:
+        s = upd[0]
+        out.append(Check("Backpropagation", "pass",
+                         f"step {s.step}{' (control reward)' if s.control else ''}: {s.params_changed}/{s.params_total} "
+                         f"trainable tensors changed, max |delta| {s.max_abs_delta:.2e}, grad_norm {s.row['grad_norm']:.3g}, "
+                         f"lr {s.row['lr']:.2e}; trainable {v.params['trainable']:,} of {v.params['total']:,} params "
+                         f"({100 * v.params['trainable'] / max(v.params['total'], 1):.2f}%)"))
+    else:
+        why = ", ".join(f"step {s.step}: grad_norm {s.row['grad_norm']:.3g}, lr {s.row['lr']:.2e}" for s in v.steps)
+        out.append(Check("Backpropagation", "fail", f"no step changed a trainable parameter ({why})"))
+
+    losses = [s.row["loss"] for s in v.steps]
+    out.append(Check("Loss values", "pass" if all(math.isfinite(x) for x in losses) else "fail",
+                     "loss per step: " + ", ".join(f"{x:.4f}" for x in losses) + " (no NaN/Inf)"))
+    return out
+
+
+def _timing(v: Validation, trainer, setup_s: float) -> list[tuple[str, float | None, str]]:
+    steps = [s.row for s in v.steps]
+    n = len(steps)
+
+    def mean(k):
+        return sum(r.get(k, 0.0) for r in steps) / max(n, 1)
+
+    gen, total = mean("timing/generate"), mean("timing/step")
+    ref_note = ("LoRA: the reference is the policy with the adapter disabled, nothing loaded" if v.config["lora_rank"] > 0
+                else "full fine-tuning: a frozen deep copy, built during setup")
+    return [
+        ("Model loading (policy)", trainer.load_seconds, f"{v.config['model']} + LoRA r{v.config['lora_rank']}"),
+        ("Setup (task, reference, optimizer)", setup_s - trainer.load_seconds, ref_note),
+        ("Generation (per step)", gen, f"{v.config['rollout_batch_size']} x {v.config['n_samples_per_prompt']} samples x "
+                                       f"<= {v.config['max_new_tokens']} tokens"),
+        ("Reward computation (per step)", mean("timing/reward"), "extract + verify" +
+         (" in the sandbox" if "tests_total" in (v.steps[0].diags[0] if v.steps[0].diags else {}) else "")),
+        ("Reference logprobs (per step)", mean("timing/reference"),
+         f"beta {v.config['beta']}: " + ("one no-grad forward of the reference" if v.config["beta"] > 0
+                                         else "no reference forward")),
+        ("Loss + backprop + optimizer (per step)", mean("timing/update"), "micro-batched, gradient accumulation"),
+        ("Total per step", total, f"generation {100 * gen / total:.0f}% of it" if total else ""),
+        (f"Total ({n} steps)", sum(r.get("timing/step", 0.0) for r in steps), "end-to-end, model load excluded"),
+    ]
+
+
+def _memory(v: Validation, trainer, rss0, rss_loaded, cuda: bool) -> list[tuple[str, float | None, str]]:
+    import torch
+
+    model = trainer.model
+    all_p = list(model.parameters())
+    tr = [p for p in all_p if p.requires_grad]
+    lora = v.config["lora_rank"] > 0
+    rows: list[tuple[str, float | None, str]] = [
+        ("Policy model weights", _bytes(all_p), f"{v.params['total']:,} params, {v.config['dtype']}"),
+        ("Reference model", 0 if lora else _bytes(all_p),
+         "adapter disabled: no second copy" if lora else "a frozen copy (full fine-tuning)"),
+        ("LoRA adapters" if lora else "Trainable weights", _bytes(tr), f"{v.params['trainable']:,} params"),
+        ("Optimizer states", _optimizer_bytes(trainer.optimizer), "AdamW: 2 moments per trainable param"),
+        ("Gradients (at peak)", _bytes(tr), "one per trainable param; freed after each step"),
+    ]
+    if cuda:
+        rows.append(("Peak GPU memory allocated", torch.cuda.max_memory_allocated(),
+                     "torch.cuda.max_memory_allocated: weights + activations + KV cache"))
+        rows.append(("Peak GPU memory reserved", torch.cuda.max_memory_reserved(), "the caching allocator's pool"))
+    if rss0 is not None and rss_loaded is not None:
+        rows.append(("Process RSS after model load", rss_loaded, f"+{(rss_loaded - rss0) / 2**20:.0f} MiB for the load"))
+    rows.append(("Peak RSS (this process)", _peak_rss(), "getrusage ru_maxrss: includes the Python runtime and torch"))
+    return rows
+
+
+# ---- rendering ---------------------------------------------------------------------------------------
+def component_table(v: Validation) -> Html:
+    return table(["Component", "Status", "Evidence"],
+                 [(esc(c.component), status_badge(c.status, {"pass": "WORKING"}.get(c.status)), esc(c.evidence))
+                  for c in v.checks], row_status=[c.status for c in v.checks], raw=(0, 1, 2), cls="rft-validation",
+                 caption="Component Validation (seed 002)")
+
+
+def _mib(b: float | None) -> str:
+    return "\u2014" if b is None else (f"{b / 2**30:.2f} GiB" if b >= 2**30 else f"{b / 2**20:.1f} MiB")
+
+
+def timing_table(v: Validation) -> Html:
+    return table(["Phase", "Duration", "Notes"], [(p, "\u2014" if s is None else f"{s:.2f} s", n) for p, s, n in v.timing],
+                 cls="rft-timing", caption="Timing Analysis")
+
+
+def memory_table(v: Validation) -> Html:
+    return table(["Item", "Size", "Notes"], [(i, _mib(b), n) for i, b, n in v.memory], cls="rft-memory",
+                 caption=f"Memory Usage ({v.device})")
+
+
+def steps_table(v: Validation) -> Html:
+    rows = [(s.step, "control" if s.control else "task", s.row["loss"], s.row["reward_mean"], s.row.get("kl"),
+             s.row["advantage_std"], s.row["grad_norm"], s.row["lr"], f"{s.params_changed}/{s.params_total}")
+            for s in v.steps]
+    return table(["Step", "Reward fn", "Loss", "Avg Reward", "KL", "advantage_std", "grad_norm", "lr", "tensors changed"],
+                 rows, cls="rft-steps", caption="Metrics Summary")
+
+
+def criteria_table(v: Validation) -> Html:
+    """Seed 002's Success Criteria Evaluation, measured."""
+    task_steps = [s for s in v.steps if not s.control]
+    losses = [s.row["loss"] for s in v.steps]
+    rewards = [s.row["reward_mean"] for s in task_steps]
+    peak = next((b for i, b, _ in v.memory if i.startswith("Peak GPU memory allocated")), None) or \
+        next((b for i, b, _ in v.memory if i.startswith("Peak RSS")), None)
+    changed = [s for s in v.steps if s.params_changed]
+    rows = [
+        ("Complete training loop", "Yes", f"Yes ({len(v.steps)} steps)", "pass" if len(task_steps) == v.config["num_steps"] else "fail"),
+        ("Valid loss values", "Numbers", f"{min(losses):.4g} to {max(losses):.4g}",
+         "pass" if all(math.isfinite(x) for x in losses) else "fail"),
+        ("Stable rewards", ">= 0", ", ".join(f"{r:.2f}" for r in rewards), "pass" if all(r >= 0 for r in rewards) else "fail"),
+        (f"Run on {v.device}", "Yes", f"Yes (peak {_mib(peak)})", "pass"),
+        ("Gradient updates", "Verify", f"weights changed at step(s) {[s.step for s in changed]}" if changed else "none",
+         "pass" if changed else "fail"),
+    ]
+    return table(["Criterion", "Target", "Actual", "Status"], [(a, b, c, status_badge(s)) for a, b, c, s in rows],
+                 row_status=[r[3] for r in rows], raw=(3,), cls="rft-criteria", caption="Success Criteria Evaluation")
+
+
+def controls_block(v: Validation) -> Html:
+    c = v.controls
+    return join(f"<p>Control completions for <code>{esc(c['example_id'])}</code> (built from its gold answer): "
+                f"right scores <b>{esc(c['reward_right'])}</b>, wrong scores <b>{esc(fmt(c['reward_wrong']))}</b>.</p>",
+                table(["control", "completion"], [("right", pre(c["right"], 600)), ("wrong", pre(c["wrong"], 300))],
+                      raw=(1,)))
+
+
+def summary_text(v: Validation) -> str:
+    bad = [c for c in v.checks if c.status == "fail"]
+    warn = [c for c in v.checks if c.status == "warn"]
+    s = (f"{len(v.checks) - len(bad) - len(warn)}/{len(v.checks)} components pass"
+         + (f"; FAIL: {', '.join(c.component for c in bad)}" if bad else "")
+         + (f"; warn: {', '.join(c.component for c in warn)}" if warn else ""))
+    if any(x.control for x in v.steps):
+        s += "; backprop/KL checked with control-reward steps (the task reward gave no learning signal)"
+    return s
+
+
+def start(preset: str, *, attempt_id: str | None = None, **overrides: Any) -> tuple[RunConfig, Path]:
+    """The validation attempt's config and run dir: the preset, then the notebook's overrides that
+    are set (None, "" and 0 mean "keep the preset's")."""
+    from rftlib.attempts import create_attempt
+    from rftlib.config import make_config
+
+    from rftlib.report import register_tasks
+
+    register_tasks()
+    cfg = make_config(preset, {k: v for k, v in overrides.items() if v not in (None, "", 0)})
+    return cfg, create_attempt(cfg, attempt_id or None)
+
