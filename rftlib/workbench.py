@@ -142,8 +142,12 @@ def train(run: Run) -> dict[str, Any]:
 
         live = LiveView(run.cfg)
         callbacks.append(live.update)
+    elif "ipykernel" in sys.modules:  # headless kernel (papermill): concise lines, no widget bar
+        from rftlib.report.live import TextView
+
+        callbacks.append(TextView(run.cfg, every=1, write=print, health=False).update)
     t0 = time.time()
-    trainer = Trainer(run.cfg, run.run_dir, resume=run.resume, progress=live is None, callbacks=callbacks)
+    trainer = Trainer(run.cfg, run.run_dir, resume=run.resume, progress=not callbacks, callbacks=callbacks)
     t1 = time.time()
     try:
         summary = trainer.train()

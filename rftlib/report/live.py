@@ -43,6 +43,8 @@ def status_line(row: dict[str, Any], cfg: RunConfig, last_eval: float | None = N
               f"len {_num(row, 'response_length_mean', '.0f')}", f"trunc {_num(row, 'truncated', '.2f')}"]
     if last_eval is not None:
         parts.append(f"held-out {last_eval:.3f}")
+    if "timing/step" in row:
+        parts.append(f"{row['timing/step']:.0f}s/step")
     return "  ".join(parts)
 
 
