@@ -39,15 +39,7 @@ def _fsync_dir(d: Path) -> None:
         pass
 
 
-def save_checkpoint(run_dir: str | Path, step: int, *, trainable: dict[str, torch.Tensor], optimizer: dict,
-                    scheduler: dict, trainer_state: dict[str, Any], max_keep: int, adapter_saver=None) -> Path:
-    """Write training_state/step_{step}/ atomically, repoint step_latest, prune to max_keep."""
-    root = Path(run_dir) / STATE
-    root.mkdir(parents=True, exist_ok=True)
-    final = root / f"step_{step}"
-    tmp = root / f".tmp_step_{step}_{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
+def _write_step(tmp: Path, trainable, optimizer, scheduler, trainer_state, adapter_saver) -> None:
     torch.save(trainable, tmp / "trainable.pt")
     torch.save(optimizer, tmp / "optimizer.pt")
     torch.save(scheduler, tmp / "scheduler.pt")
@@ -59,6 +51,22 @@ def save_checkpoint(run_dir: str | Path, step: int, *, trainable: dict[str, torc
         if p.is_file():
             with open(p, "rb") as f:
                 os.fsync(f.fileno())
+
+
+def save_checkpoint(run_dir: str | Path, step: int, *, trainable: dict[str, torch.Tensor], optimizer: dict,
+                    scheduler: dict, trainer_state: dict[str, Any], max_keep: int, adapter_saver=None) -> Path:
+    """Write training_state/step_{step}/ atomically, repoint step_latest, prune to max_keep."""
+    root = Path(run_dir) / STATE
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / f"step_{step}"
+    tmp = root / f".tmp_step_{step}_{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    try:
+        _write_step(tmp, trainable, optimizer, scheduler, trainer_state, adapter_saver)
+    except BaseException:  # an error or an interrupt mid-save: drop the partial write, keep the old ones
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     if final.exists():
         shutil.rmtree(final)
     os.rename(tmp, final)
