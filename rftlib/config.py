@@ -55,12 +55,16 @@ class RunConfig:
     """LoRA alpha; the seeds keep alpha = 2 x rank"""
     lora_dropout: float = 0.0
     """dropout on the LoRA branch (0 keeps the update deterministic)"""
+    init_adapter: str | None = None
+    """a peft LoRA adapter dir to start from (seed 001 starts RL from an SFT adapter, checkpoint-156)"""
     lora_target_modules: list = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
     """modules LoRA wraps; attention-only is the MoE-safe default (seed 003 section 6)"""
 
     # ---- task ---------------------------------------------------------------------------------
     task: str = "arithmetic"
     """task name from the registry (rftlib.data.tasks): the dataset, prompt and reward"""
+    task_args: dict = field(default_factory=dict)
+    """extra arguments of the task's builder (e.g. data_dir for 'prepared'); unknown ones are errors"""
     eval_size: int = 100
     """held-out problems used for greedy_pass@1 during training (disjoint from the pool)"""
 
@@ -344,6 +348,16 @@ def validate(cfg: RunConfig) -> None:
     tasks = registered_tasks()
     if cfg.task not in tasks:
         bad(f"task='{cfg.task}': valid tasks are {', '.join(tasks.names())}")
+    import inspect
+
+    params = inspect.signature(tasks.get(cfg.task)).parameters
+    if not any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        bad_args = sorted(set(cfg.task_args) - set(params))
+        if bad_args:
+            bad(f"task_args {bad_args} are not arguments of task '{cfg.task}'; it takes: "
+                f"{', '.join(k for k in params if k != 'eval_size') or '(none)'}")
+    if cfg.init_adapter is not None and cfg.lora_rank == 0:
+        bad("init_adapter needs LoRA (lora_rank > 0): it loads a LoRA adapter")
     if cfg.early_stop_probe is not None and cfg.early_stop_probe not in cfg.eval_probes:
         bad(f"early_stop_probe='{cfg.early_stop_probe}' is not evaluated: add it to eval_probes {cfg.eval_probes}")
     if cfg.early_stop_patience < 1:

@@ -168,3 +168,24 @@ def test_full_finetune_reference_copy(tiny_cfg):
     tr, _ = _run(tiny_cfg(num_steps=1, lora_rank=0, beta=0.1))
     assert tr.ref.copy is not None
     assert all(not p.requires_grad for p in tr.ref.copy.parameters())
+
+
+def test_init_adapter_starts_from_a_saved_adapter(tiny_cfg):
+    """Seed 001 starts RL from an SFT LoRA adapter: the new attempt's adapter equals the saved one."""
+    first, _ = _run(tiny_cfg(num_steps=1, lr=5e-2, save_steps=1, warmup_ratio=0.0), reward_override=varied_reward)
+    adapter = first.run_dir / "training_state" / "step_1" / "adapter"
+    saved = {k: v for k, v in first.model.named_parameters() if v.requires_grad}
+    second = Trainer(tiny_cfg(init_adapter=str(adapter), name="from-sft"), progress=False)
+    now = {k: v for k, v in second.model.named_parameters() if v.requires_grad}
+    assert saved.keys() == now.keys()
+    assert all(torch.equal(saved[k], now[k]) for k in saved)
+    assert any(not torch.equal(v, torch.zeros_like(v)) for k, v in now.items() if "lora_B" in k)
+    second.close()
+
+
+def test_task_args_are_checked_against_the_builder(tiny_cfg):
+    from rftlib.config import ConfigError
+
+    with pytest.raises(ConfigError, match=r"task_args \['pool'\] are not arguments of task 'arithmetic'; it takes: seed"):
+        tiny_cfg(task_args={"pool": 3})
+    assert tiny_cfg(task_args={"seed": 7}).task_args == {"seed": 7}

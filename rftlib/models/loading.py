@@ -131,6 +131,22 @@ def autocast(dtype: torch.dtype | None):
     return torch.autocast("cuda" if torch.cuda.is_available() else "cpu", dtype=dtype)
 
 
+def load_adapter_weights(model, adapter_dir: str | Path) -> None:
+    """Start the trainable LoRA adapter from a saved one (a peft adapter directory)."""
+    from peft import set_peft_model_state_dict
+    from peft.utils import load_peft_weights
+
+    if not is_peft(model):
+        raise ValueError("init_adapter needs a LoRA model (lora_rank > 0)")
+    d = Path(adapter_dir).expanduser()
+    if not (d / "adapter_config.json").exists():
+        raise FileNotFoundError(f"init_adapter: {d} is not a peft adapter directory (no adapter_config.json)")
+    result = set_peft_model_state_dict(model, load_peft_weights(str(d)))
+    if getattr(result, "unexpected_keys", None):
+        raise ValueError(f"init_adapter {d} does not fit this model/LoRA config; unexpected keys such as "
+                         f"{result.unexpected_keys[:3]}")
+
+
 def is_peft(model) -> bool:
     return hasattr(model, "disable_adapter") and hasattr(model, "get_base_model")
 

@@ -28,7 +28,7 @@ from rftlib.attempts import create_attempt, read_attempt, write_json
 from rftlib.config import RunConfig, make_config
 from rftlib.data.tasks import build_task
 from rftlib.eval import format_prompts, greedy_eval
-from rftlib.models.loading import (Reference, apply_lora, autocast, autocast_dtype, is_peft,
+from rftlib.models.loading import (Reference, apply_lora, autocast, autocast_dtype, is_peft, load_adapter_weights,
                                    load_model_and_tokenizer, load_trainable_state, trainable_state)
 from rftlib.monitor.metrics import MetricsLogger
 from rftlib.rollout.hf import HFEngine
@@ -91,7 +91,7 @@ class Trainer:
         np.random.seed(cfg.seed)
         torch.manual_seed(cfg.seed)
         self.run_dir = Path(run_dir) if run_dir is not None else create_attempt(cfg)
-        self.task = build_task(cfg.task, eval_size=cfg.eval_size)
+        self.task = build_task(cfg.task, eval_size=cfg.eval_size, **cfg.task_args)
         if reward_override is not None:  # tests inject faults through this
             self.task.reward = reward_override
         t = time.time()
@@ -100,6 +100,8 @@ class Trainer:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.model = apply_lora(model, rank=cfg.lora_rank, alpha=cfg.lora_alpha, dropout=cfg.lora_dropout,
                                 target_modules=cfg.lora_target_modules)
+        if cfg.init_adapter:
+            load_adapter_weights(self.model, cfg.init_adapter)
         self.load_seconds = time.time() - t
         self.ref = Reference(self.model, needed=cfg.beta > 0)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
