@@ -358,6 +358,14 @@ def validate(cfg: RunConfig) -> None:
                 f"{', '.join(k for k in params if k != 'eval_size') or '(none)'}")
     if cfg.init_adapter is not None and cfg.lora_rank == 0:
         bad("init_adapter needs LoRA (lora_rank > 0): it loads a LoRA adapter")
+    off_policy = cfg.num_updates_per_rollout > 1 or tb != cfg.rollout_batch_size
+    if cfg.lora_dropout > 0 and off_policy:
+        bad(f"lora_dropout={cfg.lora_dropout} with off-policy updates: the old logprobs (no dropout) and the "
+            "policy's (a fresh dropout mask) differ before any update, so PPO clips on dropout noise; "
+            "set lora_dropout 0 (the GRPO default) or one exactly on-policy update per rollout")
+    if cfg.init_adapter is not None and cfg.beta > 0:
+        bad("init_adapter with beta > 0: the KL reference would be the base model (adapter disabled), not the "
+            "starting SFT policy; merge the adapter into the base model and start a fresh LoRA, or set beta 0")
     if cfg.early_stop_probe is not None and cfg.early_stop_probe not in cfg.eval_probes:
         bad(f"early_stop_probe='{cfg.early_stop_probe}' is not evaluated: add it to eval_probes {cfg.eval_probes}")
     if cfg.early_stop_patience < 1:

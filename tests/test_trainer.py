@@ -189,3 +189,35 @@ def test_task_args_are_checked_against_the_builder(tiny_cfg):
     with pytest.raises(ConfigError, match=r"task_args \['pool'\] are not arguments of task 'arithmetic'; it takes: seed"):
         tiny_cfg(task_args={"pool": 3})
     assert tiny_cfg(task_args={"seed": 7}).task_args == {"seed": 7}
+
+
+def test_entropy_bonus_trains(tiny_cfg):
+    """entropy_coef != 0 back-propagates through the entropy (it used to be computed without grad)."""
+    tr, _ = _run(tiny_cfg(num_steps=1, entropy_coef=0.01, warmup_ratio=0.0), reward_override=varied_reward)
+    row = read_metrics(tr.run_dir)[1]
+    assert math.isfinite(row["loss"]) and row["grad_norm"] > 0
+
+
+def test_resume_uses_the_resumed_configs_lr_and_tolerates_a_torn_metrics_line(tiny_cfg):
+    from dataclasses import replace
+
+    from rftlib.train.schedule import lr_at
+
+    cfg = tiny_cfg(num_steps=4, save_steps=0, stop_after_steps=2, lr=1e-3, warmup_ratio=0.0)
+    a, _ = _run(cfg)
+    with open(a.run_dir / "logs" / "metrics.jsonl", "a") as f:
+        f.write('{"step": 3, "rew')  # killed mid-write after the step-2 checkpoint
+    b, _ = _run(replace(cfg, stop_after_steps=None, lr=1e-2), run_dir=a.run_dir, resume=True)
+    rows = read_metrics(b.run_dir)
+    assert [r["step"] for r in rows] == [0, 1, 2, 3, 4]
+    # optimizer step 3 (2 taken) on the resumed schedule of lr 1e-2
+    assert rows[3]["lr"] == pytest.approx(lr_at(2, total_steps=4, warmup_steps=0, lr=1e-2, min_lr_ratio=0.1))
+
+
+def test_dropout_with_off_policy_updates_is_refused(tiny_cfg):
+    from rftlib.config import ConfigError
+
+    with pytest.raises(ConfigError, match="PPO clips on dropout noise"):
+        tiny_cfg(lora_dropout=0.1, num_updates_per_rollout=2)
+    with pytest.raises(ConfigError, match="KL reference would be the base model"):
+        tiny_cfg(init_adapter="/tmp/x", beta=0.04)

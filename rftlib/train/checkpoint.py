@@ -21,13 +21,18 @@ STATE = "training_state"
 
 
 def rng_state() -> dict[str, Any]:
-    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    s = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():  # sampling on a GPU draws from the CUDA generators
+        s["cuda"] = torch.cuda.get_rng_state_all()
+    return s
 
 
 def set_rng_state(s: dict[str, Any]) -> None:
     random.setstate(s["python"])
     np.random.set_state(s["numpy"])
     torch.set_rng_state(s["torch"])
+    if "cuda" in s and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(s["cuda"])
 
 
 def _fsync_dir(d: Path) -> None:

@@ -17,7 +17,8 @@ from rftlib.models.loading import policy_parts
 
 def completion_logprobs(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, completion_ids: torch.Tensor,
                         completion_mask: torch.Tensor, *, temperature: float = 1.0, chunk_size: int = 1024,
-                        with_entropy: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+                        with_entropy: bool = True, entropy_grad: bool = False
+                        ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(logprobs (n, T), entropy (n, T) or None) for n rows; zero where completion_mask is 0."""
     parts = policy_parts(model)
     P = prompt_ids.shape[1]
@@ -31,7 +32,7 @@ def completion_logprobs(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tens
     W = parts.lm_head.weight  # (V, H)
     bias = getattr(parts.lm_head, "bias", None)
     logp, ent = chunked_logprobs_entropy(hidden, W, completion_ids, temperature=temperature, chunk_size=chunk_size,
-                                         lm_head_bias=bias, with_entropy=with_entropy)
+                                         lm_head_bias=bias, with_entropy=with_entropy, entropy_grad=entropy_grad)
     logp = logp * completion_mask  # (n, T)
     if ent is not None:
         ent = ent * completion_mask

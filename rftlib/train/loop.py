@@ -145,6 +145,13 @@ class Trainer:
         load_trainable_state(self.model, state["trainable"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
+        # the saved state carries the old lr/betas/weight decay: the resumed config's values win, and
+        # the LR continues on this config's schedule from the saved step
+        self.scheduler.base_lrs = [self.cfg.lr] * len(self.optimizer.param_groups)
+        for g in self.optimizer.param_groups:
+            g.update(initial_lr=self.cfg.lr, betas=(self.cfg.adam_beta1, self.cfg.adam_beta2),
+                     weight_decay=self.cfg.weight_decay)
+            g["lr"] = self.cfg.lr * self.scheduler.lr_lambdas[0](self.scheduler.last_epoch)
         ckpt.set_rng_state(state["rng"])
         ts = state["trainer_state"]
         self.step_num = ts["step"]
@@ -153,7 +160,7 @@ class Trainer:
         self.skipped_steps = ts.get("skipped_steps", 0)
         # metrics lines past the checkpoint (a crash after the save) would be duplicated: drop them
         lines = self.logger.path.read_text().splitlines()
-        keep = [ln for ln in lines if ln.strip() and json.loads(ln).get("step", 0) <= self.step_num]
+        keep = [json.dumps(r) for r in _read_rows(self.logger.path) if r.get("step", 0) <= self.step_num]
         if len(keep) != len(lines):
             self.logger._f.close()
             self.logger.path.write_text("".join(ln + "\n" for ln in keep))
@@ -193,10 +200,11 @@ class Trainer:
         return dict(prompt_ids=ro.prompt_ids[idx], prompt_mask=ro.prompt_mask[idx],
                     completion_ids=ro.completion_ids[idx], completion_mask=ro.completion_mask[idx])
 
-    def _logprobs(self, model, rows, *, with_entropy: bool):
+    def _logprobs(self, model, rows, *, with_entropy: bool, entropy_grad: bool = False):
         with autocast(self.amp):
             return completion_logprobs(model, **rows, temperature=self.cfg.temperature,
-                                       chunk_size=self.cfg.logprob_chunk_size, with_entropy=with_entropy)
+                                       chunk_size=self.cfg.logprob_chunk_size, with_entropy=with_entropy,
+                                       entropy_grad=entropy_grad)
 
     def step(self) -> dict[str, Any]:
         cfg, G = self.cfg, self.cfg.n_samples_per_prompt
@@ -226,6 +234,7 @@ class Trainer:
         micro = [torch.arange(s, min(s + mb, N)) for s in range(0, N, mb)]
         t = time.time()
         ref_lp = old_lp = None
+        self.model.eval()  # reference and old logprobs without dropout, or the ratio is noise before any update
         with torch.no_grad():
             if cfg.beta > 0:
                 with self.ref.active() as ref_model:
@@ -245,7 +254,7 @@ class Trainer:
         row = self._metrics(ro, rewards_t, diags, advantages, upd, timing)
         if hasattr(self.sampler, "metrics"):
             row.update(self.sampler.metrics())
-        if upd["grad_norm_max"] > cfg.spike_grad_norm:
+        if not math.isfinite(upd["grad_norm_max"]) or upd["grad_norm_max"] > cfg.spike_grad_norm:
             self.logger.spike({"step": self.step_num, "grad_norm": upd["grad_norm_max"],
                                "prompt_hashes": [hashlib.md5(e.prompt.encode()).hexdigest() for e in examples],
                                **{k: row[k] for k in row if k.startswith(("log_ratio", "ratio_"))}})
@@ -264,7 +273,7 @@ class Trainer:
         clip_high = cfg.eps_clip_high if cfg.eps_clip_high is not None else cfg.eps_clip
         norm_const = cfg.loss_norm_const if cfg.loss_norm_const is not None else float(cfg.max_new_tokens)
         acc: dict[str, list] = {"tok": [], "metrics": [], "entropy": [], "grad_norm": [], "loss": [], "lr": [],
-                                "gns": []}
+                                "gns": [], "behaviour_diff": []}
         self.model.train()
         for epoch in range(cfg.num_updates_per_rollout):
             for b0 in range(0, N, tb_rows):
@@ -276,7 +285,9 @@ class Trainer:
                 for m0 in range(0, len(batch), mb):
                     ix = batch[m0:m0 + mb]
                     rows = self._rows(ro, ix)
-                    logp, ent = self._logprobs(self.model, rows, with_entropy=True)  # (n, T) each
+                    bonus = cfg.entropy_coef != 0
+                    logp, ent = self._logprobs(self.model, rows, with_entropy=epoch == 0 or bonus,
+                                               entropy_grad=bonus)  # (n, T) each
                     old = logp.detach() if old_lp is None else old_lp[ix]
                     loss, m = grpo_loss(
                         logp, old, advantages[ix], rows["completion_mask"],
@@ -294,7 +305,11 @@ class Trainer:
                         micro_sq.append((g * (len(batch) / len(ix))).pow(2).sum())
                         prev = flat.clone()
                     if epoch == 0:
-                        acc["entropy"].append(ent.detach()[rows["completion_mask"] > 0])
+                        valid = rows["completion_mask"] > 0
+                        acc["entropy"].append(ent.detach()[valid])
+                        # the engine's sampling logprobs against the trainer's (0 up to float noise for
+                        # HF generate; a vLLM engine's numerics show up here)
+                        acc["behaviour_diff"].append((logp.detach() - ro.behaviour_logprobs[ix]).abs()[valid])
                     acc["tok"].append(float(rows["completion_mask"].sum()))
                     acc["metrics"].append({k: float(v) for k, v in m.items()})
                 if gns and prev is not None:
@@ -314,7 +329,8 @@ class Trainer:
                     self.optimizer.zero_grad(set_to_none=True)
                 acc["grad_norm"].append(grad_norm)
                 acc["loss"].append(loss_total)
-        return {**acc, "grad_norm_max": max(acc["grad_norm"]), "clip": (cfg.eps_clip, clip_high)}
+        gmax = max(acc["grad_norm"], key=lambda g: math.inf if not math.isfinite(g) else g)  # NaN counts as a spike
+        return {**acc, "grad_norm_max": gmax, "clip": (cfg.eps_clip, clip_high)}
 
     def _metrics(self, ro, rewards, diags, advantages, upd, timing) -> dict[str, Any]:
         cfg = self.cfg
@@ -326,9 +342,10 @@ class Trainer:
         row.update({k: float(v) for k, v in advantage_stats(advantages).items()})
         # per-micro-batch metrics: token-weighted means, extremes of extremes; the p99 is the
         # largest micro-batch p99 (an upper bound on the batch p99)
-        ms, w = upd["metrics"], torch.tensor(upd["tok"])
-        for k in ms[0]:
-            vals = torch.tensor([m[k] for m in ms])
+        for k in upd["metrics"][0]:
+            have = [i for i, m in enumerate(upd["metrics"]) if k in m]  # entropy is only taken in epoch 0
+            vals = torch.tensor([upd["metrics"][i][k] for i in have])
+            w = torch.tensor([upd["tok"][i] for i in have])
             if k.endswith(("_max", "_p99")):
                 row[k] = float(vals.max())
             elif k.endswith("_min"):
@@ -342,6 +359,8 @@ class Trainer:
         row.update(entropy_mean=float(ent.mean()) if ent.numel() else 0.0, entropy_p10=_q(ent, 0.1),
                    entropy_p90=_q(ent, 0.9))
         row.update(grad_norm=float(np.mean(upd["grad_norm"])), grad_norm_max=upd["grad_norm_max"])
+        diff = torch.cat(upd["behaviour_diff"]) if upd["behaviour_diff"] else torch.zeros(0)
+        row["behaviour_logprob_diff_max"] = float(diff.max()) if diff.numel() else 0.0
         lengths = ro.lengths()
         row.update(response_length_mean=float(lengths.mean()), response_length_max=float(lengths.max()),
                    truncated=float(ro.truncated.float().mean()))
