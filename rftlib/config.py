@@ -161,6 +161,16 @@ class RunConfig:
     torch_threads: int = 0
     """torch intra-op threads; 0 leaves torch's default"""
 
+    @property
+    def train_prompts(self) -> int:
+        """Prompts per optimizer step (train_batch_size, or the whole rollout)."""
+        return self.train_batch_size or self.rollout_batch_size
+
+    @property
+    def optimizer_steps_per_rollout(self) -> int:
+        """PPO epochs x optimizer batches per rollout; 1 means exactly on-policy."""
+        return self.num_updates_per_rollout * (self.rollout_batch_size // self.train_prompts)
+
 
 def config_fields() -> dict[str, dataclasses.Field]:
     return {f.name: f for f in fields(RunConfig)}
@@ -296,7 +306,7 @@ def validate(cfg: RunConfig) -> None:
             "(the group baseline of one sample is itself, so every advantage is 0); set it to 2 or more")
     if cfg.rollout_batch_size < 1:
         bad(f"rollout_batch_size={cfg.rollout_batch_size}: must be at least 1 prompt")
-    tb = cfg.train_batch_size or cfg.rollout_batch_size
+    tb = cfg.train_prompts
     if tb < 1 or cfg.rollout_batch_size % tb:
         bad(f"train_batch_size={tb} must divide rollout_batch_size={cfg.rollout_batch_size} "
             "(each rollout is split into whole optimizer batches)")

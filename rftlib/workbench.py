@@ -114,8 +114,7 @@ def lr_preflight(cfg: RunConfig):
     """Seed 003's LR preflight on the schedule this config will actually run (optimizer steps)."""
     from rftlib.preflight.lr import lr_preflight_for_steps
 
-    tb = cfg.train_batch_size or cfg.rollout_batch_size
-    per_rollout = cfg.num_updates_per_rollout * (cfg.rollout_batch_size // tb)
+    per_rollout = cfg.optimizer_steps_per_rollout
     return lr_preflight_for_steps(cfg.num_steps * per_rollout, cfg.warmup_ratio, cfg.lr,
                                   min_lr_ratio=cfg.min_lr_ratio, steps_per_rollout=per_rollout)
 

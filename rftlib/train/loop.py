@@ -107,8 +107,7 @@ class Trainer:
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(self.params, lr=cfg.lr, betas=(cfg.adam_beta1, cfg.adam_beta2),
                                            weight_decay=cfg.weight_decay)
-        tb = cfg.train_batch_size or cfg.rollout_batch_size
-        self.opt_steps_per_rollout = cfg.num_updates_per_rollout * (cfg.rollout_batch_size // tb)
+        self.opt_steps_per_rollout = cfg.optimizer_steps_per_rollout
         self.on_policy = self.opt_steps_per_rollout == 1
         self.total_opt_steps = cfg.num_steps * self.opt_steps_per_rollout
         self.warmup_steps = warmup_steps_for(self.total_opt_steps, cfg.warmup_ratio)
@@ -268,7 +267,7 @@ class Trainer:
     def _update(self, ro, advantages, ref_lp, old_lp) -> dict[str, Any]:
         """The micro-batched, gradient-accumulated update; returns what the metrics need."""
         cfg, G, N = self.cfg, self.cfg.n_samples_per_prompt, ro.num_rows
-        tb_rows = (cfg.train_batch_size or cfg.rollout_batch_size) * G
+        tb_rows = cfg.train_prompts * G
         mb = cfg.micro_batch_size
         clip_high = cfg.eps_clip_high if cfg.eps_clip_high is not None else cfg.eps_clip
         norm_const = cfg.loss_norm_const if cfg.loss_norm_const is not None else float(cfg.max_new_tokens)
@@ -475,7 +474,6 @@ def resume_config(run_dir: str | Path, **overrides: Any) -> RunConfig:
 
 def lr_schedule_preview(cfg: RunConfig) -> list[float]:
     """LR of each optimizer step of this config (what the scheduler will do)."""
-    tb = cfg.train_batch_size or cfg.rollout_batch_size
-    total = cfg.num_steps * cfg.num_updates_per_rollout * (cfg.rollout_batch_size // tb)
+    total = cfg.num_steps * cfg.optimizer_steps_per_rollout
     w = warmup_steps_for(total, cfg.warmup_ratio)
     return [lr_at(s, total_steps=total, warmup_steps=w, lr=cfg.lr, min_lr_ratio=cfg.min_lr_ratio) for s in range(total)]
