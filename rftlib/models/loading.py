@@ -124,11 +124,11 @@ def autocast_dtype(mode: str) -> torch.dtype | None:
         return None
 
 
-def autocast(dtype: torch.dtype | None):
-    """A context running forward passes in ``dtype`` (a no-op context when None)."""
+def autocast(dtype: torch.dtype | None, device_type: str | None = None):
+    """A context running forward passes on ``device_type`` in ``dtype`` (a no-op context when None)."""
     if dtype is None:
         return contextlib.nullcontext()
-    return torch.autocast("cuda" if torch.cuda.is_available() else "cpu", dtype=dtype)
+    return torch.autocast(device_type or ("cuda" if torch.cuda.is_available() else "cpu"), dtype=dtype)
 
 
 def load_adapter_weights(model, adapter_dir: str | Path) -> None:

@@ -14,10 +14,13 @@ from rftlib.rollout.base import Rollout
 
 
 class HFEngine:
-    def __init__(self, model, tokenizer, amp: torch.dtype | None = None):
+    shares_trainer_module = True  # generates with the trainer's own weights: nothing to sync, ratio 1 exactly
+
+    def __init__(self, model, tokenizer, amp: torch.dtype | None = None, synced_gpus: bool = False):
         self.model = model
         self.tok = tokenizer
         self.amp = amp  # autocast dtype for generation (None: the weights' dtype)
+        self.synced_gpus = synced_gpus  # ZeRO-3 ranks keep stepping until every rank is done (HF generate)
         if tokenizer.padding_side != "left":
             raise ValueError("HFEngine needs a left-padding tokenizer (pass padding_side='left')")
 
@@ -28,13 +31,16 @@ class HFEngine:
     def generate(self, prompts: list[str], *, group_size: int, max_new_tokens: int, temperature: float,
                  top_p: float = 1.0, greedy: bool = False) -> Rollout:
         tok, model = self.tok, self.model
-        enc = tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
+        device = next(model.parameters()).device
+        enc = tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False).to(device)
         prompt_ids = enc.input_ids.repeat_interleave(group_size, 0)  # (N, P)
         prompt_mask = enc.attention_mask.repeat_interleave(group_size, 0)  # (N, P)
         was_training = model.training
         model.eval()
         kw = dict(do_sample=False) if greedy else dict(do_sample=True, temperature=temperature, top_p=top_p, top_k=0)
-        with autocast(self.amp):
+        if self.synced_gpus:
+            kw["synced_gpus"] = True
+        with autocast(self.amp, device.type):
             out = model.generate(input_ids=prompt_ids, attention_mask=prompt_mask, max_new_tokens=max_new_tokens,
                                  pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,
                                  return_dict_in_generate=True, output_scores=not greedy, **kw)
@@ -49,7 +55,7 @@ class HFEngine:
         truncated = ~is_eos.any(-1)  # (N,)
         completion_ids = completion_ids.masked_fill(after_eos, tok.pad_token_id)
         if greedy:
-            behaviour = torch.zeros(N, T)
+            behaviour = torch.zeros(N, T, device=device)
         else:
             # out.scores: T tensors (N, V) of processed logits (temperature applied); one at a time,
             # so the (N, T, V) stack never exists

@@ -114,11 +114,74 @@ def latest_dir(run_dir: str | Path) -> Path:
 
 
 def load_checkpoint(step_dir: str | Path) -> dict[str, Any]:
+    """Rank 0's view of a checkpoint (a DeepSpeed one keeps optimizer and scheduler in deepspeed/: None here)."""
     d = Path(step_dir)
+
+    def opt(name: str):
+        return torch.load(d / name, weights_only=False) if (d / name).exists() else None
+
     return {
         "trainable": torch.load(d / "trainable.pt", weights_only=True),
-        "optimizer": torch.load(d / "optimizer.pt", weights_only=False),
-        "scheduler": torch.load(d / "scheduler.pt", weights_only=False),
-        "rng": torch.load(d / "rng.pt", weights_only=False),
+        "optimizer": opt("optimizer.pt"),
+        "scheduler": opt("scheduler.pt"),
+        "rng": load_rng(d, 0),
         "trainer_state": json.loads((d / "trainer_state.json").read_text()),
     }
+
+
+def save_step(run_dir: str | Path, step: int, *, dist, write, trainer_state: dict[str, Any], max_keep: int) -> Path:
+    """Write training_state/step_{step}/ from every rank at once, atomically.
+
+    Rank 0 makes the temporary directory; every rank then calls ``write(tmp)`` for its share (its
+    optimizer partition under ZeRO, nothing under DDP but rank 0) and saves its own RNG state
+    (ranks sample differently); rank 0 adds trainer_state.json and renames the directory into
+    place only if every rank succeeded, so step_latest always names a whole checkpoint.
+    """
+    root = Path(run_dir) / STATE
+    final = root / f"step_{step}"
+    tmp = root / f".tmp_step_{step}"
+    if dist.is_main:
+        root.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+    dist.barrier()
+    err: BaseException | None = None
+    try:
+        write(tmp)
+        torch.save(rng_state(), tmp / f"rng_rank{dist.rank}.pt")
+        for p in tmp.rglob("*"):
+            if p.is_file():
+                with open(p, "rb") as f:
+                    os.fsync(f.fileno())
+    except BaseException as e:  # an error or an interrupt mid-save: no rank keeps a partial write
+        err = e
+    ok = int(dist.all_sum(torch.tensor([0 if err else 1])).item()) == dist.world_size
+    if dist.is_main:
+        if ok:
+            (tmp / "trainer_state.json").write_text(json.dumps(trainer_state, indent=1))
+            if final.exists():
+                shutil.rmtree(final)
+            os.rename(tmp, final)
+            link_tmp = root / f".tmp_latest_{os.getpid()}"
+            if link_tmp.is_symlink() or link_tmp.exists():
+                link_tmp.unlink()
+            os.symlink(final.name, link_tmp)
+            os.replace(link_tmp, root / "step_latest")
+            _fsync_dir(root)
+            prune(root, max_keep)
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
+    dist.barrier()
+    if err is not None:
+        raise err
+    if not ok:
+        raise RuntimeError(f"another rank failed to write its part of checkpoint step {step}; the previous "
+                           "checkpoint is intact")
+    return final
+
+
+def load_rng(step_dir: str | Path, rank: int) -> dict[str, Any]:
+    """This rank's saved RNG state (rng_rank{r}.pt; rng.pt from single-process checkpoints of before)."""
+    d = Path(step_dir)
+    path = d / f"rng_rank{rank}.pt"
+    return torch.load(path if path.exists() else d / "rng.pt", weights_only=False)

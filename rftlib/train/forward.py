@@ -5,6 +5,11 @@ completion tokens, and hands them to the chunked LM-head computation in rftlib.a
 so the full (N, T, V) float32 logits never exist. Position ids are derived from the attention
 mask exactly as ``generate`` derives them under left padding, so at ratio 1 the result equals
 the behaviour logprobs.
+
+``PolicyForward`` is that computation as ONE ``nn.Module``: the module a parallel wrapper (torch
+DDP, a DeepSpeed engine) wraps. Everything the loss needs -- backbone, LM head -- runs inside its
+``forward``, and the LM head is *called* as a module on each chunk rather than read as a weight,
+so DDP's reducer sees the forward and ZeRO-3 gathers the partitioned head where it is used.
 """
 
 from __future__ import annotations
@@ -29,11 +34,28 @@ def completion_logprobs(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tens
     hidden = parts.backbone(input_ids=input_ids, attention_mask=attn, position_ids=position_ids,
                             use_cache=False).last_hidden_state  # (n, P+T, H)
     hidden = hidden[:, P - 1:-1]  # (n, T, H): position t predicts completion token t
-    W = parts.lm_head.weight  # (V, H)
-    bias = getattr(parts.lm_head, "bias", None)
-    logp, ent = chunked_logprobs_entropy(hidden, W, completion_ids, temperature=temperature, chunk_size=chunk_size,
-                                         lm_head_bias=bias, with_entropy=with_entropy, entropy_grad=entropy_grad)
+    logp, ent = chunked_logprobs_entropy(hidden, None, completion_ids, head=parts.lm_head, temperature=temperature,
+                                         chunk_size=chunk_size, with_entropy=with_entropy, entropy_grad=entropy_grad)
     logp = logp * completion_mask  # (n, T)
     if ent is not None:
         ent = ent * completion_mask
     return logp, ent
+
+
+class PolicyForward(torch.nn.Module):
+    """The policy's (logprobs, entropy) forward as one module, for DDP / DeepSpeed to wrap.
+
+    ``model`` is the (peft-wrapped) causal LM; its parameters are this module's parameters, so the
+    optimizer, the gradient hooks and the ZeRO partitioning all see the same tensors.
+    """
+
+    def __init__(self, model: torch.nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, completion_ids: torch.Tensor,
+                completion_mask: torch.Tensor, temperature: float = 1.0, chunk_size: int = 1024,
+                with_entropy: bool = True, entropy_grad: bool = False):
+        return completion_logprobs(self.model, prompt_ids, prompt_mask, completion_ids, completion_mask,
+                                   temperature=temperature, chunk_size=chunk_size, with_entropy=with_entropy,
+                                   entropy_grad=entropy_grad)

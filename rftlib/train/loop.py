@@ -9,6 +9,7 @@ current ones (detached), so no extra forward is spent on them.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
@@ -25,16 +26,19 @@ from rftlib.algo.advantages import advantage_stats, compute_advantages
 from rftlib.algo.diagnostics import importance_ess, simple_noise_scale
 from rftlib.algo.losses import grpo_loss
 from rftlib.attempts import create_attempt, read_attempt, write_json
-from rftlib.config import RunConfig, make_config
+from rftlib.config import ConfigError, RunConfig, make_config
 from rftlib.data.tasks import build_task
 from rftlib.eval import format_prompts, greedy_eval
-from rftlib.models.loading import (Reference, apply_lora, autocast, autocast_dtype, is_peft, load_adapter_weights,
-                                   load_model_and_tokenizer, load_trainable_state, trainable_state)
+from rftlib.models.loading import (Reference, apply_lora, autocast_dtype, causal_lm, is_peft, load_adapter_weights,
+                                   load_model_and_tokenizer)
 from rftlib.monitor.metrics import MetricsLogger
 from rftlib.rollout.hf import HFEngine
 from rftlib.train import checkpoint as ckpt
+from rftlib.train.backends import make_backend
+from rftlib.train.dist import Dist, init_dist
 from rftlib.train.forward import completion_logprobs
-from rftlib.train.schedule import lr_at, make_scheduler, warmup_steps_for
+from rftlib.train.memory import preflight_gib, step_memory
+from rftlib.train.schedule import lr_at, warmup_steps_for
 
 EVAL_KEY = "eval/heldout/greedy_pass@1"
 
@@ -77,73 +81,120 @@ def _q(x: torch.Tensor, q: float) -> float:
 
 
 class Trainer:
-    """One attempt's training state. Build it, then :meth:`train` (or :meth:`step` by hand)."""
+    """One attempt's training state. Build it, then :meth:`train` (or :meth:`step` by hand).
+
+    The trainer is handed its parts -- the rank/device (``dist``), the task, the rollout engine --
+    or builds the defaults from the config; the training backend (single | ddp | deepspeed) comes
+    from rftlib.train.backends. Under torchrun every rank runs this same object on its share of
+    each rollout's prompts; rank 0 alone writes files.
+    """
 
     def __init__(self, cfg: RunConfig, run_dir: str | Path | None = None, *, resume: bool = False,
                  progress: bool = True, callbacks: list[Callable[[dict], None]] | None = None,
-                 reward_override: Callable | None = None):
+                 reward_override: Callable | None = None, dist: Dist | None = None, task=None, engine=None):
         self.cfg = cfg
         self.progress = progress
         self.callbacks = list(callbacks or [])
-        if cfg.torch_threads:
-            torch.set_num_threads(cfg.torch_threads)
+        self.dist = D = dist or init_dist(cfg)
+        self._check_world(cfg, D.world_size)
         random.seed(cfg.seed)
         np.random.seed(cfg.seed)
-        torch.manual_seed(cfg.seed)
-        self.run_dir = Path(run_dir) if run_dir is not None else create_attempt(cfg)
-        self.task = build_task(cfg.task, eval_size=cfg.eval_size, **cfg.task_args)
+        torch.manual_seed(cfg.seed)  # the same LoRA init on every rank
+        if run_dir is None:
+            run_dir = D.broadcast_object(str(create_attempt(cfg)) if D.is_main else None)
+        self.run_dir = Path(run_dir)
+        self.task = task or build_task(cfg.task, eval_size=cfg.eval_size, **cfg.task_args)
         if reward_override is not None:  # tests inject faults through this
             self.task.reward = reward_override
         t = time.time()
         model, self.tok = load_model_and_tokenizer(cfg.model, cfg.dtype)
         if cfg.gradient_checkpointing:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            model.gradient_checkpointing_enable(
+                gradient_checkpointing_kwargs={"use_reentrant": cfg.gradient_checkpointing_use_reentrant})
+        model.to(D.device)
         self.model = apply_lora(model, rank=cfg.lora_rank, alpha=cfg.lora_alpha, dropout=cfg.lora_dropout,
                                 target_modules=cfg.lora_target_modules)
         if cfg.init_adapter:
             load_adapter_weights(self.model, cfg.init_adapter)
         self.load_seconds = time.time() - t
         self.ref = Reference(self.model, needed=cfg.beta > 0)
-        self.params = [p for p in self.model.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(self.params, lr=cfg.lr, betas=(cfg.adam_beta1, cfg.adam_beta2),
-                                           weight_decay=cfg.weight_decay)
         self.opt_steps_per_rollout = cfg.optimizer_steps_per_rollout
         self.on_policy = self.opt_steps_per_rollout == 1
         self.total_opt_steps = cfg.num_steps * self.opt_steps_per_rollout
         self.warmup_steps = warmup_steps_for(self.total_opt_steps, cfg.warmup_ratio)
-        self.scheduler = make_scheduler(self.optimizer, total_steps=self.total_opt_steps,
-                                        warmup_steps=self.warmup_steps, min_lr_ratio=cfg.min_lr_ratio)
-        self.amp = autocast_dtype(cfg.autocast)
-        self.engine = HFEngine(self.model, self.tok, amp=self.amp)
+        self.backend = make_backend(cfg, D, self.model, total_opt_steps=self.total_opt_steps,
+                                    warmup_steps=self.warmup_steps)
+        self.amp = autocast_dtype(cfg.autocast) if D.device.type == "cpu" or torch.cuda.is_bf16_supported() else None
+        self.engine = engine or HFEngine(self.model, self.tok, amp=self.amp,
+                                         synced_gpus=cfg.backend == "deepspeed" and cfg.zero_stage == 3 and D.distributed)
         make = getattr(self.task, "make_sampler", None)  # curriculum / weighted mixing tasks bring their own
         self.sampler = make(cfg.seed) if make else PromptSampler(len(self.task.train), cfg.seed)
+        if D.rank:  # ranks sample their own completions: distinct streams (rank 0 keeps the single-process one)
+            torch.manual_seed(cfg.seed + 1_000_003 * D.rank)
         self.step_num = 0
         self.eval_history: list[dict[str, Any]] = []
         self.skipped_steps = 0
-        self.logger = MetricsLogger(self.run_dir)
+        self.logger = MetricsLogger(self.run_dir) if D.is_main else None
+        self.memory_estimate = None
+        if D.device.type == "cuda":
+            self.memory_estimate = preflight_gib(cfg, causal_lm(self.model).config, D.world_size, prompt_len=256)
         if resume:
             self._resume()
+
+    @staticmethod
+    def _check_world(cfg: RunConfig, world: int) -> None:
+        """Every rank takes the same number of whole prompts and micro-batches per optimizer step."""
+        G = cfg.n_samples_per_prompt
+        if cfg.rollout_batch_size % world or cfg.train_prompts % world:
+            raise ConfigError(f"rollout_batch_size={cfg.rollout_batch_size} and train_batch_size={cfg.train_prompts} "
+                              f"prompts must divide among {world} ranks (each rank takes whole prompts)")
+        if (cfg.train_prompts // world * G) % cfg.micro_batch_size:
+            raise ConfigError(f"micro_batch_size={cfg.micro_batch_size} must divide each rank's share of an optimizer "
+                              f"batch, {cfg.train_prompts}//{world} prompts x {G} = {cfg.train_prompts // world * G} "
+                              "sequences")
+
+    # the optimizer state lives in the backend (DeepSpeed partitions it)
+    @property
+    def optimizer(self):
+        return self.backend.optimizer
+
+    @property
+    def scheduler(self):
+        return self.backend.scheduler
+
+    @property
+    def params(self):
+        return self.backend.params
 
     # ---- checkpointing ----------------------------------------------------------------------
     def _trainer_state(self) -> dict[str, Any]:
         return {"step": self.step_num, "sampler": self.sampler.state(), "eval_history": self.eval_history,
-                "skipped_steps": self.skipped_steps, "num_steps": self.cfg.num_steps}
+                "skipped_steps": self.skipped_steps, "num_steps": self.cfg.num_steps,
+                "world_size": self.dist.world_size, "backend": self.cfg.backend}
 
     def save(self) -> Path:
-        saver = None
-        if is_peft(self.model):
-            saver = lambda d: self.model.save_pretrained(d)  # noqa: E731
-        return ckpt.save_checkpoint(self.run_dir, self.step_num, trainable=trainable_state(self.model),
-                                    optimizer=self.optimizer.state_dict(), scheduler=self.scheduler.state_dict(),
-                                    trainer_state=self._trainer_state(), max_keep=self.cfg.max_ckpt_num,
-                                    adapter_saver=saver)
+        def write(tmp: Path) -> None:
+            self.backend.save(tmp)
+            if is_peft(self.model):  # a peft adapter directory others can load
+                state = self.backend.adapter_state()  # gathered under ZeRO-3 (every rank takes part)
+                if self.dist.is_main:
+                    self.model.save_pretrained(tmp / "adapter", **({"state_dict": state} if state else {}))
+
+        return ckpt.save_step(self.run_dir, self.step_num, dist=self.dist, write=write,
+                              trainer_state=self._trainer_state(), max_keep=self.cfg.max_ckpt_num)
 
     def _resume(self) -> None:
         d = ckpt.latest_dir(self.run_dir)
-        state = ckpt.load_checkpoint(d)
-        load_trainable_state(self.model, state["trainable"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
+        ts = json.loads((d / "trainer_state.json").read_text())
+        saved_world, saved_backend = ts.get("world_size", 1), ts.get("backend", "single")
+        if saved_world != self.dist.world_size or (saved_backend == "deepspeed") != (self.cfg.backend == "deepspeed"):
+            raise RuntimeError(
+                f"{d} was saved by {saved_world} rank(s) with backend {saved_backend}; resuming with "
+                f"{self.dist.world_size} rank(s) and backend {self.cfg.backend} would not continue the same run "
+                f"(per-rank sampling streams{' and ZeRO partitions' if 'deepspeed' in (saved_backend, self.cfg.backend) else ''}"
+                f" differ). Resume with {saved_world} rank(s), or start a new attempt from its weights with "
+                f"init_adapter={d / 'adapter'}")
+        self.backend.load(d)
         # the saved state carries the old lr/betas/weight decay: the resumed config's values win, and
         # the LR continues on this config's schedule from the saved step
         self.scheduler.base_lrs = [self.cfg.lr] * len(self.optimizer.param_groups)
@@ -151,31 +202,46 @@ class Trainer:
             g.update(initial_lr=self.cfg.lr, betas=(self.cfg.adam_beta1, self.cfg.adam_beta2),
                      weight_decay=self.cfg.weight_decay)
             g["lr"] = self.cfg.lr * self.scheduler.lr_lambdas[0](self.scheduler.last_epoch)
-        ckpt.set_rng_state(state["rng"])
-        ts = state["trainer_state"]
+        ckpt.set_rng_state(ckpt.load_rng(d, self.dist.rank))
         self.step_num = ts["step"]
         self.sampler.load_state(ts["sampler"])
         self.eval_history = ts["eval_history"]
         self.skipped_steps = ts.get("skipped_steps", 0)
-        # metrics lines past the checkpoint (a crash after the save) would be duplicated: drop them
-        lines = self.logger.path.read_text().splitlines()
-        keep = [json.dumps(r) for r in _read_rows(self.logger.path) if r.get("step", 0) <= self.step_num]
-        if len(keep) != len(lines):
-            self.logger._f.close()
-            self.logger.path.write_text("".join(ln + "\n" for ln in keep))
-            self.logger._f = open(self.logger.path, "a", buffering=1)
+        if self.logger is not None:
+            # metrics lines past the checkpoint (a crash after the save) would be duplicated: drop them
+            lines = self.logger.path.read_text().splitlines()
+            keep = [json.dumps(r) for r in _read_rows(self.logger.path) if r.get("step", 0) <= self.step_num]
+            if len(keep) != len(lines):
+                self.logger._f.close()
+                self.logger.path.write_text("".join(ln + "\n" for ln in keep))
+                self.logger._f = open(self.logger.path, "a", buffering=1)
 
     # ---- evaluation -------------------------------------------------------------------------
     def evaluate(self) -> dict[str, Any]:
-        """greedy_pass@1 on every eval probe; results in eval/step_N[_probe].json and the history."""
+        """greedy_pass@1 on every eval probe, sharded over ranks (the same number as one process
+        gives); results in eval/step_N[_probe].json and the history."""
+        D = self.dist
         summary: dict[str, Any] = {"step": self.step_num}
-        (self.run_dir / "eval").mkdir(exist_ok=True)
+        if D.is_main:
+            (self.run_dir / "eval").mkdir(exist_ok=True)
         for probe in self.cfg.eval_probes:
-            res = greedy_eval(self.engine, self.tok, self.task, self.task.eval_set(probe),
-                              max_new_tokens=self.cfg.max_new_tokens, batch_size=self.cfg.eval_batch_size,
-                              dataset=probe)
-            suffix = "" if probe == "heldout" else f"_{probe}"
-            write_json(self.run_dir / "eval" / f"step_{self.step_num}{suffix}.json", res)
+            exs = self.task.eval_set(probe)
+            mine = exs[D.rank::D.world_size]
+            n_mine = len(mine)
+            per_rank = -(-len(exs) // D.world_size)
+            mine = mine + [exs[0]] * (per_rank - n_mine)  # equal generate calls on every rank (ZeRO-3 needs them)
+            res = greedy_eval(self.engine, self.tok, self.task, mine, max_new_tokens=self.cfg.max_new_tokens,
+                              batch_size=self.cfg.eval_batch_size, dataset=probe)
+            if D.distributed:
+                parts = D.gather_objects(res["results"][:n_mine])
+                merged = [parts[k % D.world_size][k // D.world_size] for k in range(len(exs))]
+                n = max(len(merged), 1)
+                res.update(results=merged, n_problems=len(merged),
+                           **{"greedy_pass@1": sum(r["correct"] for r in merged) / n,
+                              "mean_length": sum(r["length"] for r in merged) / n})
+            if D.is_main:
+                suffix = "" if probe == "heldout" else f"_{probe}"
+                write_json(self.run_dir / "eval" / f"step_{self.step_num}{suffix}.json", res)
             summary[f"eval/{probe}/greedy_pass@1"] = res["greedy_pass@1"]
             summary[f"eval/{probe}/mean_length"] = res["mean_length"]
         self.eval_history.append(summary)
@@ -199,17 +265,27 @@ class Trainer:
         return dict(prompt_ids=ro.prompt_ids[idx], prompt_mask=ro.prompt_mask[idx],
                     completion_ids=ro.completion_ids[idx], completion_mask=ro.completion_mask[idx])
 
-    def _logprobs(self, model, rows, *, with_entropy: bool, entropy_grad: bool = False):
-        with autocast(self.amp):
-            return completion_logprobs(model, **rows, temperature=self.cfg.temperature,
-                                       chunk_size=self.cfg.logprob_chunk_size, with_entropy=with_entropy,
-                                       entropy_grad=entropy_grad)
+    def _autocast(self):
+        if self.amp is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.dist.device.type, dtype=self.amp)
+
+    def _logprobs(self, rows, *, with_entropy: bool, entropy_grad: bool = False, module=None):
+        """(logprobs, entropy) of rows through the backend's wrapped policy (or ``module``, a frozen copy)."""
+        kw = dict(temperature=self.cfg.temperature, chunk_size=self.cfg.logprob_chunk_size,
+                  with_entropy=with_entropy, entropy_grad=entropy_grad)
+        with self._autocast():
+            if module is not None:
+                return completion_logprobs(module, **rows, **kw)
+            return self.backend.forward(**rows, **kw)
 
     def step(self) -> dict[str, Any]:
-        cfg, G = self.cfg, self.cfg.n_samples_per_prompt
+        cfg, G, D = self.cfg, self.cfg.n_samples_per_prompt, self.dist
         timing: dict[str, float] = {}
         t_step = t = time.time()
-        indices = self.sampler.next(cfg.rollout_batch_size)
+        indices = self.sampler.next(cfg.rollout_batch_size)  # one seeded global order on every rank
+        share = cfg.rollout_batch_size // D.world_size
+        indices = indices[D.rank * share:(D.rank + 1) * share]  # this rank's prompts (whole groups)
         examples = [self.task.train[i] for i in indices]
         ro = self.engine.generate(format_prompts(self.tok, examples, self.task.system_prompt), group_size=G,
                                   max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p)
@@ -222,182 +298,240 @@ class Trainer:
             r, d = self.task.reward(text, examples[i // G], bool(ro.truncated[i]))
             rewards.append(float(r))
             diags.append(d)
-        rewards_t = torch.tensor(rewards)  # (N,)
-        if hasattr(self.sampler, "update"):  # a curriculum moves on the measured solve rate
+        rewards_t = torch.tensor(rewards)  # (N,) host
+        if hasattr(self.sampler, "update"):  # a curriculum moves on the measured solve rate, the same on every rank
             correct = [float(d.get("correctness", r)) for d, r in zip(diags, rewards)]
-            self.sampler.update([i for i in indices for _ in range(G)], correct)
-        advantages = compute_advantages(cfg.advantage_estimator, rewards_t, G, cfg.adv_eps)  # (N,)
+            parts = D.gather_objects(([i for i in indices for _ in range(G)], correct))
+            self.sampler.update([i for p in parts for i in p[0]], [c for p in parts for c in p[1]])
+        advantages = compute_advantages(cfg.advantage_estimator, rewards_t, G, cfg.adv_eps)  # (N,) host
+        advantages_dev = advantages.to(D.device)
         timing["reward"] = time.time() - t
 
         mb = cfg.micro_batch_size
         micro = [torch.arange(s, min(s + mb, N)) for s in range(0, N, mb)]
         t = time.time()
         ref_lp = old_lp = None
-        self.model.eval()  # reference and old logprobs without dropout, or the ratio is noise before any update
+        self.backend.train(False)  # reference and old logprobs without dropout, or the ratio is noise
         with torch.no_grad():
             if cfg.beta > 0:
                 with self.ref.active() as ref_model:
-                    ref_lp = torch.cat([self._logprobs(ref_model, self._rows(ro, ix), with_entropy=False)[0]
+                    copy = None if ref_model is self.model else ref_model
+                    ref_lp = torch.cat([self._logprobs(self._rows(ro, ix), with_entropy=False, module=copy)[0]
                                         for ix in micro])  # (N, T)
             if not self.on_policy:
-                old_lp = torch.cat([self._logprobs(self.model, self._rows(ro, ix), with_entropy=False)[0]
+                old_lp = torch.cat([self._logprobs(self._rows(ro, ix), with_entropy=False)[0]
                                     for ix in micro])  # (N, T)
         timing["reference"] = time.time() - t
 
         t = time.time()
-        upd = self._update(ro, advantages, ref_lp, old_lp)
+        upd = self._update(ro, advantages_dev, ref_lp, old_lp)
         timing["update"] = time.time() - t
         self.step_num += 1
         timing["step"] = time.time() - t_step
 
-        row = self._metrics(ro, rewards_t, diags, advantages, upd, timing)
+        # every rank's rollout and update accumulators, so the metrics are those of the global batch
+        local = {"rewards": rewards, "diags": diags, "advantages": advantages.tolist(),
+                 "lengths": ro.lengths().cpu().tolist(), "truncated": ro.truncated.cpu().tolist(),
+                 "texts": ro.texts, "examples": [(e.prompt, e.answer) for e in examples],
+                 **{k: upd[k] for k in ("tok", "metrics", "entropy", "behaviour_diff", "seq_log_ratio", "gns")}}
+        parts = D.gather_objects(local)
+        allr = {k: [x for p in parts for x in p[k]] for k in local}
+        row = self._metrics(allr, upd, timing)
         if hasattr(self.sampler, "metrics"):
             row.update(self.sampler.metrics())
-        if not math.isfinite(upd["grad_norm_max"]) or upd["grad_norm_max"] > cfg.spike_grad_norm:
-            self.logger.spike({"step": self.step_num, "grad_norm": upd["grad_norm_max"],
-                               "prompt_hashes": [hashlib.md5(e.prompt.encode()).hexdigest() for e in examples],
+        row.update(step_memory(D.device))
+        if self.memory_estimate is not None:
+            row["memory/preflight_gib"] = self.memory_estimate
+        self._group = self._sample_group(allr, G)
+        if D.is_main:
+            self._write_step_logs(row, allr, G)
+        return row
+
+    @staticmethod
+    def _sample_group(allr: dict[str, list], G: int) -> dict[str, Any]:
+        """The G completions of the step's first prompt, for the live view."""
+        prompt, answer = allr["examples"][0]
+        return {"prompt": prompt, "answer": answer, "completions": [
+            {"text": allr["texts"][i], "reward": allr["rewards"][i], "advantage": allr["advantages"][i],
+             "truncated": bool(allr["truncated"][i])} for i in range(G)]}
+
+    def _write_step_logs(self, row: dict[str, Any], allr: dict[str, list], G: int) -> None:
+        cfg = self.cfg
+        exs = allr["examples"]
+        if not math.isfinite(row["grad_norm_max"]) or row["grad_norm_max"] > cfg.spike_grad_norm:
+            self.logger.spike({"step": self.step_num, "grad_norm": row["grad_norm_max"],
+                               "prompt_hashes": [hashlib.md5(p.encode()).hexdigest() for p, _ in exs],
                                **{k: row[k] for k in row if k.startswith(("log_ratio", "ratio_"))}})
         if cfg.save_steps and self.step_num % cfg.save_steps == 0:
             self.logger.samples(self.step_num, [
-                {"prompt": examples[i // G].prompt, "answer": examples[i // G].answer, "completion": ro.texts[i],
-                 "reward": rewards[i], "advantage": float(advantages[i]), "truncated": bool(ro.truncated[i])}
-                for i in range(min(cfg.log_samples, N))])
-        return row
+                {"prompt": exs[i // G][0], "answer": exs[i // G][1], "completion": allr["texts"][i],
+                 "reward": allr["rewards"][i], "advantage": allr["advantages"][i],
+                 "truncated": bool(allr["truncated"][i])}
+                for i in range(min(cfg.log_samples, len(allr["texts"])))])
 
     def _update(self, ro, advantages, ref_lp, old_lp) -> dict[str, Any]:
-        """The micro-batched, gradient-accumulated update; returns what the metrics need."""
-        cfg, G, N = self.cfg, self.cfg.n_samples_per_prompt, ro.num_rows
-        tb_rows = cfg.train_prompts * G
+        """The micro-batched, gradient-accumulated update; returns what the metrics need.
+
+        Each rank holds 1/W of every optimizer batch. The loss of a micro-batch is normalised by the
+        optimizer batch's *global* totals (sequences, valid tokens, the Dr-GRPO constant), so the
+        micro-batch losses of all ranks sum to the one-process loss; it is back-propagated times W
+        because DDP and DeepSpeed average gradients over ranks.
+        """
+        cfg, G, N, D = self.cfg, self.cfg.n_samples_per_prompt, ro.num_rows, self.dist
+        W = D.world_size
+        tb_rows = cfg.train_prompts * G // W  # this rank's rows of one optimizer batch
         mb = cfg.micro_batch_size
         clip_high = cfg.eps_clip_high if cfg.eps_clip_high is not None else cfg.eps_clip
         norm_const = cfg.loss_norm_const if cfg.loss_norm_const is not None else float(cfg.max_new_tokens)
         acc: dict[str, list] = {"tok": [], "metrics": [], "entropy": [], "grad_norm": [], "loss": [], "lr": [],
-                                "gns": [], "behaviour_diff": []}
-        self.model.train()
+                                "gns": [], "behaviour_diff": [], "seq_log_ratio": []}
+        gen = torch.Generator().manual_seed(cfg.seed * 7919 + self.step_num * 104729 + D.rank)
+        self.backend.train(True)
         for epoch in range(cfg.num_updates_per_rollout):
+            # later passes (and several optimizer batches) see the rows in a fresh order, whole groups kept
+            order = torch.arange(N)
+            if cfg.num_updates_per_rollout > 1 or tb_rows < N:
+                order = (torch.randperm(N // G, generator=gen).unsqueeze(1) * G + torch.arange(G)).reshape(-1)
             for b0 in range(0, N, tb_rows):
-                batch = torch.arange(b0, min(b0 + tb_rows, N))
-                num_tokens = ro.completion_mask[batch].sum().clamp(min=1.0)
+                batch = order[b0:b0 + tb_rows]
+                num_tokens = D.all_sum(ro.completion_mask[batch].sum()).clamp(min=1.0)  # global valid tokens
                 loss_total = 0.0
-                gns = cfg.gns_probe and len(batch) > mb
-                prev, micro_sq = None, []
-                for m0 in range(0, len(batch), mb):
+                gns = cfg.gns_probe and len(batch) > mb and cfg.backend != "deepspeed"
+                prev, micro_sq, seq_lr = None, [], []
+                n_micro = -(-len(batch) // mb)
+                for j, m0 in enumerate(range(0, len(batch), mb)):
                     ix = batch[m0:m0 + mb]
                     rows = self._rows(ro, ix)
                     bonus = cfg.entropy_coef != 0
-                    logp, ent = self._logprobs(self.model, rows, with_entropy=epoch == 0 or bonus,
-                                               entropy_grad=bonus)  # (n, T) each
-                    old = logp.detach() if old_lp is None else old_lp[ix]
-                    loss, m = grpo_loss(
-                        logp, old, advantages[ix], rows["completion_mask"],
-                        ref_logprobs=None if ref_lp is None else ref_lp[ix], beta=cfg.beta,
-                        kl_estimator=cfg.kl_estimator, policy_loss=cfg.policy_loss, aggregation=cfg.loss_agg_mode,
-                        num_seqs=float(len(batch)), num_tokens=num_tokens, norm_const=norm_const,
-                        clip_low=cfg.eps_clip, clip_high=clip_high, dual_clip=cfg.dual_clip,
-                        log_ratio_clamp=cfg.log_ratio_clamp, entropy=ent, entropy_coef=cfg.entropy_coef)
-                    loss.backward()
+                    with self.backend.accumulate(last=j == n_micro - 1):
+                        logp, ent = self._logprobs(rows, with_entropy=epoch == 0 or bonus, entropy_grad=bonus)  # (n, T)
+                        old = logp.detach() if old_lp is None else old_lp[ix]
+                        loss, m = grpo_loss(
+                            logp, old, advantages[ix], rows["completion_mask"],
+                            ref_logprobs=None if ref_lp is None else ref_lp[ix], beta=cfg.beta,
+                            kl_estimator=cfg.kl_estimator, policy_loss=cfg.policy_loss,
+                            aggregation=cfg.loss_agg_mode, num_seqs=float(tb_rows * W), num_tokens=num_tokens,
+                            norm_const=norm_const, clip_low=cfg.eps_clip, clip_high=clip_high,
+                            dual_clip=cfg.dual_clip, log_ratio_clamp=cfg.log_ratio_clamp, entropy=ent,
+                            entropy_coef=cfg.entropy_coef)
+                        self.backend.backward(loss * W)
                     loss_total += float(loss.detach())
-                    m["importance_ess"] = importance_ess(logp.detach() - old, rows["completion_mask"])
+                    mask = rows["completion_mask"]
+                    seq_lr.append(((logp.detach() - old) * mask).sum(-1).float().cpu())  # (n,) sequence log-ratio
                     if gns:  # this micro-batch's own gradient, rescaled to its mean gradient
                         flat = torch.cat([p.grad.reshape(-1) for p in self.params if p.grad is not None])
                         g = flat if prev is None else flat - prev
                         micro_sq.append((g * (len(batch) / len(ix))).pow(2).sum())
                         prev = flat.clone()
                     if epoch == 0:
-                        valid = rows["completion_mask"] > 0
-                        acc["entropy"].append(ent.detach()[valid])
+                        valid = mask > 0
+                        acc["entropy"].append(ent.detach()[valid].float().cpu())
                         # the engine's sampling logprobs against the trainer's (0 up to float noise for
                         # HF generate; a vLLM engine's numerics show up here)
-                        acc["behaviour_diff"].append((logp.detach() - ro.behaviour_logprobs[ix]).abs()[valid])
-                    acc["tok"].append(float(rows["completion_mask"].sum()))
+                        acc["behaviour_diff"].append((logp.detach() - ro.behaviour_logprobs[ix]).abs()[valid]
+                                                     .float().cpu())
+                    acc["tok"].append(float(mask.sum()))
                     acc["metrics"].append({k: float(v) for k, v in m.items()})
                 if gns and prev is not None:
-                    acc["gns"].append(simple_noise_scale(torch.stack(micro_sq), prev.pow(2).sum(), mb, len(batch)))
-                grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, cfg.max_grad_norm))
-                if not (math.isfinite(loss_total) and math.isfinite(grad_norm)):
+                    acc["gns"].append({k: float(v) for k, v in
+                                       simple_noise_scale(torch.stack(micro_sq), prev.pow(2).sum(), mb,
+                                                          len(batch)).items()})
+                acc["seq_log_ratio"].append(torch.cat(seq_lr))
+                loss_global = float(D.all_sum(torch.tensor([loss_total], device=D.device))[0])
+                acc["lr"].append(self.backend.lr())
+                grad_norm, stepped = self.backend.step(math.isfinite(loss_global))
+                if not stepped:
                     # a non-finite loss would poison the weights and every later checkpoint: skip the step
-                    self.optimizer.zero_grad(set_to_none=True)
                     self.skipped_steps += 1
-                    warnings.warn(f"step {self.step_num + 1}: non-finite loss ({loss_total}) or grad_norm "
+                    warnings.warn(f"step {self.step_num + 1}: non-finite loss ({loss_global}) or grad_norm "
                                   f"({grad_norm}); optimizer step skipped, weights unchanged "
                                   f"(total skipped: {self.skipped_steps})")
-                else:
-                    acc["lr"].append(self.optimizer.param_groups[0]["lr"])
-                    self.optimizer.step()
-                    self.scheduler.step()
-                    self.optimizer.zero_grad(set_to_none=True)
                 acc["grad_norm"].append(grad_norm)
-                acc["loss"].append(loss_total)
+                acc["loss"].append(loss_global)
         gmax = max(acc["grad_norm"], key=lambda g: math.inf if not math.isfinite(g) else g)  # NaN counts as a spike
         return {**acc, "grad_norm_max": gmax, "clip": (cfg.eps_clip, clip_high)}
 
-    def _metrics(self, ro, rewards, diags, advantages, upd, timing) -> dict[str, Any]:
-        cfg = self.cfg
+    def _metrics(self, allr: dict[str, list], upd: dict[str, Any], timing: dict[str, float]) -> dict[str, Any]:
+        """The step's metrics row from every rank's accumulators (``allr``: lists concatenated in rank
+        order) and this rank's optimizer-step values (``upd``: equal on every rank)."""
+        rewards = torch.tensor(allr["rewards"])  # (N_global,)
+        diags = allr["diags"]
         row: dict[str, Any] = {"step": self.step_num}
         row.update(reward_mean=float(rewards.mean()), reward_std=float(rewards.std(correction=0)),
                    reward_min=float(rewards.min()), reward_max=float(rewards.max()), reward_p90=_q(rewards, 0.9))
         for k in sorted({k for d in diags for k in d}):
             row[k] = float(np.mean([d.get(k, 0.0) for d in diags]))
-        row.update({k: float(v) for k, v in advantage_stats(advantages).items()})
+        row.update({k: float(v) for k, v in advantage_stats(torch.tensor(allr["advantages"])).items()})
         # per-micro-batch metrics: token-weighted means, extremes of extremes; the p99 is the
         # largest micro-batch p99 (an upper bound on the batch p99)
-        for k in upd["metrics"][0]:
-            have = [i for i, m in enumerate(upd["metrics"]) if k in m]  # entropy is only taken in epoch 0
-            vals = torch.tensor([upd["metrics"][i][k] for i in have])
-            w = torch.tensor([upd["tok"][i] for i in have])
+        n_opt = len(upd["loss"])
+        for k in allr["metrics"][0]:
+            have = [i for i, m in enumerate(allr["metrics"]) if k in m]  # entropy is only taken in epoch 0
+            vals = torch.tensor([allr["metrics"][i][k] for i in have])
+            w = torch.tensor([allr["tok"][i] for i in have])
             if k.endswith(("_max", "_p99")):
                 row[k] = float(vals.max())
             elif k.endswith("_min"):
                 row[k] = float(vals.min())
-            elif k == "policy_loss":  # aggregated with batch totals: sums per optimizer step
-                row[k] = float(vals.sum()) / len(upd["loss"])
+            elif k == "policy_loss":  # aggregated with global batch totals: sums per optimizer step
+                row[k] = float(vals.sum()) / n_opt
             else:
                 row[k] = float((vals * w).sum() / w.sum().clamp(min=1))
+        # ESS of the sequence importance weights over each whole optimizer batch (all ranks), averaged
+        W = self.dist.world_size
+        seq = [torch.cat([allr["seq_log_ratio"][r * n_opt + s] for r in range(W)]) for s in range(n_opt)]
+        row["importance_ess"] = float(np.mean([float(importance_ess(x.unsqueeze(-1), torch.ones(len(x), 1)))
+                                               for x in seq]))
         row["loss"] = float(np.mean(upd["loss"]))
-        ent = torch.cat(upd["entropy"]) if upd["entropy"] else torch.zeros(0)
+        ent = torch.cat(allr["entropy"]) if allr["entropy"] else torch.zeros(0)
         row.update(entropy_mean=float(ent.mean()) if ent.numel() else 0.0, entropy_p10=_q(ent, 0.1),
                    entropy_p90=_q(ent, 0.9))
         row.update(grad_norm=float(np.mean(upd["grad_norm"])), grad_norm_max=upd["grad_norm_max"])
-        diff = torch.cat(upd["behaviour_diff"]) if upd["behaviour_diff"] else torch.zeros(0)
+        diff = torch.cat(allr["behaviour_diff"]) if allr["behaviour_diff"] else torch.zeros(0)
         row["behaviour_logprob_diff_max"] = float(diff.max()) if diff.numel() else 0.0
-        lengths = ro.lengths()
+        lengths = torch.tensor(allr["lengths"], dtype=torch.float32)
         row.update(response_length_mean=float(lengths.mean()), response_length_max=float(lengths.max()),
-                   truncated=float(ro.truncated.float().mean()))
+                   truncated=float(np.mean(allr["truncated"])))
         row["lr"] = float(np.mean(upd["lr"])) if upd["lr"] else 0.0  # the LR the step(s) used
         row["eps_clip_low"], row["eps_clip_high"] = upd["clip"]  # what the loss was called with
-        if upd["gns"]:  # single-step estimates: average gns_grad_sq and gns_trace over steps to read B_simple
-            for k in upd["gns"][0]:
-                row[k] = float(np.mean([float(g[k]) for g in upd["gns"]]))
+        if allr["gns"]:  # single-step estimates: average gns_grad_sq and gns_trace over steps to read B_simple
+            for k in allr["gns"][0]:
+                row[k] = float(np.mean([g[k] for g in allr["gns"]]))
         row["skipped_steps"] = self.skipped_steps
         row.update({f"timing/{k}": v for k, v in timing.items()})
         return row
 
     # ---- the loop -------------------------------------------------------------------------------
+    def stop_requested(self) -> bool:
+        """A researcher asked this attempt to stop (``<run_dir>/control/stop``; the live view's Stop
+        button and ``rft stop`` write it). Rank 0 looks; every rank gets its answer."""
+        return bool(self.dist.broadcast_object((self.run_dir / "control" / "stop").exists()
+                                               if self.dist.is_main else None))
+
     def train(self) -> dict[str, Any]:
         """Run to num_steps (or stop_after_steps more); eval at 0, every eval_steps and at the end.
 
         Stops early when the early-stop probe drops at ``early_stop_patience`` consecutive evals,
-        or, with ``health_abort``, when a health verdict fails; either way it checkpoints first
-        and records why in summary.json.
+        or, with ``health_abort``, when a health verdict fails, or when a stop is requested; each
+        way it checkpoints first and records why in summary.json.
         """
-        from rftlib.monitor.health import check_health
+        from rftlib.monitor.health import RULES, check_health
 
-        cfg = self.cfg
+        cfg, main = self.cfg, self.dist.is_main
         start = self.step_num
         end = cfg.num_steps if cfg.stop_after_steps is None else min(cfg.num_steps, start + cfg.stop_after_steps)
         if self.step_num == 0 and not self.eval_history:
             self._emit(self.evaluate())
         bar = None
-        if self.progress:
+        if self.progress and main:
             from tqdm.auto import tqdm
 
             bar = tqdm(total=cfg.num_steps, initial=start, desc=self.run_dir.name, unit="step")
-        rows = [r for r in _read_rows(self.logger.path)]
+        rows = [r for r in _read_rows(self.run_dir / "logs" / "metrics.jsonl")] if main else []
+        rows = self.dist.broadcast_object(rows)
         health_cfg = {"max_grad_norm": cfg.max_grad_norm}
         if cfg.early_stop_probe:
             health_cfg["ood_metric"] = f"eval/{cfg.early_stop_probe}/greedy_pass@1"
-        from rftlib.monitor.health import RULES
-
         rules = [r for r in RULES.names() if r not in self.task.health_skip]
         self.stop_reason = None
         seen_bad: set[tuple[str, str]] = set()
@@ -410,14 +544,18 @@ class Trainer:
                 self.stop_reason = self.early_stop_reason()
             self._emit(row)
             rows.append(row)
-            verdicts = check_health(rows, rules=rules, **health_cfg)
-            write_json(self.run_dir / "logs" / "health.json", [v.__dict__ for v in verdicts])
+            verdicts = check_health(rows, rules=rules, **health_cfg)  # the same rows, so the same verdicts, on every rank
+            if main:
+                write_json(self.run_dir / "logs" / "health.json", [v.__dict__ for v in verdicts])
             for v in verdicts:
                 if v.status in ("warn", "fail") and (v.name, v.status) not in seen_bad:
                     seen_bad.add((v.name, v.status))
-                    print(f"[health step {self.step_num}] {v.status.upper()} {v.name}: {v.message} -> {v.action}")
+                    if main:
+                        print(f"[health step {self.step_num}] {v.status.upper()} {v.name}: {v.message} -> {v.action}")
                     if v.status == "fail" and cfg.health_abort and self.stop_reason is None:
                         self.stop_reason = f"health verdict {v.name} failed: {v.message}"
+            if self.stop_reason is None and self.stop_requested():
+                self.stop_reason = "stopped by user"
             stop = self.stop_reason is not None
             if final or stop or self.step_num == end or (cfg.save_steps and self.step_num % cfg.save_steps == 0) \
                     or (is_eval and cfg.early_stop_probe):
@@ -427,16 +565,21 @@ class Trainer:
                 bar.set_postfix(reward=f"{row['reward_mean']:.2f}", len=f"{row['response_length_mean']:.0f}",
                                 s=f"{row['timing/step']:.0f}")
             if stop:
-                print(f"[early stop at step {self.step_num}] {self.stop_reason}")
+                if main:
+                    print(f"[early stop at step {self.step_num}] {self.stop_reason}")
+                    (self.run_dir / "control" / "stop").unlink(missing_ok=True)  # honoured: a resume goes on
                 break
         if bar is not None:
             bar.close()
         return self.summary()
 
     def _emit(self, row: dict[str, Any]) -> None:
+        if not self.dist.is_main:
+            return
         self.logger.log(row)
+        group = getattr(self, "_group", None)
         for cb in self.callbacks:
-            cb(row)
+            cb({**row, "_group": group} if group is not None and "reward_mean" in row else row)
 
     def summary(self) -> dict[str, Any]:
         evals = [e for e in self.eval_history if EVAL_KEY in e]
@@ -455,12 +598,16 @@ class Trainer:
                "baseline": base, "final": last, "gain": None if base is None or last is None else last - base,
                "best_step": best["step"] if best else None, "best": best[EVAL_KEY] if best else None,
                "skipped_steps": self.skipped_steps, "eval_mode": "greedy_pass@1", "eval_dataset": "heldout",
-               "eval_n": len(self.task.eval)}
-        write_json(self.run_dir / "summary.json", out)
+               "eval_n": len(self.task.eval), "world_size": self.dist.world_size, "backend": self.cfg.backend,
+               "device": str(self.dist.device)}
+        if self.dist.is_main:
+            write_json(self.run_dir / "summary.json", out)
         return out
 
     def close(self) -> None:
-        self.logger.close()
+        if self.logger is not None:
+            self.logger.close()
+        self.backend.close()
 
 
 def resume_config(run_dir: str | Path, **overrides: Any) -> RunConfig:

@@ -1,0 +1,173 @@
+"""``deepspeed`` backend: DeepSpeed's engine with ZeRO-2/3 and optional CPU offload (seed 003).
+
+rftlib writes no sharding of its own: it derives a DeepSpeed config from RunConfig
+(:func:`deepspeed_config`, optionally merged over a user's JSON template in params/deepspeed/),
+hands ``deepspeed.initialize`` the PolicyForward module, and calls the engine's documented
+``backward``/``step``/``save_checkpoint``/``load_checkpoint``. DeepSpeed counts micro-steps
+itself: ``gradient_accumulation_steps`` is the number of micro-batches a rank runs per optimizer
+step, and ``engine.step()`` after each micro-batch only steps the optimizer on the last one.
+
+The loss the loop hands ``backward`` is already normalised by the *global* batch totals, so it is
+back-propagated without DeepSpeed's division by the accumulation steps (``scale_wrt_gas=False``).
+
+Runs here on CPU ranks (``DS_ACCELERATOR=cpu``, gloo); on GPUs the same code with NCCL.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+from pathlib import Path
+
+import torch
+
+from rftlib.train.backends import BACKENDS
+from rftlib.train.forward import PolicyForward
+from rftlib.train.schedule import make_scheduler
+
+DS_TAG = "ds"  # the tag of the one DeepSpeed checkpoint inside a step directory
+
+
+def import_deepspeed():
+    """deepspeed, imported lazily, with the install line when it is missing."""
+    if not torch.cuda.is_available():
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    import warnings
+
+    # ZeRO-3 calls torch's older collective names each step; torch warns every time
+    warnings.filterwarnings("ignore", message=r"`torch\.distributed\.(all_gather_into_tensor|reduce_scatter_tensor)` "
+                            "is deprecated", category=FutureWarning)
+    try:
+        import deepspeed
+    except ImportError as e:
+        raise ImportError("backend 'deepspeed' needs DeepSpeed: `DS_BUILD_OPS=0 pip install deepspeed==0.19.8` "
+                          "(CPU: also what scripts/setup.sh installs; GPU: pip install -e '.[gpu]')") from e
+    return deepspeed
+
+
+def _merge(base: dict, over: dict) -> dict:
+    """``over`` merged into ``base`` recursively (``over`` wins)."""
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def deepspeed_config(cfg, world_size: int, micro_steps: int) -> dict:
+    """The DeepSpeed config for ``cfg``: the user's template (``deepspeed_config``) under the values
+    rftlib must control (batch sizes, clipping, ZeRO stage, offload, precision, optimizer).
+
+    micro_steps: micro-batches per rank per optimizer step, so that
+    train_batch_size = micro_batch_size x micro_steps x world_size = train_prompts x G sequences.
+    """
+    template: dict = {}
+    if cfg.deepspeed_config:
+        path = Path(cfg.deepspeed_config)
+        try:
+            template = json.loads(path.read_text())
+        except FileNotFoundError:
+            raise FileNotFoundError(f"deepspeed_config: no file {path}") from None
+        except json.JSONDecodeError as e:
+            raise ValueError(f"deepspeed_config {path}:{e.lineno}:{e.colno}: malformed JSON: {e.msg}") from None
+    zero: dict = {"stage": cfg.zero_stage}
+    if cfg.offload_params:
+        zero["offload_param"] = {"device": "cpu", "pin_memory": torch.cuda.is_available()}
+    if cfg.offload_optimizer:
+        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": torch.cuda.is_available()}
+    derived = {
+        "train_micro_batch_size_per_gpu": cfg.micro_batch_size,
+        "gradient_accumulation_steps": micro_steps,
+        "train_batch_size": cfg.micro_batch_size * micro_steps * world_size,
+        "gradient_clipping": cfg.max_grad_norm,
+        "zero_optimization": zero,
+        "bf16": {"enabled": cfg.dtype == "bfloat16"},
+        "fp16": {"enabled": cfg.dtype == "float16"},
+        "optimizer": {"type": "AdamW", "params": {
+            "lr": cfg.lr, "betas": [cfg.adam_beta1, cfg.adam_beta2], "eps": 1e-8, "weight_decay": cfg.weight_decay,
+            # torch's AdamW unless the optimizer is offloaded (then DeepSpeed's CPU Adam); FusedAdam
+            # needs a compiled op
+            "torch_adam": not cfg.offload_optimizer, "adam_w_mode": True}},
+        "steps_per_print": 10**9,
+        "wall_clock_breakdown": False,
+    }
+    return _merge(template, derived)
+
+
+class DeepSpeedBackend:
+    name = "deepspeed"
+
+    def __init__(self, cfg, dist, model, *, total_opt_steps: int, warmup_steps: int):
+        ds = import_deepspeed()
+        self.cfg, self.dist, self.model, self.ds = cfg, dist, model, ds
+        rows_per_rank = cfg.train_prompts * cfg.n_samples_per_prompt // dist.world_size
+        self.micro_steps = rows_per_rank // cfg.micro_batch_size
+        self.config = deepspeed_config(cfg, dist.world_size, self.micro_steps)
+        self.policy = PolicyForward(model)
+        params = [p for p in model.parameters() if p.requires_grad]
+        self.engine, self.optimizer, _, self.scheduler = ds.initialize(
+            model=self.policy, model_parameters=params, config=self.config,
+            lr_scheduler=lambda opt: make_scheduler(opt, total_steps=total_opt_steps, warmup_steps=warmup_steps,
+                                                    min_lr_ratio=cfg.min_lr_ratio))
+        self.params = params
+        self._last = True
+
+    def forward(self, **rows):
+        return self.engine(**rows)
+
+    def accumulate(self, last: bool):
+        self._last = last
+        return contextlib.nullcontext()
+
+    def backward(self, loss: torch.Tensor) -> None:
+        self.engine.backward(loss, scale_wrt_gas=False)  # the loss is already a share of the global mean
+        if not self._last:
+            self.engine.step()  # DeepSpeed's micro-step bookkeeping: no optimizer step before the boundary
+
+    def step(self, loss_finite: bool) -> tuple[float, bool]:
+        """The boundary step: DeepSpeed reduces, clips (gradient_clipping) and steps optimizer + LR."""
+        if not loss_finite:
+            # DeepSpeed skips steps only on fp16 overflow; stepping a bf16/fp32 NaN gradient would poison
+            # every later checkpoint, so stop here with the last checkpoint intact
+            raise FloatingPointError("non-finite loss under the deepspeed backend: stopping before the optimizer "
+                                     "step (weights and the last checkpoint unchanged); lower lr / eps_clip")
+        self.engine.step()
+        g = self.engine.get_global_grad_norm()
+        grad_norm = float(g) if g is not None else float("nan")
+        return grad_norm, math.isfinite(grad_norm)
+
+    def lr(self) -> float:
+        return self.optimizer.param_groups[0]["lr"]
+
+    def train(self, mode: bool = True) -> None:
+        self.engine.train(mode)
+
+    # ---- checkpoints --------------------------------------------------------------------------
+    def trainable_state(self) -> dict[str, torch.Tensor]:
+        """Full trainable tensors (gathered from their ZeRO-3 shards on every rank; a collective)."""
+        named = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
+        with self.ds.zero.GatheredParameters([p for _, p in named], enabled=self.cfg.zero_stage == 3):
+            return {n: p.detach().to("cpu", copy=True) for n, p in named}
+
+    def adapter_state(self) -> dict[str, torch.Tensor] | None:
+        return self.trainable_state()
+
+    def save(self, tmp: Path) -> None:
+        """Every rank writes its partition (DeepSpeed's own checkpoint; frozen base weights excluded);
+        rank 0 also writes the gathered trainable tensors, for exports and inspection."""
+        state = self.trainable_state()  # collective: every rank takes part
+        self.engine.save_checkpoint(str(tmp / "deepspeed"), tag=DS_TAG, exclude_frozen_parameters=True)
+        if self.dist.is_main:
+            torch.save(state, tmp / "trainable.pt")
+
+    def load(self, d: Path) -> None:
+        path, _ = self.engine.load_checkpoint(str(d / "deepspeed"), tag=DS_TAG, load_module_strict=False)
+        if path is None:
+            raise FileNotFoundError(f"no DeepSpeed checkpoint under {d / 'deepspeed'}")
+
+    def close(self) -> None:
+        pass
+
+
+BACKENDS.register("deepspeed")(DeepSpeedBackend)

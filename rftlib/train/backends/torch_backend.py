@@ -1,0 +1,132 @@
+"""``single`` (one process) and ``ddp`` (torch DistributedDataParallel under torchrun) backends.
+
+Both run torch's AdamW and the LR schedule of rftlib.train.schedule. Under DDP every rank holds the
+whole model and optimizer; gradients are all-reduced (averaged) on the last micro-step of each
+optimizer batch only (``no_sync`` before it, as nanoGPT does), so a rank's optimizer state equals
+every other rank's and rank 0's copy is the checkpoint. float16 weights train with a GradScaler
+(CUDA only; the config refuses float16 on CPU).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from pathlib import Path
+
+import torch
+
+from rftlib.train.backends import BACKENDS
+from rftlib.train.forward import PolicyForward
+from rftlib.train.schedule import make_scheduler
+
+
+class TorchBackend:
+    name = "single"
+
+    def __init__(self, cfg, dist, model, *, total_opt_steps: int, warmup_steps: int):
+        self.cfg, self.dist, self.model = cfg, dist, model
+        self.policy = PolicyForward(model)
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(self.params, lr=cfg.lr, betas=(cfg.adam_beta1, cfg.adam_beta2),
+                                           weight_decay=cfg.weight_decay)
+        self.scheduler = make_scheduler(self.optimizer, total_steps=total_opt_steps, warmup_steps=warmup_steps,
+                                        min_lr_ratio=cfg.min_lr_ratio)
+        self.scaler = None
+        if cfg.dtype == "float16":
+            if dist.device.type != "cuda":
+                raise ValueError("dtype float16 needs a CUDA device (a GradScaler); use float32 or bfloat16 on CPU")
+            self.scaler = torch.amp.GradScaler("cuda")
+        self.module = self._wrap(self.policy)
+
+    def _wrap(self, policy):
+        return policy
+
+    # ---- the six calls the loop makes -----------------------------------------------------------
+    def forward(self, **rows):
+        return self.module(**rows)
+
+    def accumulate(self, last: bool):
+        return contextlib.nullcontext()
+
+    def backward(self, loss: torch.Tensor) -> None:
+        (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
+
+    def step(self, loss_finite: bool) -> tuple[float, bool]:
+        """Clip and step; returns (grad_norm before clipping, whether the optimizer stepped).
+
+        A non-finite loss or grad norm skips the optimizer step (weights unchanged) but the LR
+        schedule still advances, so the run keeps the schedule it was planned with.
+        """
+        if self.scaler is not None:
+            self.scaler.unscale_(self.optimizer)
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, self.cfg.max_grad_norm))
+        stepped = loss_finite and math.isfinite(grad_norm)
+        if self.scaler is not None:  # the scaler skips an overflowing step itself and lowers its scale
+            if loss_finite:
+                self.scaler.step(self.optimizer)
+            self.scaler.update()
+        elif stepped:
+            self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return grad_norm, stepped
+
+    def lr(self) -> float:
+        return self.optimizer.param_groups[0]["lr"]
+
+    def train(self, mode: bool = True) -> None:
+        self.model.train(mode)
+
+    # ---- checkpoints --------------------------------------------------------------------------
+    def trainable_state(self) -> dict[str, torch.Tensor]:
+        """Full trainable tensors on the host (the adapter under LoRA)."""
+        return {n: p.detach().to("cpu", copy=True) for n, p in self.model.named_parameters() if p.requires_grad}
+
+    def save(self, tmp: Path) -> None:
+        """Every rank's optimizer equals rank 0's under DDP: rank 0 writes the one copy."""
+        if not self.dist.is_main:
+            return
+        torch.save(self.trainable_state(), tmp / "trainable.pt")
+        torch.save(self.optimizer.state_dict(), tmp / "optimizer.pt")
+        torch.save(self.scheduler.state_dict(), tmp / "scheduler.pt")
+        if self.scaler is not None:
+            torch.save(self.scaler.state_dict(), tmp / "grad_scaler.pt")
+
+    def load(self, d: Path) -> None:
+        from rftlib.models.loading import load_trainable_state
+
+        load_trainable_state(self.model, torch.load(d / "trainable.pt", weights_only=True,
+                                                    map_location=self.dist.device))
+        self.optimizer.load_state_dict(torch.load(d / "optimizer.pt", weights_only=False,
+                                                  map_location=self.dist.device))
+        self.scheduler.load_state_dict(torch.load(d / "scheduler.pt", weights_only=False))
+        if self.scaler is not None and (d / "grad_scaler.pt").exists():
+            self.scaler.load_state_dict(torch.load(d / "grad_scaler.pt", weights_only=False))
+
+    def adapter_state(self) -> dict[str, torch.Tensor] | None:
+        return None  # the peft model's own save_pretrained sees the real tensors
+
+    def close(self) -> None:
+        pass
+
+
+class DDPBackend(TorchBackend):
+    name = "ddp"
+
+    def _wrap(self, policy):
+        if not self.dist.distributed:
+            return policy  # one rank: DDP would only add hooks
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        dev = self.dist.device
+        return DDP(policy, device_ids=[dev.index] if dev.type == "cuda" else None)
+
+    def accumulate(self, last: bool):
+        """Skip the gradient all-reduce on every micro-step but the optimizer batch's last."""
+        if last or not self.dist.distributed:
+            return contextlib.nullcontext()
+        return self.module.no_sync()
+
+
+BACKENDS.register("single")(TorchBackend)
+BACKENDS.register("ddp")(DDPBackend)

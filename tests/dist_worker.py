@@ -1,0 +1,126 @@
+"""One training run of the tiny model on a signal that trains, as a standalone script, so the
+same run can be compared in one process and under ``torchrun --nproc_per_node 2`` (DDP, ZeRO-3).
+
+Rollouts are made a function of (prompt, step, weights) -- every prompt sampled on its own with a
+seed from its text -- so how the prompts are sharded over ranks does not change what is sampled,
+and the runs differ only in how the update is computed. Writes result.pt: per-step metrics, the
+final trainable weights, the optimizer's Adam moments and (ZeRO-3) each rank's partition sizes.
+
+    python -m torch.distributed.run --nproc_per_node 2 tests/dist_worker.py OUT_DIR --backend ddp
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+
+def reward(text, ex, truncated):
+    """Learnable by the tiny model: the share of the letter 'a' in the completion (varies within a group)."""
+    return min(1.0, 5 * text.count("a") / max(len(text), 1)), {"correctness": 0.0}
+
+
+class PerPromptSeededEngine:
+    """The HF engine, one prompt at a time, each seeded from (prompt, call number)."""
+
+    shares_trainer_module = True
+
+    def __init__(self, inner):
+        self.inner, self.calls = inner, 0
+
+    def generate(self, prompts, *, group_size, max_new_tokens, temperature, top_p=1.0, greedy=False):
+        from rftlib.rollout.base import Rollout
+
+        if greedy:
+            return self.inner.generate(prompts, group_size=group_size, max_new_tokens=max_new_tokens,
+                                       temperature=temperature, top_p=top_p, greedy=True)
+        self.calls += 1
+        outs = []
+        for p in prompts:
+            seed = int(hashlib.md5(f"{self.calls}|{p}".encode()).hexdigest()[:8], 16)
+            with torch.random.fork_rng():
+                torch.manual_seed(seed)
+                outs.append(self.inner.generate([p], group_size=group_size, max_new_tokens=max_new_tokens,
+                                                temperature=temperature, top_p=top_p))
+        P = max(o.prompt_ids.shape[1] for o in outs)
+        T = max_new_tokens
+        pad = self.inner.tok.pad_token_id
+
+        def left(x, w, v):  # (n, k) -> (n, w), padded on the left
+            return torch.nn.functional.pad(x, (w - x.shape[1], 0), value=v)
+
+        def right(x, w, v):
+            return torch.nn.functional.pad(x, (0, w - x.shape[1]), value=v)
+
+        return Rollout(prompt_ids=torch.cat([left(o.prompt_ids, P, pad) for o in outs]),
+                       prompt_mask=torch.cat([left(o.prompt_mask, P, 0) for o in outs]),
+                       completion_ids=torch.cat([right(o.completion_ids, T, pad) for o in outs]),
+                       completion_mask=torch.cat([right(o.completion_mask, T, 0) for o in outs]),
+                       behaviour_logprobs=torch.cat([right(o.behaviour_logprobs, T, 0) for o in outs]),
+                       truncated=torch.cat([o.truncated for o in outs]), texts=[t for o in outs for t in o.texts],
+                       group_size=group_size)
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("out")
+    ap.add_argument("--backend", default="single")
+    ap.add_argument("--model", default="tiny")
+    ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--stop-after", type=int, default=None)
+    ap.add_argument("--resume", action="store_true")
+    ap.add_argument("--set", action="append", default=[], help="NAME=VALUE (YAML) overrides")
+    a = ap.parse_args(argv)
+    import yaml
+
+    from rftlib.config import make_config
+    from rftlib.models.tiny import tiny_model_dir  # noqa: F401  (builds it once, before ranks race)
+    from rftlib.rollout.hf import HFEngine
+    from rftlib.train.dist import init_dist, shutdown_dist
+    from rftlib.train.loop import Trainer
+
+    out = Path(a.out)
+    overrides = dict(model=a.model, backend=a.backend, num_steps=a.steps, stop_after_steps=a.stop_after,
+                     runs_root=str(out / "runs"), rollout_batch_size=4, n_samples_per_prompt=4, micro_batch_size=2,
+                     max_new_tokens=8, eval_steps=0, eval_size=4, save_steps=0, lr=5e-3, warmup_ratio=0.0,
+                     autocast="none", name="dist", lora_dropout=0.0, beta=0.0)
+    overrides.update({k: yaml.safe_load(v) for k, v in (s.split("=", 1) for s in a.set)})
+    cfg = make_config("tiny", overrides)
+    dist = init_dist(cfg)
+    run_dir = out / "runs" / "attempt-01-dist" if a.resume else None  # the first session's attempt
+    tr = Trainer(cfg, run_dir=run_dir, resume=a.resume, progress=False, reward_override=reward, dist=dist)
+    tr.engine = PerPromptSeededEngine(HFEngine(tr.model, tr.tok, amp=None, synced_gpus=tr.engine.synced_gpus))
+    if a.resume:
+        tr.engine.calls = tr.step_num
+    tr.train()
+    weights = tr.backend.trainable_state()  # gathered under ZeRO-3: every rank takes part
+    state = {"rows": None, "weights": weights, "step": tr.step_num}
+    # Adam moments, full: a ZeRO-3 rank holds only its partition of them
+    if cfg.backend == "deepspeed":
+        opt = tr.backend.engine.optimizer
+        local = sum(p.ds_tensor.numel() for p in tr.model.parameters() if hasattr(p, "ds_tensor"))
+        full = sum(p.ds_numel for p in tr.model.parameters() if hasattr(p, "ds_numel"))
+        state["partition"] = dist.gather_objects((local, full))
+        sd = opt.state_dict()
+        state["adam_local"] = {k: v for k, v in sd.items() if k in ("optimizer_state_dict",)}
+    else:
+        state["adam"] = {i: {k: v.detach().cpu().clone() for k, v in s.items() if torch.is_tensor(v)}
+                         for i, s in tr.optimizer.state_dict()["state"].items()}
+    if dist.is_main:
+        from rftlib.monitor.metrics import read_metrics
+
+        state["rows"] = read_metrics(tr.run_dir)
+        state["run_dir"] = str(tr.run_dir)
+        torch.save(state, out / "result.pt")
+    tr.close()
+    shutdown_dist()
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    main()

@@ -1,0 +1,146 @@
+"""Data parallelism on 2 CPU ranks (gloo): torch DDP and DeepSpeed ZeRO-3 against one process.
+
+Each run is tests/dist_worker.py: the tiny model on a reward it can learn (so advantages are non-zero
+and the weights move), rollouts seeded per prompt (so sharding the prompts over ranks does not
+change what is sampled). With the same global batch, one process and 2 ranks must then produce the
+same losses, grad norms and weights, up to float32 summation order: the ranks' gradients are summed
+by an all-reduce instead of by autograd in one order, which moves results by ~1e-7 relative; we
+allow 1e-5 (relative on loss/grad norm, absolute on weights of magnitude ~1e-2).
+
+These start real torchrun jobs (seconds each; DeepSpeed's first start also JIT-compiles its shm
+op once, cached under ~/.cache/torch_extensions by scripts/setup.sh).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+WORKER = REPO / "tests" / "dist_worker.py"
+ZERO3 = REPO / "tests" / "data" / "zero3_tiny.json"
+pytest.importorskip("deepspeed", reason="scripts/setup.sh installs deepspeed (CPU ZeRO-3 tests)")
+
+
+def run_worker(out: Path, *args: str, nproc: int = 1, timeout: int = 900) -> dict:
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    if nproc == 1:
+        cmd = [sys.executable, str(WORKER), str(out), *args]
+    else:
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+               str(WORKER), str(out), *args]
+    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    if p.returncode != 0:
+        raise AssertionError(f"{' '.join(cmd)} failed ({p.returncode}):\n{p.stdout[-3000:]}\n{p.stderr[-6000:]}")
+    return torch.load(out / "result.pt", weights_only=False)
+
+
+def _train_rows(res):
+    return [r for r in res["rows"] if "loss" in r]
+
+
+def assert_same_run(a: dict, b: dict, *, rel: float = 1e-5, atol: float = 1e-5) -> None:
+    ra, rb = _train_rows(a), _train_rows(b)
+    assert len(ra) == len(rb) == 4
+    for x, y in zip(ra, rb):
+        assert x["reward_mean"] == y["reward_mean"]  # the same completions were sampled
+        assert x["advantage_std"] > 0  # there was something to learn
+        for k in ("loss", "policy_loss", "grad_norm", "entropy_mean", "importance_ess"):
+            assert math.isclose(x[k], y[k], rel_tol=rel, abs_tol=1e-9), (x["step"], k, x[k], y[k])
+    assert a["weights"].keys() == b["weights"].keys()
+    for k in a["weights"]:
+        assert torch.allclose(a["weights"][k], b["weights"][k], atol=atol, rtol=0), k
+    moved = [k for k in a["weights"] if "lora_B" in k and a["weights"][k].abs().max() > 0]
+    assert moved, "LoRA B starts at 0: training must have moved it"
+
+
+@pytest.fixture(scope="module")
+def single(tmp_path_factory):
+    return run_worker(tmp_path_factory.mktemp("single"), "--backend", "single")
+
+
+@pytest.fixture(scope="module")
+def ddp(tmp_path_factory):
+    return run_worker(tmp_path_factory.mktemp("ddp"), "--backend", "ddp", nproc=2)
+
+
+def test_ddp_two_ranks_match_one_process(single, ddp):
+    assert_same_run(single, ddp)
+
+
+def test_ddp_stop_and_resume_equals_uninterrupted(ddp, tmp_path):
+    """2 ranks, 2 steps, a stop (checkpoint), a relaunch that resumes for 2 more: the same weights and
+    Adam moments, bit for bit, as 4 uninterrupted steps (gloo's reductions are deterministic)."""
+    run_worker(tmp_path, "--backend", "ddp", "--stop-after", "2", nproc=2)
+    resumed = run_worker(tmp_path, "--backend", "ddp", "--resume", nproc=2)
+    assert resumed["step"] == 4
+    for k in ddp["weights"]:
+        assert torch.equal(ddp["weights"][k], resumed["weights"][k]), k
+    assert ddp["adam"].keys() == resumed["adam"].keys() and ddp["adam"]
+    for i in ddp["adam"]:
+        for k in ("exp_avg", "exp_avg_sq", "step"):
+            assert torch.equal(ddp["adam"][i][k], resumed["adam"][i][k]), (i, k)
+        assert ddp["adam"][i]["exp_avg_sq"].abs().max() > 0  # the moments are real, not empty
+    assert [r["loss"] for r in _train_rows(ddp)] == [r["loss"] for r in _train_rows(resumed)]
+
+
+def test_resume_with_another_world_size_is_refused(ddp, tiny_cfg):
+    from rftlib.train.loop import Trainer
+
+    run_dir = Path(ddp["run_dir"])
+    cfg = tiny_cfg(backend="single", num_steps=5)
+    with pytest.raises(RuntimeError, match=r"saved by 2 rank\(s\) with backend ddp; resuming with 1 rank\(s\)"):
+        Trainer(cfg, run_dir, resume=True, progress=False)
+
+
+@pytest.fixture(scope="module")
+def zero3(tmp_path_factory):
+    return run_worker(tmp_path_factory.mktemp("zero3"), "--backend", "deepspeed", "--set",
+                      f"deepspeed_config={ZERO3}", nproc=2)
+
+
+def test_zero3_two_ranks_match_one_process_and_partition(single, zero3):
+    assert_same_run(single, zero3)
+    (local0, full0), (local1, full1) = zero3["partition"]
+    assert full0 == full1 and local0 + local1 >= full0  # each rank holds its shard (padding aside)
+    assert abs(local0 / full0 - 0.5) < 0.02 and abs(local1 / full1 - 0.5) < 0.02, zero3["partition"]
+
+
+def test_zero3_stop_and_resume_equals_uninterrupted(zero3, tmp_path):
+    run_worker(tmp_path, "--backend", "deepspeed", "--set", f"deepspeed_config={ZERO3}", "--stop-after", "2", nproc=2)
+    resumed = run_worker(tmp_path, "--backend", "deepspeed", "--set", f"deepspeed_config={ZERO3}", "--resume",
+                         nproc=2)
+    assert resumed["step"] == 4
+    for k in zero3["weights"]:
+        assert torch.equal(zero3["weights"][k], resumed["weights"][k]), k
+    a = zero3["adam_local"]["optimizer_state_dict"]["state"]
+    b = resumed["adam_local"]["optimizer_state_dict"]["state"]
+    assert a.keys() == b.keys() and a
+    for i in a:
+        for k in ("exp_avg", "exp_avg_sq"):
+            assert torch.equal(a[i][k], b[i][k]), (i, k)
+            assert a[i][k].abs().max() > 0
+
+
+@pytest.mark.slow
+def test_embedded_default_ddp_and_zero3_match_one_process(tmp_path):
+    """The same check on SmolLM2-135M (2 steps): DDP and ZeRO-3 (default persistence threshold)."""
+    args = ("--model", "smollm2-135m", "--steps", "2")
+    one = run_worker(tmp_path / "one", *args, "--backend", "single")
+    two = run_worker(tmp_path / "ddp", *args, "--backend", "ddp", nproc=2)
+    z3 = run_worker(tmp_path / "z3", *args, "--backend", "deepspeed", nproc=2)
+    for other in (two, z3):
+        ra, rb = _train_rows(one), _train_rows(other)
+        assert len(ra) == len(rb) == 2
+        for x, y in zip(ra, rb):
+            assert x["reward_mean"] == y["reward_mean"] and x["advantage_std"] > 0
+            for k in ("loss", "grad_norm"):
+                assert math.isclose(x[k], y[k], rel_tol=1e-4, abs_tol=1e-9), (k, x[k], y[k])
+        for k in one["weights"]:
+            assert torch.allclose(one["weights"][k], other["weights"][k], atol=1e-5, rtol=0), k
