@@ -2,6 +2,8 @@
 
     rft demo                               the embedded default, via notebooks/train.ipynb + papermill
     rft train [-p default] [--set k=v ...] one attempt through the notebook (headless); writes its report
+    rft train --nproc 2 -p P --set backend=ddp   2 ranks under torchrun (ddp or deepspeed)
+    torchrun --nproc_per_node N [--nnodes ...] -m rftlib.cli train -p P ...   the same, multi-node
     rft resume RUN_DIR --additional-steps K
     rft preflight [-p preset] [--set k=v]  the LR schedule of a config, as a table
     rft validate [-p seed002-...-cpu]      seed 002's loop validation through notebooks/validate.ipynb
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -95,9 +98,59 @@ def _report_line(run_dir: Path) -> str:
     return f"[rft] report: {html}" if html.exists() else ""
 
 
+def _under_torchrun() -> bool:
+    return "TORCHELASTIC_RUN_ID" in os.environ or ("LOCAL_RANK" in os.environ and "WORLD_SIZE" in os.environ)
+
+
+def cmd_train_rank(args) -> int:
+    """This process is one rank of a torchrun job: train in-process (no notebook); rank 0 reports."""
+    from rftlib.config import make_config
+    from rftlib.train.dist import init_dist, shutdown_dist
+    from rftlib.train.loop import Trainer, resume_config
+    from rftlib.workbench import result_text
+
+    if args.run_dir:  # launched by rft train --nproc / the notebook: the attempt and its config exist
+        cfg = resume_config(args.run_dir)
+    else:  # torchrun -m rftlib.cli train -p PRESET --set ...: rank 0 creates the attempt
+        cfg = make_config(args.preset, _parse_sets(args.set))
+    dist = init_dist(cfg)
+    callbacks = []
+    if dist.is_main:
+        from rftlib.report.live import TextView
+
+        callbacks.append(TextView(cfg, every=1, write=print, health=False).update)
+    t0 = time.time()
+    trainer = Trainer(cfg, args.run_dir, resume=args.resume, progress=False, callbacks=callbacks, dist=dist)
+    t1 = time.time()
+    try:
+        summary = trainer.train()
+    finally:
+        trainer.close()
+    if dist.is_main:
+        from rftlib.attempts import write_json
+
+        summary.update(load_seconds=round(t1 - t0, 1), train_seconds=round(time.time() - t1, 1))
+        write_json(trainer.run_dir / "summary.json", summary)
+        print(f"[rft] {trainer.run_dir}: " + result_text(summary))
+    shutdown_dist()
+    return 0
+
+
 def cmd_train(args) -> int:
     from rftlib.workbench import result_text
 
+    if _under_torchrun():
+        return cmd_train_rank(args)
+    if args.nproc > 1 or args.run_dir:
+        from rftlib.attempts import create_attempt
+        from rftlib.config import make_config
+        from rftlib.train.launch import run_ranks
+
+        if args.run_dir:
+            run_dir = Path(args.run_dir)
+        else:
+            run_dir = create_attempt(make_config(args.preset, _parse_sets(args.set)))
+        return run_ranks(run_dir, args.nproc, resume=args.resume)
     params = {"preset": args.preset, **_parse_sets(args.set)}
     run_dir, summary = run_notebook(params)
     print(f"[rft] {run_dir}: " + result_text(summary))
@@ -207,6 +260,10 @@ def main(argv: list[str] | None = None) -> int:
     t = sub.add_parser("train", help="one attempt through notebooks/train.ipynb")
     t.add_argument("-p", "--preset", default="default")
     t.add_argument("--set", action="append", default=[], metavar="NAME=VALUE")
+    t.add_argument("--nproc", type=int, default=1,
+                   help="ranks on this machine: > 1 starts torchrun (set backend ddp or deepspeed)")
+    t.add_argument("--run-dir", default=None, help="an attempt directory made already (what the ranks are given)")
+    t.add_argument("--resume", action="store_true", help="with --run-dir: continue from its step_latest")
     r = sub.add_parser("resume", help="continue an attempt from step_latest")
     r.add_argument("run_dir")
     r.add_argument("--additional-steps", type=int, required=True)

@@ -144,3 +144,38 @@ def test_embedded_default_ddp_and_zero3_match_one_process(tmp_path):
                 assert math.isclose(x[k], y[k], rel_tol=1e-4, abs_tol=1e-9), (k, x[k], y[k])
         for k in one["weights"]:
             assert torch.allclose(one["weights"][k], other["weights"][k], atol=1e-5, rtol=0), k
+
+
+def test_rft_train_nproc_launches_torchrun_ranks(tmp_path):
+    """`rft train --nproc 2` makes the attempt, starts 2 ranks under torchrun, and rank 0 alone writes."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    p = subprocess.run([sys.executable, "-m", "rftlib.cli", "train", "--nproc", "2", "-p", "tiny", "--set", "backend=ddp",
+                        "--set", "num_steps=2", "--set", f"runs_root={tmp_path}"], cwd=REPO, env=env,
+                       capture_output=True, text=True, timeout=900)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    (run_dir,) = tmp_path.glob("attempt-01-tiny")
+    import json
+
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["world_size"] == 2 and summary["backend"] == "ddp" and summary["steps"] == 2
+    assert p.stdout.count("[rft] step 2/2") == 1  # one rank prints
+    from rftlib.monitor.metrics import read_metrics
+
+    assert [r["step"] for r in read_metrics(run_dir)] == [0, 1, 2]  # one line per step, not one per rank
+    assert (run_dir / "logs" / "launch_command.txt").read_text().split()[1:4] == [
+        "-m", "torch.distributed.run", "--nproc_per_node=2"]
+    assert sorted(p.name for p in (run_dir / "training_state" / "step_2").glob("rng_rank*.pt")) == [
+        "rng_rank0.pt", "rng_rank1.pt"]
+
+
+def test_torchrun_command_for_one_and_two_nodes():
+    from rftlib.train.launch import torchrun_command
+
+    one = torchrun_command(2, ["train", "-p", "x"], python="py")
+    assert one == ["py", "-m", "torch.distributed.run", "--nproc_per_node=2", "--standalone", "-m", "rftlib.cli",
+                   "train", "-p", "x"]
+    two = torchrun_command(8, ["train"], nnodes=2, node_rank=1, rdzv_endpoint="10.0.0.1:29400", python="py")
+    assert two[3:9] == ["--nproc_per_node=8", "--nnodes=2", "--node_rank=1", "--rdzv-backend=c10d",
+                        "--rdzv-endpoint=10.0.0.1:29400", "--rdzv-id=rftlib"]
+    with pytest.raises(ValueError, match="rdzv_endpoint"):
+        torchrun_command(8, ["train"], nnodes=2)
