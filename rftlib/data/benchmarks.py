@@ -32,8 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from rftlib.data.jsonl import FETCH_HINT, DataError, datasets_dir, read_json, read_jsonl
 from rftlib.data.base import TASKS, Example, Task
+from rftlib.data.jsonl import FETCH_HINT, DataError, datasets_dir, read_json, read_jsonl
 from rftlib.rewards.code import CodeProblem
 from rftlib.rewards.math import math_task_reward, parse_gold
 

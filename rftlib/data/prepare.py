@@ -39,9 +39,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable
 
-from rftlib.data.jsonl import DataError, iter_jsonl, read_jsonl, read_table, write_jsonl
 from rftlib.data.base import TASKS, Example, Task
 from rftlib.data.benchmarks import MATH_INSTRUCTION, gsm8k_solution_to_boxed, to_numina  # noqa: F401 (re-export)
+from rftlib.data.jsonl import DataError, iter_jsonl, read_jsonl, read_table, write_jsonl
 from rftlib.rewards.math import answers_match, math_task_reward, normalize_answer, parse_gold
 
 NUMINA_COLUMNS = ("problem", "solution", "answer", "problem_type", "question_type", "source", "synthetic")
