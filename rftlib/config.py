@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import types
 import typing
 from dataclasses import dataclass, field, fields
@@ -108,11 +109,12 @@ class RunConfig:
 
     # ---- optimisation -------------------------------------------------------------------------
     num_steps: int = 30
-    """rollout steps in the attempt"""
+    """rollout steps in the attempt; derived from num_episodes x pool_size when those are given"""
     stop_after_steps: int | None = None
     """stop this session after this many steps (resume later); None runs to num_steps"""
     train_batch_size: int | None = None
-    """prompts per optimizer step; None means rollout_batch_size (one exactly on-policy step)"""
+    """prompts per optimizer step; None means rollout_batch_size (one exactly on-policy step).
+    OpenRLHF's --train_batch_size counts samples: give its number as train_batch_size_samples"""
     micro_batch_size: int = 16
     """sequences per forward/backward (gradient accumulation inside a train batch)"""
     num_updates_per_rollout: int = 1
@@ -160,6 +162,26 @@ class RunConfig:
     """grad_norm above this appends to spike_log.jsonl (seed 003)"""
     torch_threads: int = 0
     """torch intra-op threads; 0 leaves torch's default (several ranks on one CPU: cores // ranks each)"""
+
+    # ---- schedule as the seeds count it -------------------------------------------------------
+    num_episodes: int | None = None
+    """OpenRLHF --num_episodes, passes over pool_size prompts; with pool_size it sets num_steps =
+    pool_size // rollout_batch_size x num_episodes (seed 003: 20 for 20B, 50 for 120B, 1 in a28)"""
+    pool_size: int | None = None
+    """prompts in the training pool the schedule counts, with num_episodes (seed 003: 50,000; a28: 400)"""
+    train_batch_size_samples: int | None = None
+    """OpenRLHF --train_batch_size, in samples (sequences): sets train_batch_size = this //
+    n_samples_per_prompt prompts (seed 003 a28: 16 samples with 8 per prompt = 2 prompts)"""
+    prompt_max_len: int | None = None
+    """prompt length cap in tokens (seed 003 --prompt_max_len 1024; NuminaMath p99.5 is 354); None: no cap"""
+    eval_temperature: dict = field(default_factory=dict)
+    """per-probe eval temperature {probe: T}; a probe not named is greedy, 0.0 (seed 003 sec. 9:
+    OOD probe 0.0 for greedy_pass@1, AIME 0.6 for sampling_pass@8)"""
+    eval_n_samples: dict = field(default_factory=dict)
+    """per-probe samples per problem {probe: n}; a probe not named takes 1 (seed 003 sec. 9: AIME 8)"""
+    reward_mode: str = "exact"
+    """math answer equivalence: exact (seed 003's normalised exact match) | math_verify (exact, else
+    math-verify's symbolic equivalence, so 0.5 matches a gold of 1/2 written as a LaTeX fraction)"""
 
     # ---- accelerators and ranks (the scale path) ---------------------------------------------
     device: str = "auto"
@@ -333,9 +355,92 @@ def make_config(preset: str | Path | None = None, overrides: dict[str, Any] | No
         if k not in known:
             raise _unknown(k, "overrides")
         values[k] = _coerce(k, v, "overrides")
+    _derive_schedule(values)
+    _mirror_reward_mode(values)
     cfg = RunConfig(**values)
     validate(cfg)
     return cfg
+
+
+def _derive_schedule(values: dict[str, Any]) -> None:
+    """Fill train_batch_size and num_steps from the OpenRLHF-style fields, in place.
+
+    ``train_batch_size_samples`` (samples) -> ``train_batch_size`` (prompts, what the trainer reads);
+    ``pool_size`` and ``num_episodes`` -> ``num_steps`` (rollout steps). A value given both ways
+    must agree: a preset never says two different schedules.
+    """
+    d = {f.name: f.default for f in fields(RunConfig) if f.default is not dataclasses.MISSING}
+    get = lambda k: values.get(k, d.get(k))  # noqa: E731
+    G, tbs = get("n_samples_per_prompt"), get("train_batch_size_samples")
+    if tbs is not None and isinstance(G, int) and G >= 1 and tbs >= 1:
+        if tbs % G:
+            raise ConfigError(f"train_batch_size_samples={tbs} is not a whole number of prompts at "
+                              f"n_samples_per_prompt={G}; use a multiple of {G}")
+        if values.get("train_batch_size") not in (None, tbs // G):
+            raise ConfigError(f"train_batch_size={values['train_batch_size']} (prompts) disagrees with "
+                              f"train_batch_size_samples={tbs} = {tbs // G} prompts x {G}; give one of them")
+        values["train_batch_size"] = tbs // G
+    pool, ep, rbs = get("pool_size"), get("num_episodes"), get("rollout_batch_size")
+    if (pool is None) != (ep is None):
+        raise ConfigError("pool_size and num_episodes go together (rollout steps = pool_size // "
+                          "rollout_batch_size x num_episodes); give both, or num_steps alone")
+    if pool is not None and pool >= 1 and ep >= 1 and isinstance(rbs, int) and rbs >= 1:
+        if pool < rbs:
+            raise ConfigError(f"pool_size={pool} is smaller than one rollout of rollout_batch_size={rbs} prompts")
+        steps = pool // rbs * ep
+        if "num_steps" in values and values["num_steps"] != steps:
+            raise ConfigError(f"num_steps={values['num_steps']} disagrees with pool_size={pool} // "
+                              f"rollout_batch_size={rbs} x num_episodes={ep} = {steps} rollout steps; "
+                              "give num_steps alone (num_episodes: null) or the episodes alone")
+        values["num_steps"] = steps
+
+
+def _mirror_reward_mode(values: dict[str, Any]) -> None:
+    """Carry ``reward_mode`` to the task builder through ``task_args`` (what the trainer passes on).
+
+    The field is the source of truth when given; a ``task_args.reward_mode`` alone is adopted as the
+    field. Only builders that take ``reward_mode`` (the math tasks) get it; ``exact`` is their
+    default, so it is not written.
+    """
+    args = dict(values.get("task_args") or {})
+    if "reward_mode" not in values and "reward_mode" in args:
+        values["reward_mode"] = args["reward_mode"]
+    mode = values.get("reward_mode", "exact")
+    args.pop("reward_mode", None)
+    if mode != "exact" and _task_takes(values.get("task", RunConfig.task), "reward_mode"):
+        args["reward_mode"] = mode
+    if args or "task_args" in values:
+        values["task_args"] = args
+
+
+def _task_takes(task: str, arg: str) -> bool:
+    """Whether the registered builder of ``task`` takes ``arg`` (False for an unknown task)."""
+    import inspect
+
+    from rftlib.data.tasks import registered_tasks
+
+    tasks = registered_tasks()
+    if task not in tasks:
+        return False
+    params = inspect.signature(tasks.get(task)).parameters
+    return arg in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
+
+
+def schedule(cfg: RunConfig, check_step: int = 20) -> dict[str, Any]:
+    """The schedule this config runs: rollouts, optimizer steps, warmup steps, LR at ``check_step``.
+
+    ``lr_at_check`` is the LR after ``check_step`` optimizer steps (seed 003's preflight checks step
+    20); None when the run is shorter than that.
+    """
+    from rftlib.train.schedule import lr_at, warmup_steps_for
+
+    total = cfg.num_steps * cfg.optimizer_steps_per_rollout
+    warmup = warmup_steps_for(total, cfg.warmup_ratio)
+    at = (lr_at(check_step, total_steps=total, warmup_steps=warmup, lr=cfg.lr, min_lr_ratio=cfg.min_lr_ratio)
+          if check_step < total else None)
+    return {"rollouts": cfg.num_steps, "optimizer_steps": total, "warmup_steps": warmup,
+            "optimizer_steps_per_rollout": cfg.optimizer_steps_per_rollout, "lr": cfg.lr,
+            f"lr_at_{check_step}": at}
 
 
 def validate(cfg: RunConfig) -> None:
@@ -348,6 +453,7 @@ def validate(cfg: RunConfig) -> None:
     def bad(msg: str) -> None:
         raise ConfigError(msg)
 
+    _check_finite(cfg, bad)
     G = cfg.n_samples_per_prompt
     if G < 2:
         bad(f"n_samples_per_prompt={G}: GRPO needs at least 2 generations per prompt "
@@ -429,6 +535,69 @@ def validate(cfg: RunConfig) -> None:
     if cfg.early_stop_patience < 1:
         bad(f"early_stop_patience={cfg.early_stop_patience}: must be at least 1")
     _validate_scale(cfg, bad)
+    _validate_seed_schedule(cfg, bad)
+
+
+def _check_finite(cfg: RunConfig, bad) -> None:
+    """Every float setting must be a finite number: NaN passes every ``<`` / ``>`` check silently.
+
+    Generic over the fields (any float, including the values of dict fields such as
+    eval_temperature), so a float field added later is covered without a line here.
+    """
+    for f in fields(cfg):
+        v = getattr(cfg, f.name)
+        items = v.items() if isinstance(v, dict) else [(None, v)]
+        for k, x in items:
+            if isinstance(x, float) and not math.isfinite(x):
+                where = f"{f.name}[{k!r}]" if k is not None else f.name
+                bad(f"{where}={x}: must be a finite number (NaN and inf are refused)")
+
+
+def _validate_seed_schedule(cfg: RunConfig, bad) -> None:
+    """The OpenRLHF-style schedule fields, per-probe eval settings and the reward mode."""
+    from rftlib.rewards.math import MODES
+
+    for name in ("num_episodes", "pool_size", "train_batch_size_samples", "prompt_max_len"):
+        v = getattr(cfg, name)
+        if v is not None and v < 1:
+            bad(f"{name}={v}: must be at least 1 (or null)")
+    G = cfg.n_samples_per_prompt
+    if cfg.train_batch_size_samples is not None and cfg.train_batch_size_samples != cfg.train_prompts * G:
+        bad(f"train_batch_size_samples={cfg.train_batch_size_samples} but train_batch_size x "
+            f"n_samples_per_prompt = {cfg.train_prompts} x {G} = {cfg.train_prompts * G}; give one of them")
+    if (cfg.pool_size is None) != (cfg.num_episodes is None):
+        bad("pool_size and num_episodes go together; give both, or num_steps alone")
+    if cfg.pool_size is not None:
+        if cfg.pool_size < cfg.rollout_batch_size:
+            bad(f"pool_size={cfg.pool_size} is smaller than one rollout of rollout_batch_size="
+                f"{cfg.rollout_batch_size} prompts")
+        steps = cfg.pool_size // cfg.rollout_batch_size * cfg.num_episodes
+        if cfg.num_steps != steps:
+            bad(f"num_steps={cfg.num_steps} but pool_size={cfg.pool_size} // rollout_batch_size="
+                f"{cfg.rollout_batch_size} x num_episodes={cfg.num_episodes} = {steps}; give one of them")
+    for name in ("eval_temperature", "eval_n_samples"):
+        unknown = sorted(set(getattr(cfg, name)) - set(cfg.eval_probes))
+        if unknown:
+            bad(f"{name} names probes {unknown} that are not in eval_probes {cfg.eval_probes}")
+    for probe, t in cfg.eval_temperature.items():
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or t < 0:
+            bad(f"eval_temperature[{probe!r}]={t!r}: must be a number >= 0 (0 is greedy)")
+    for probe, n in cfg.eval_n_samples.items():
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            bad(f"eval_n_samples[{probe!r}]={n!r}: must be an integer >= 1")
+        if n > 1 and cfg.eval_temperature.get(probe, 0.0) == 0 and cfg.rollout_engine == "hf":
+            bad(f"eval_n_samples[{probe!r}]={n} at temperature 0: HF greedy samples are identical, so n > 1 "
+                "only repeats work (seed 003 sec. 9: do not combine temp 0 with n > 1; its "
+                "nondet_proxy_pass@8 measures vLLM batching nondeterminism only); set "
+                f"eval_temperature[{probe!r}] (seed 003: 0.6) or n 1")
+    if cfg.reward_mode not in MODES:
+        bad(f"reward_mode='{cfg.reward_mode}': choose {' or '.join(MODES)}")
+    if cfg.reward_mode != "exact" and not _task_takes(cfg.task, "reward_mode"):
+        bad(f"reward_mode='{cfg.reward_mode}': task '{cfg.task}' does not take a reward_mode "
+            "(the math tasks do: arithmetic, gsm8k, prepared)")
+    if cfg.task_args.get("reward_mode", cfg.reward_mode) != cfg.reward_mode:
+        bad(f"task_args reward_mode={cfg.task_args['reward_mode']!r} disagrees with reward_mode="
+            f"{cfg.reward_mode!r}; set the reward_mode field only")
 
 
 def _validate_scale(cfg: RunConfig, bad) -> None:
@@ -470,3 +639,23 @@ def diff(a: RunConfig | dict, b: RunConfig | dict) -> dict[str, tuple[Any, Any]]
     da = a if isinstance(a, dict) else to_dict(a)
     db = b if isinstance(b, dict) else to_dict(b)
     return {k: (da.get(k), db.get(k)) for k in sorted(set(da) | set(db)) if da.get(k) != db.get(k)}
+
+
+def schedule_table(presets: list[str] | None = None) -> str:
+    """Each preset's derived schedule (rollouts, optimizer steps, warmup, LR at optimizer step 20)."""
+    names = presets or sorted(p.stem for p in PARAMS_DIR.glob("seed*.yaml"))
+    head = f"{'preset':34} {'rollouts':>9} {'opt/roll':>8} {'opt steps':>10} {'warmup':>7} {'lr':>8} {'lr@20':>10} {'of lr':>7}"
+    rows = [head, "-" * len(head)]
+    for name in names:
+        s = schedule(make_config(name))
+        at = s["lr_at_20"]
+        rows.append(f"{name:34} {s['rollouts']:>9,} {s['optimizer_steps_per_rollout']:>8} {s['optimizer_steps']:>10,} "
+                    f"{s['warmup_steps']:>7,} {s['lr']:>8.2g} " + (f"{at:>10.4g} {at / s['lr']:>7.2%}" if at is not None
+                                                                 else f"{'(run < 21 steps)':>18}"))
+    return "\n".join(rows)
+
+
+if __name__ == "__main__":  # python -m rftlib.config [preset ...]: the presets' derived schedules
+    import sys
+
+    print(schedule_table(sys.argv[1:] or None))

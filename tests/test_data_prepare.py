@@ -135,3 +135,31 @@ def test_prepared_task_reads_the_output(run):
     assert len(task.train) == 8 and len(task.eval) == 3
     assert {k: len(v) for k, v in task.probes.items()} == {"id": 4, "ood": 4}
     assert task.eval[0].prompt.endswith("\\boxed{}.")
+
+
+def _prepared_dir(tmp_path: Path, pool_rows: list) -> Path:
+    d = tmp_path / "prepared"
+    d.mkdir()
+    (d / "sft_rl_pool.jsonl").write_text("".join(json.dumps(r) + "\n" for r in pool_rows))
+    (d / "eval.jsonl").write_text(json.dumps({"input": "What is 2 + 2?", "label": "4"}) + "\n")
+    return d
+
+
+@pytest.mark.parametrize("row, msg", [
+    ({"input": 17, "label": "3"}, r"'input' must be non-empty text \(the problem\), got int 17"),  # was a bare TypeError
+    ({"input": ["a", "list"], "label": "3"}, r"'input' must be non-empty text"),
+    ({"input": "   ", "label": "3"}, r"'input' must be non-empty text"),
+    ({"input": "What is 1 + 2?", "label": None}, r"'label' must be the answer .* got NoneType None"),  # was gold "None"
+    ({"input": "What is 1 + 2?", "label": True}, r"'label' must be the answer"),
+    ({"input": "What is 1 + 2?", "label": ""}, r"'label' must be the answer"),
+])
+def test_bad_rl_row_is_an_error_at_its_file_and_line(tmp_path, row, msg):
+    good = {"input": "What is 1 + 1?", "label": "2"}
+    d = _prepared_dir(tmp_path, [good, row])  # the bad row is line 2
+    with pytest.raises(DataError, match=rf"sft_rl_pool.jsonl:2: {msg}"):
+        prep.prepared_task(str(d))
+
+
+def test_integer_label_is_the_gold_text(tmp_path):
+    d = _prepared_dir(tmp_path, [{"input": "What is 1 + 1?", "label": 2}])
+    assert prep.prepared_task(str(d)).train[0].answer == "2"

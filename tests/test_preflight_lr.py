@@ -54,3 +54,16 @@ def test_empty_and_short_runs():
 def test_plot_headless():
     fig = lr_preflight(**A28).plot()
     assert fig.axes[0].get_xlabel() == "optimizer step"
+
+
+@pytest.mark.parametrize("field", ["lr", "warmup_ratio", "min_lr_ratio", "min_fraction"])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_non_finite_input_is_refused_by_name_not_blamed_on_the_cosine(field, bad):
+    # NaN fails every comparison: before the guard, lr=nan gave verdict "refuse" with "the cosine has
+    # already decayed by then", and min_lr_ratio=nan the same; the error must name the input instead.
+    args = dict(warmup_ratio=0.05, lr=5e-7, min_lr_ratio=0.1, min_fraction=0.3)
+    args[field] = bad
+    with pytest.raises(ValueError, match=rf"{field}={bad}: must be a finite number"):
+        lr_preflight_for_steps(200, **args)
+    with pytest.raises(ValueError, match=rf"{field}={bad}: must be a finite number"):
+        lr_preflight(pool_size=400, n_samples_per_prompt=8, train_batch_size=16, num_episodes=1, **args)

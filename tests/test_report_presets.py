@@ -29,14 +29,61 @@ SEED_VALUES = {
                                      rollout_batch_size=1, lr=2e-5, beta=0.04, max_new_tokens=512, num_steps=5,
                                      lora_rank=16, task="code_problems"),
     "seed003-gpt-oss-20b-a26": dict(model="openai/gpt-oss-20b", lr=5e-7, beta=0.001, lora_rank=32, lora_alpha=64,
-                                    n_samples_per_prompt=8, rollout_batch_size=16, train_batch_size=16,
-                                    micro_batch_size=1, eps_clip=0.2, max_new_tokens=4096, warmup_ratio=0.05),
-    "seed003-gpt-oss-20b-a27": dict(lr=5e-7, beta=0.001, lora_rank=32, eps_clip=0.1, max_new_tokens=4096),
-    "seed003-gpt-oss-20b-a28a": dict(eps_clip=0.2, num_steps=200, eval_steps=5, lr=5e-7),
-    "seed003-gpt-oss-20b-a28b": dict(eps_clip=0.1, num_steps=200, eval_steps=5, lr=5e-7),
+                                    n_samples_per_prompt=8, rollout_batch_size=16, train_batch_size_samples=16,
+                                    micro_batch_size=1, eps_clip=0.2, max_new_tokens=4096, warmup_ratio=0.05,
+                                    prompt_max_len=1024, num_episodes=20, pool_size=50_000),
+    "seed003-gpt-oss-20b-a27": dict(lr=5e-7, beta=0.001, lora_rank=32, eps_clip=0.1, max_new_tokens=4096,
+                                    train_batch_size_samples=16, num_episodes=20, pool_size=50_000),
+    "seed003-gpt-oss-20b-a28a": dict(eps_clip=0.2, eval_steps=5, lr=5e-7, pool_size=400, num_episodes=1,
+                                     train_batch_size_samples=16, prompt_max_len=1024),
+    "seed003-gpt-oss-20b-a28b": dict(eps_clip=0.1, eval_steps=5, lr=5e-7, pool_size=400, num_episodes=1,
+                                     train_batch_size_samples=16, prompt_max_len=1024),
     "seed003-gpt-oss-120b": dict(model="openai/gpt-oss-120b", lr=1e-6, beta=0.0, lora_rank=64, lora_alpha=128,
-                                 n_samples_per_prompt=8, rollout_batch_size=8, train_batch_size=8, eps_clip=0.1,
-                                 max_new_tokens=3072, warmup_ratio=0.03),
+                                 n_samples_per_prompt=8, rollout_batch_size=8, train_batch_size_samples=8,
+                                 eps_clip=0.1, max_new_tokens=3072, warmup_ratio=0.03, prompt_max_len=1024,
+                                 num_episodes=50, pool_size=50_000),
+}
+
+# Each seed's schedule, worked out by hand from the seed's own text (never read from the YAML).
+# Columns: rollout steps, optimizer steps, warmup steps, LR after 20 optimizer steps (None: the run is
+# shorter than 21 optimizer steps, or the seed gives no schedule to check it against).
+# OpenRLHF (seed 003 sec. 7): optimizer steps = pool x n_samples // train_batch_size(samples) x episodes,
+# rollouts = pool // rollout_batch_size x episodes, warmup = ceil(optimizer steps x warmup ratio),
+# LR = linear warmup from 0, then cosine to 0.1 x lr:
+#   lr(s) = lr x (0.1 + 0.9 x 0.5 x (1 + cos(pi x (s - warmup) / (total - warmup)))) for s >= warmup.
+SEED_SCHEDULES = {
+    # seed 003 sec. 7: POOL=400 NS=8 TBS=16 EP=1 WARMUP=0.05 LR=5e-7, rollout_batch_size 16 (sec. 6)
+    #   rollouts 400 // 16 x 1 = 25; optimizer steps 400 x 8 // 16 x 1 = 200; warmup ceil(200 x 0.05) = 10
+    #   lr(20) = 5e-7 x (0.1 + 0.45 x (1 + cos(pi x 10/190))) = 5e-7 x (0.1 + 0.45 x 1.9863613) = 4.96931e-7
+    "seed003-gpt-oss-20b-a28a": (25, 200, 10, 4.96931e-7),
+    "seed003-gpt-oss-20b-a28b": (25, 200, 10, 4.96931e-7),
+    # seed 003 sec. 6 20B defaults on the sec. 8 50,000-problem pool: NS 8, TBS 16, EP 20, rollout 16,
+    # warmup 0.05, LR 5e-7. rollouts 50,000 // 16 x 20 = 3,125 x 20 = 62,500; optimizer steps
+    # 50,000 x 8 // 16 x 20 = 25,000 x 20 = 500,000; warmup ceil(500,000 x 0.05) = 25,000;
+    # lr(20) = 5e-7 x 20 / 25,000 = 4e-10 (still warming up)
+    "seed003-gpt-oss-20b-a26": (62_500, 500_000, 25_000, 4e-10),
+    "seed003-gpt-oss-20b-a27": (62_500, 500_000, 25_000, 4e-10),
+    # seed 003 sec. 6 120B defaults: NS 8, TBS 8, EP 50, rollout 8, warmup 0.03, LR 1e-6, pool 50,000.
+    # rollouts 50,000 // 8 x 50 = 312,500; optimizer steps 50,000 x 8 // 8 x 50 = 2,500,000;
+    # warmup ceil(2,500,000 x 0.03) = 75,000; lr(20) = 1e-6 x 20 / 75,000 = 2.6667e-10
+    "seed003-gpt-oss-120b": (312_500, 2_500_000, 75_000, 2.6667e-10),
+    # seed 002: training_steps 5, batch_size 1 prompt, one update per step, no warmup in the seed
+    #   rollouts 5; optimizer steps 5; warmup 0; the run never reaches step 20
+    "seed002-fizzbuzz-rtx3080": (5, 5, 0, None),
+    # seed 001 testconfig / overnight_config: 2 / 100 steps; batch_size = buffer_size = 32 prompts, so one
+    # optimizer step per step (grad_accum = buffer / (world x microbatch) covers the whole buffer).
+    # The seed states no warmup or LR: only rollouts and optimizer steps are checked.
+    "seed001-drgrpo-test": (2, 2, None, None),
+    "seed001-drgrpo-overnight": (100, 100, None, None),
+    # seed 000: MINI_BATCH_SIZE 16 prompts, GRAD_ACCUM 1 -> one optimizer step per rollout. The seed gives
+    # no step count, warmup or LR: only the ratio is the seed's.
+    "seed000-phase15": (None, None, None, None),
+}
+SEED_OPT_PER_ROLLOUT = {  # optimizer steps per rollout step, from the same seed text
+    "seed003-gpt-oss-20b-a28a": 8, "seed003-gpt-oss-20b-a28b": 8,  # 16 x 8 samples / 16 = 8
+    "seed003-gpt-oss-20b-a26": 8, "seed003-gpt-oss-20b-a27": 8,  # 16 x 8 / 16 = 8
+    "seed003-gpt-oss-120b": 8,  # 8 x 8 / 8 = 8
+    "seed002-fizzbuzz-rtx3080": 1, "seed001-drgrpo-test": 1, "seed001-drgrpo-overnight": 1, "seed000-phase15": 1,
 }
 
 
@@ -51,6 +98,23 @@ def test_every_seed_setup_has_a_preset_with_the_seeds_numbers():
         cfg = make_config(name)
         got = {k: getattr(cfg, k) for k in want}
         assert got == want, name
+
+
+@pytest.mark.parametrize("name", SEED_PRESETS)
+def test_seed_preset_schedule_is_the_seeds(name):
+    from rftlib.config import schedule
+
+    s = schedule(make_config(name))
+    rollouts, opt_steps, warmup, lr20 = SEED_SCHEDULES[name]
+    assert s["optimizer_steps_per_rollout"] == SEED_OPT_PER_ROLLOUT[name]
+    if rollouts is not None:
+        assert s["rollouts"] == rollouts
+    if opt_steps is not None:
+        assert s["optimizer_steps"] == opt_steps
+    if warmup is not None:
+        assert s["warmup_steps"] == warmup
+    if lr20 is not None:
+        assert s["lr_at_20"] == pytest.approx(lr20, rel=1e-4)
 
 
 @pytest.mark.parametrize("name", SEED_PRESETS)

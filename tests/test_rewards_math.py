@@ -284,3 +284,19 @@ def test_math_verify_mode_adds_symbolic_equivalence():
     assert math_reward("\\boxed{2\\sqrt{2}}", "\\sqrt{8}", mode="math_verify").correctness == 1.0
     assert math_reward("\\boxed{3}", "4", mode="math_verify").correctness == 0.0
     assert math_reward("\\boxed{0.5}", "\\frac{1}{2}", mode="math_verify").correctness == 1.0  # exact path
+
+
+def test_task_reward_per_mode():
+    # math_task_reward(mode) is what the math tasks hand the trainer; RunConfig.reward_mode picks the mode
+    pytest.importorskip("math_verify", reason="math-verify not installed (pip install math-verify)")
+    from types import SimpleNamespace
+
+    from rftlib.rewards.math import math_em_reward, math_task_reward
+
+    ex = SimpleNamespace(answer="\\sqrt{8}")  # any object with an answer: the reward does not import rftlib.data
+    assert math_task_reward("exact") is math_em_reward
+    assert math_task_reward("exact")("\\boxed{2\\sqrt{2}}", ex, False)[0] == 0.0
+    reward, diag = math_task_reward("math_verify")("\\boxed{2\\sqrt{2}}", ex, False)
+    assert reward == 1.0 and diag["correctness"] == 1.0
+    with pytest.raises(ValueError, match="choose exact or math_verify"):
+        math_task_reward("sympy")

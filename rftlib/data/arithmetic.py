@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import random
 
-from rftlib.data.tasks import TASKS, Example, Task, math_em_reward
+from rftlib.data.base import TASKS, Example, Task
+from rftlib.rewards.math import math_task_reward
 
 
 def all_problems() -> list[Example]:
@@ -26,11 +27,11 @@ def all_problems() -> list[Example]:
 
 
 @TASKS.register("arithmetic")
-def arithmetic_task(eval_size: int = 100, seed: int = 1234) -> Task:
+def arithmetic_task(eval_size: int = 100, seed: int = 1234, reward_mode: str = "exact") -> Task:
     """Training pool and held-out set, disjoint by construction (a split of one shuffled list).
 
     The split seed is fixed independently of the run seed, so held-out numbers of different
-    attempts are comparable.
+    attempts are comparable. ``reward_mode``: exact | math_verify (RunConfig.reward_mode).
     """
     probs = all_problems()
     if not 0 < eval_size < len(probs):
@@ -46,6 +47,6 @@ def arithmetic_task(eval_size: int = 100, seed: int = 1234) -> Task:
         ood.append(Example(id=f"ood{i}:{a}{op}{b}", prompt=f"Calculate {a} {op} {b}.", answer=str(ans),
                            meta={"a": a, "b": b, "op": op}))
     probes = {"id": rng.sample(train, min(50, len(train))), "ood": ood}
-    return Task(name="arithmetic", train=train, eval=held, reward=math_em_reward, probes=probes,
+    return Task(name="arithmetic", train=train, eval=held, reward=math_task_reward(reward_mode), probes=probes,
                 # SmolLM2 ignores format instructions and the reward reads the last number: no boxes
                 health_skip=("has_boxed",))

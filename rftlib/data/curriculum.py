@@ -25,7 +25,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from rftlib.data.tasks import TASKS, Example, Task, build_task
+from rftlib.data.base import TASKS, Example, Task, build_task
 
 
 @dataclass(frozen=True)

@@ -39,9 +39,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable
 
-from rftlib.data.jsonl import DataError, read_jsonl, read_table, write_jsonl
-from rftlib.data.tasks import TASKS, Example, Task, math_em_reward
-from rftlib.rewards.math import answers_match, normalize_answer, parse_gold
+from rftlib.data.base import TASKS, Example, Task
+from rftlib.data.benchmarks import MATH_INSTRUCTION, gsm8k_solution_to_boxed, to_numina  # noqa: F401 (re-export)
+from rftlib.data.jsonl import DataError, iter_jsonl, read_jsonl, read_table, write_jsonl
+from rftlib.rewards.math import answers_match, math_task_reward, normalize_answer, parse_gold
 
 NUMINA_COLUMNS = ("problem", "solution", "answer", "problem_type", "question_type", "source", "synthetic")
 MIN_PROBLEM_CHARS = 20  # shorter "problems" are fragments ("1+1=?"), not word problems
@@ -291,59 +292,49 @@ def card_markdown(card: dict) -> str:
 
 
 # ---------------------------------------------------------------------------------------------
-# adapters: benchmark Examples -> NuminaMath-1.5 rows
-
-_CALC = re.compile(r"<<[^<>]*>>")  # GSM8K's calculator annotations: 16-3-4=<<16-3-4=9>>9
-
-
-def gsm8k_solution_to_boxed(solution: str) -> str:
-    """A GSM8K solution with its calculator annotations removed and ``#### 18`` turned into
-    ``The answer is $\\boxed{18}$.``"""
-    body, _, final = _CALC.sub("", solution).rpartition("####")
-    if not _:
-        return _CALC.sub("", solution)
-    return f"{body.rstrip()}\nThe answer is $\\boxed{{{final.strip().replace(',', '')}}}$."
-
-
-def to_numina(examples: list[Example], source: str) -> list[dict]:
-    """Benchmark Examples as NuminaMath-1.5 rows. Every problem is called a "math-word-problem"
-    (GSM8K and MATH carry no question type); problem_type is MATH's subject or "Arithmetic"."""
-    out = []
-    for e in examples:
-        sol = e.meta.get("solution", "") or ""
-        if source.startswith("gsm8k"):
-            sol = gsm8k_solution_to_boxed(sol)
-        out.append({"problem": e.prompt, "solution": sol, "answer": e.answer,
-                    "problem_type": e.meta.get("subject") or "Arithmetic", "question_type": "math-word-problem",
-                    "source": source, "synthetic": False})
-    return out
-
-
-# ---------------------------------------------------------------------------------------------
 # the prepared files as a task
 
 
+def rl_input(row: dict, where: str) -> str:
+    """An RL row's ``input``: non-empty text, else DataError at ``where`` (``path:line``)."""
+    v = row["input"]
+    if not isinstance(v, str) or not v.strip():
+        raise DataError(f"{where}: 'input' must be non-empty text (the problem), got {type(v).__name__} {v!r:.60}")
+    return v
+
+
+def rl_label(row: dict, where: str) -> str:
+    """An RL row's ``label`` as the gold answer text: a non-empty string or a number (never
+    ``"None"`` from a null label, never ``"True"`` from a boolean), else DataError at ``where``."""
+    v = row["label"]
+    if isinstance(v, bool) or not isinstance(v, (str, int, float)) or not str(v).strip():
+        raise DataError(f"{where}: 'label' must be the answer as a non-empty string or a number, "
+                        f"got {type(v).__name__} {v!r:.60}")
+    return str(v)
+
+
 @TASKS.register("prepared")
-def prepared_task(data_dir: str, eval_file: str = FILES["eval"], instruction: str | None = None) -> Task:
+def prepared_task(data_dir: str, eval_file: str = FILES["eval"], instruction: str | None = None,
+                  reward_mode: str = "exact") -> Task:
     """Train on ``<data_dir>/sft_rl_pool.jsonl``, evaluate on ``eval_file``; the probe files
     become probes "id" (probe_set_N.jsonl) and "ood" (probe_set_N_ood.jsonl) when present.
     ``instruction`` (default benchmarks.MATH_INSTRUCTION) is appended to every prompt. Reward:
-    seed 003's exact match."""
-    from rftlib.data.benchmarks import MATH_INSTRUCTION
-
+    seed 003's exact match, or math-verify equivalence with ``reward_mode`` math_verify. A row
+    whose input is not text, or whose label is null, empty or not a string/number, is a DataError
+    naming the file and line."""
     d = Path(data_dir)
     suffix = f"\n{MATH_INSTRUCTION if instruction is None else instruction}".rstrip()
 
     def load(path: Path) -> list[Example]:
-        rows = read_jsonl(path, required=["input", "label"])
-        return [Example(id=f"{path.stem}/{i}", prompt=r["input"] + suffix, answer=str(r["label"]))
-                for i, r in enumerate(rows)]
+        return [Example(id=f"{path.stem}/{i}", prompt=rl_input(r, f"{path}:{n}") + suffix,
+                        answer=rl_label(r, f"{path}:{n}"))
+                for i, (n, r) in enumerate(iter_jsonl(path, required=["input", "label"]))]
 
     probes = {}
     for p in sorted(d.glob("probe_set_*.jsonl")):
         probes["ood" if p.stem.endswith("_ood") else "id"] = load(p)
     return Task(name="prepared", train=load(d / FILES["sft_rl_pool"]), eval=load(d / eval_file),
-                reward=math_em_reward, probes=probes)
+                reward=math_task_reward(reward_mode), probes=probes)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
@@ -28,8 +29,54 @@ def cache_dir() -> Path:
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
-def resolve_model_path(name: str) -> Path:
-    """An alias, a directory or a .gguf file -> a path on disk; a missing one says how to get it."""
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")  # owner/name, as on huggingface.co
+
+
+def _hf_hub_cache() -> Path:
+    """The Hugging Face hub cache as huggingface_hub resolves it (HF_HUB_CACHE, else HF_HOME/hub),
+    read from the environment now rather than when huggingface_hub was imported."""
+    if os.environ.get("HF_HUB_CACHE"):
+        return Path(os.environ["HF_HUB_CACHE"]).expanduser()
+    if os.environ.get("HF_HOME"):
+        return Path(os.environ["HF_HOME"]).expanduser() / "hub"
+    from huggingface_hub import constants
+
+    return Path(constants.HF_HUB_CACHE)
+
+
+def _hf_offline() -> bool:
+    """HF_HUB_OFFLINE (or TRANSFORMERS_OFFLINE) set to a true value, read now."""
+    from huggingface_hub import constants
+
+    env = {os.environ.get(k, "").strip().upper() for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
+    return bool(env & {"1", "ON", "YES", "TRUE"}) or bool(constants.HF_HUB_OFFLINE)
+
+
+def resolve_hub_model(repo_id: str) -> Path | str:
+    """A Hugging Face hub id (``Qwen/Qwen2.5-1.5B-Instruct``) resolved the way transformers does it.
+
+    In the local HF cache: the cached snapshot's directory (what transformers reads offline).
+    Not cached and online: the id itself, for ``from_pretrained`` to download into the HF cache.
+    Not cached and offline (HF_HUB_OFFLINE=1): FileNotFoundError saying where it looked and what to do.
+    """
+    from huggingface_hub import try_to_load_from_cache
+
+    cache = _hf_hub_cache()
+    hit = try_to_load_from_cache(repo_id, "config.json", cache_dir=cache)
+    if isinstance(hit, str):
+        return Path(hit).parent
+    if _hf_offline():
+        raise FileNotFoundError(
+            f"model '{repo_id}' is a Hugging Face hub id that is not in the local HF cache ({cache}) and "
+            "HF_HUB_OFFLINE is set, so it cannot be downloaded: download it where the hub is reachable "
+            f"(`hf download {repo_id}`, into this cache or one named by HF_HOME / HF_HUB_CACHE), "
+            "or set model to a local directory")
+    return repo_id
+
+
+def resolve_model_path(name: str) -> Path | str:
+    """An alias, a directory, a .gguf file or a hub id -> a path on disk (a hub id not cached and
+    online stays an id, which transformers downloads); a missing one says how to get it."""
     if name == "smollm2-135m":
         p = cache_dir() / "models" / SMOLLM2_GGUF
         if not p.exists():
@@ -42,9 +89,12 @@ def resolve_model_path(name: str) -> Path:
 
         return tiny_model_dir()
     p = Path(name).expanduser()
-    if not p.exists():
-        raise FileNotFoundError(f"model '{name}' is neither an alias (smollm2-135m, tiny) nor a path that exists")
-    return p
+    if p.exists():
+        return p
+    if _HUB_ID.fullmatch(name) and not name.startswith((".", "~")):
+        return resolve_hub_model(name)
+    raise FileNotFoundError(f"model '{name}' is neither an alias (smollm2-135m, tiny), a path that exists, "
+                            "nor a Hugging Face hub id (owner/name)")
 
 
 def _gguf_converted_dir(gguf: Path) -> Path:
@@ -62,6 +112,8 @@ def load_model_and_tokenizer(name: str, dtype: str = "float32"):
 
     path = resolve_model_path(name)
     torch_dtype = DTYPES[dtype]
+    if isinstance(path, str):  # a hub id transformers downloads; say which when it cannot
+        return _load_from_hub(path, torch_dtype)
     if path.suffix == ".gguf":
         conv = _gguf_converted_dir(path)
         if not (conv / "config.json").exists():
@@ -83,9 +135,28 @@ def load_model_and_tokenizer(name: str, dtype: str = "float32"):
                 shutil.rmtree(tmp, ignore_errors=True)
         path = conv
     tok = AutoTokenizer.from_pretrained(path, padding_side="left")
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype)
+    return _finish(name, model, tok)
+
+
+def _load_from_hub(repo_id: str, torch_dtype):
+    """``from_pretrained`` on a hub id (downloads what transformers needs into the HF cache)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    try:
+        tok = AutoTokenizer.from_pretrained(repo_id, padding_side="left")
+        model = AutoModelForCausalLM.from_pretrained(repo_id, dtype=torch_dtype)
+    except OSError as e:
+        raise FileNotFoundError(f"model '{repo_id}': could not load it from the Hugging Face hub ({e}); "
+                                "check the id, your network and access to the repository (gated models "
+                                "need `hf auth login`), or set model to a local directory") from e
+    return _finish(repo_id, model, tok)
+
+
+def _finish(name: str, model, tok):
+    """Pad token, soft-capping check, generation pad id: the same for every source."""
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype)
     if getattr(model.config, "final_logit_softcapping", None):
         raise NotImplementedError(f"{name}: logit soft-capping is not supported by the chunked logprob path")
     model.generation_config.pad_token_id = tok.pad_token_id

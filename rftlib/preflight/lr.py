@@ -45,6 +45,14 @@ from dataclasses import dataclass, field
 from rftlib.train.schedule import MIN_LR_RATIO, lr_at, warmup_steps_for
 
 CHECK_STEP = 20  # seed 003 §7: "Aborts if LR@step20 < 30% of target"
+
+
+def _require_finite(**values: float) -> None:
+    """NaN or inf in a schedule input makes every comparison false, so the verdict would blame the
+    cosine; refuse it by name instead."""
+    for name, v in values.items():
+        if not math.isfinite(v):
+            raise ValueError(f"{name}={v}: must be a finite number (NaN and inf are refused)")
 MIN_FRACTION = 0.3  # seed 003 §7: 30% of the target LR
 
 
@@ -160,6 +168,7 @@ def lr_preflight_for_steps(
     Refuses when the LR at ``check_step`` is below ``min_fraction * lr``, or when there are no steps.
     A run shorter than ``check_step`` is judged by the best LR it reaches, since it never gets there.
     """
+    _require_finite(warmup_ratio=warmup_ratio, lr=lr, min_lr_ratio=min_lr_ratio, min_fraction=min_fraction)
     if lr <= 0:
         raise ValueError(f"lr must be > 0, got {lr}")
     warmup = warmup_steps_for(total_steps, warmup_ratio)
@@ -210,6 +219,8 @@ def lr_preflight(
     adds the rollout-step view; ``check_unit="rollout"`` then checks logged step ``check_step``
     (= optimizer step ``check_step * steps_per_rollout``) instead of optimizer step ``check_step``.
     """
+    _require_finite(num_episodes=num_episodes, warmup_ratio=warmup_ratio, lr=lr, min_lr_ratio=min_lr_ratio,
+                    min_fraction=min_fraction)
     if check_unit not in ("optimizer", "rollout"):
         raise ValueError(f"check_unit must be 'optimizer' or 'rollout', got {check_unit!r}")
     total = openrlhf_total_steps(pool_size, n_samples_per_prompt, train_batch_size, num_episodes, max_epochs)

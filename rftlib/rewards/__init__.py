@@ -9,7 +9,9 @@ from rftlib.rewards.math import (
     batch_math_reward,
     extract_answer,
     looks_truncated,
+    math_em_reward,
     math_reward,
+    math_task_reward,
     normalize_answer,
     parse_gold,
 )
@@ -21,7 +23,9 @@ __all__ = [
     "batch_math_reward",
     "extract_answer",
     "looks_truncated",
+    "math_em_reward",
     "math_reward",
+    "math_task_reward",
     "normalize_answer",
     "parse_gold",
 ]

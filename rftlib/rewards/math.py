@@ -443,3 +443,31 @@ def batch_math_reward(
     if len(truncated) != len(responses):
         raise ValueError(f"got {len(responses)} responses but {len(truncated)} truncated flags")
     return [math_reward(r, g, truncated=bool(t), mode=mode) for r, g, t in zip(responses, golds, truncated)]
+
+
+# ---------------------------------------------------------------------------------------------
+# as a task's reward: reward(completion, example, truncated) -> (reward, diagnostics)
+
+
+def _task_reward(completion: str, example, truncated: bool, *, mode: str) -> tuple[float, dict[str, float]]:
+    """``math_reward`` against ``example.answer`` (any object with an ``answer``: a data Example)."""
+    r = math_reward(completion, example.answer, truncated=truncated, mode=mode)
+    return r.reward, r.diagnostics()
+
+
+def math_em_reward(completion: str, example, truncated: bool) -> tuple[float, dict[str, float]]:
+    """Seed 003's exact-match reward (boxed, else the last number) with its diagnostics, as a task reward."""
+    return _task_reward(completion, example, truncated, mode="exact")
+
+
+def math_task_reward(mode: str = "exact"):
+    """The task reward for answer-equivalence ``mode`` (RunConfig.reward_mode): exact | math_verify.
+
+    A module-level function or a ``functools.partial`` of one, so it pickles (reward workers).
+    """
+    if mode not in MODES:
+        raise ValueError(f"reward_mode {mode!r}: choose {' or '.join(MODES)}")
+    if mode == "exact":
+        return math_em_reward
+    _import_math_verify()  # fail at task build, not at the first reward, when it is absent
+    return functools.partial(_task_reward, mode=mode)

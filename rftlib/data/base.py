@@ -1,0 +1,85 @@
+"""Tasks: a training pool, a disjoint held-out set, a prompt and a reward; and their registry.
+
+A task is what one attempt trains on. The trainer sees only this interface, so a new task
+(a dataset from disk, a code problem set) plugs in by registering a builder.
+
+Import order, without a loop: this module imports no task builder; each builder module imports
+this one and registers itself on ``TASKS``; ``registered_tasks()`` imports the built-in builder
+modules by name (``BUILTIN_TASK_MODULES``) the first time the whole registry is asked for.
+``rftlib.data.tasks`` re-exports all of it for older imports.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from rftlib.algo.registry import Registry
+
+
+@dataclass(frozen=True)
+class Example:
+    """One problem: the user message shown to the model and the gold answer the reward checks."""
+
+    id: str
+    prompt: str
+    answer: str
+    meta: dict = field(default_factory=dict, compare=False, hash=False)
+
+
+@dataclass
+class Task:
+    """A training pool, a held-out set disjoint from it, and the reward for one completion."""
+
+    name: str
+    train: list[Example]
+    eval: list[Example]
+    reward: Callable[[str, Example, bool], tuple[float, dict[str, float]]]
+    """reward(completion_text, example, truncated) -> (reward, numeric diagnostics)"""
+    system_prompt: str | None = None
+    """None keeps the model's chat-template default"""
+    probes: dict[str, list[Example]] = field(default_factory=dict)
+    """extra eval sets by name, e.g. id (drawn from the pool) and ood (another distribution)"""
+    health_skip: tuple[str, ...] = ()
+    """health rules that do not apply to this task (e.g. has_boxed where answers are not boxed)"""
+
+    def __post_init__(self) -> None:
+        overlap = {e.prompt for e in self.train} & {e.prompt for e in self.eval}
+        if overlap:
+            raise ValueError(f"task {self.name}: {len(overlap)} held-out prompts also in the training pool, "
+                             f"e.g. {sorted(overlap)[0]!r}")
+
+    def eval_set(self, probe: str) -> list[Example]:
+        """The examples of an eval probe: 'heldout' is the held-out split, others come from probes."""
+        if probe == "heldout":
+            return self.eval
+        if probe not in self.probes:
+            raise ValueError(f"task {self.name} has no eval probe '{probe}'; it has heldout"
+                             + "".join(f", {k}" for k in self.probes))
+        return self.probes[probe]
+
+
+TASKS = Registry("task")
+
+BUILTIN_TASK_MODULES = ("arithmetic", "benchmarks", "code_problems", "curriculum", "prepare")
+"""modules of rftlib.data that register the built-in tasks"""
+
+
+def registered_tasks() -> Registry:
+    """The task registry with every built-in builder module imported."""
+    for mod in BUILTIN_TASK_MODULES:
+        importlib.import_module(f"rftlib.data.{mod}")
+    return TASKS
+
+
+def build_task(name: str, **kwargs: Any) -> Task:
+    """Build a task, passing only the keyword arguments its builder takes (eval_size and
+    reward_mode are optional: a builder without them does not get them)."""
+    import inspect
+
+    builder = registered_tasks().get(name)
+    params = inspect.signature(builder).parameters
+    if not any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        kwargs = {k: v for k, v in kwargs.items() if k in params}
+    return builder(**kwargs)
