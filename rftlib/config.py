@@ -43,8 +43,9 @@ class RunConfig:
     # ---- model --------------------------------------------------------------------------------
     model: str = "smollm2-135m"
     """HF model dir, a .gguf file, or an alias: smollm2-135m (embedded default), tiny (tests)"""
-    dtype: str = "float32"
-    """float32 | bfloat16 | float16 (seed 003 trains in bf16; fp32 is the CPU default)"""
+    dtype: str = "auto"
+    """auto (bfloat16 on a GPU that supports it, else float32) | float32 | bfloat16 | float16 (seed 003
+    trains in bf16; fp32 is the CPU default; float16 only on CUDA, with a GradScaler)"""
     autocast: str = "auto"
     """bf16 autocast for forward passes: auto (on where the hardware has native bf16: CUDA, or a CPU
     with avx512_bf16/AMX, where it measured ~1.5x faster here) | bf16 | none"""
@@ -494,8 +495,8 @@ def validate(cfg: RunConfig) -> None:
         bad(f"max_new_tokens={cfg.max_new_tokens}: must be at least 1")
     if cfg.num_updates_per_rollout < 1:
         bad(f"num_updates_per_rollout={cfg.num_updates_per_rollout}: must be at least 1")
-    if cfg.dtype not in ("float32", "bfloat16", "float16"):
-        bad(f"dtype='{cfg.dtype}': choose float32, bfloat16 or float16")
+    if cfg.dtype not in ("auto", "float32", "bfloat16", "float16"):
+        bad(f"dtype='{cfg.dtype}': choose auto, float32, bfloat16 or float16")
     if cfg.autocast not in ("auto", "bf16", "none"):
         bad(f"autocast='{cfg.autocast}': choose auto, bf16 or none")
     if cfg.lora_rank < 0:

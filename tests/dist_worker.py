@@ -87,19 +87,20 @@ def main(argv=None) -> None:
     out = Path(a.out)
     overrides = dict(model=a.model, backend=a.backend, num_steps=a.steps, stop_after_steps=a.stop_after,
                      runs_root=str(out / "runs"), rollout_batch_size=4, n_samples_per_prompt=4, micro_batch_size=2,
-                     max_new_tokens=8, eval_steps=0, eval_size=4, save_steps=0, lr=5e-3, warmup_ratio=0.0,
+                     max_new_tokens=8, eval_steps=0, eval_size=5, save_steps=0, lr=5e-3, warmup_ratio=0.0,
                      autocast="none", name="dist", lora_dropout=0.0, beta=0.0)
     overrides.update({k: yaml.safe_load(v) for k, v in (s.split("=", 1) for s in a.set)})
     cfg = make_config("tiny", overrides)
     dist = init_dist(cfg)
     run_dir = out / "runs" / "attempt-01-dist" if a.resume else None  # the first session's attempt
     tr = Trainer(cfg, run_dir=run_dir, resume=a.resume, progress=False, reward_override=reward, dist=dist)
+    init = tr.backend.trainable_state() if not a.resume else None  # the weights before any update
     tr.engine = PerPromptSeededEngine(HFEngine(tr.model, tr.tok, amp=None, synced_gpus=tr.engine.synced_gpus))
     if a.resume:
         tr.engine.calls = tr.step_num
     tr.train()
     weights = tr.backend.trainable_state()  # gathered under ZeRO-3: every rank takes part
-    state = {"rows": None, "weights": weights, "step": tr.step_num}
+    state = {"rows": None, "weights": weights, "init": init, "step": tr.step_num}
     # Adam moments, full: a ZeRO-3 rank holds only its partition of them
     if cfg.backend == "deepspeed":
         opt = tr.backend.engine.optimizer

@@ -53,6 +53,12 @@ def assert_same_run(a: dict, b: dict, *, rel: float = 1e-5, atol: float = 1e-5) 
         assert x["advantage_std"] > 0  # there was something to learn
         for k in ("loss", "policy_loss", "grad_norm", "entropy_mean", "importance_ess"):
             assert math.isclose(x[k], y[k], rel_tol=rel, abs_tol=1e-9), (x["step"], k, x[k], y[k])
+    # the held-out eval, sharded over ranks (5 problems: one rank's shard is padded), gives the same numbers
+    ea, eb = [r for r in a["rows"] if "eval/heldout/mean_length" in r], [r for r in b["rows"] if "eval/heldout/mean_length" in r]
+    assert len(ea) == len(eb) == 2
+    for x, y in zip(ea, eb):
+        assert x["eval/heldout/mean_length"] == y["eval/heldout/mean_length"]
+        assert x["eval/heldout/greedy_pass@1"] == y["eval/heldout/greedy_pass@1"]
     assert a["weights"].keys() == b["weights"].keys()
     for k in a["weights"]:
         assert torch.allclose(a["weights"][k], b["weights"][k], atol=atol, rtol=0), k
@@ -142,8 +148,13 @@ def test_embedded_default_ddp_and_zero3_match_one_process(tmp_path):
             assert x["reward_mean"] == y["reward_mean"] and x["advantage_std"] > 0
             for k in ("loss", "grad_norm"):
                 assert math.isclose(x[k], y[k], rel_tol=1e-4, abs_tol=1e-9), (k, x[k], y[k])
-        for k in one["weights"]:
-            assert torch.allclose(one["weights"][k], other["weights"][k], atol=1e-5, rtol=0), k
+        # Adam moves every coordinate by ~lr whatever its gradient's size, so float noise in a coordinate
+        # with a near-zero gradient shows up at ~lr in that weight; compare the whole update instead:
+        # measured 6.6e-5 (DDP) and 9.6e-5 (ZeRO-3) of the update's norm
+        ks = list(one["weights"])
+        diff = sum(((one["weights"][k] - other["weights"][k]) ** 2).sum() for k in ks) ** 0.5
+        update = sum(((one["weights"][k] - one["init"][k]) ** 2).sum() for k in ks) ** 0.5
+        assert update > 0 and diff / update < 1e-3, (float(diff), float(update))
 
 
 def test_rft_train_nproc_launches_torchrun_ranks(tmp_path):

@@ -111,7 +111,7 @@ def load_model_and_tokenizer(name: str, dtype: str = "float32"):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     path = resolve_model_path(name)
-    torch_dtype = DTYPES[dtype]
+    torch_dtype = DTYPES["float32" if dtype == "auto" else dtype]  # the trainer resolves auto per device first
     if isinstance(path, str):  # a hub id transformers downloads; say which when it cannot
         return _load_from_hub(path, torch_dtype)
     if path.suffix == ".gguf":

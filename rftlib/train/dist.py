@@ -88,6 +88,13 @@ def resolve_device(name: str, local_rank: int = 0) -> torch.device:
     return torch.device(name)
 
 
+def resolve_dtype(name: str, device: torch.device) -> str:
+    """``auto``: bfloat16 on a CUDA device that supports it (weights and autocast), else float32."""
+    if name != "auto":
+        return name
+    return "bfloat16" if device.type == "cuda" and torch.cuda.is_bf16_supported() else "float32"
+
+
 def env_world() -> tuple[int, int, int, int]:
     """(rank, world_size, local_rank, local_world_size) from torchrun's environment (0, 1, 0, 1 without it)."""
     g = os.environ.get

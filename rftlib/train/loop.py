@@ -10,6 +10,7 @@ current ones (detached), so no extra forward is spent on them.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import json
 import math
@@ -22,8 +23,8 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from rftlib.algo.advantages import advantage_stats, compute_advantages
-from rftlib.algo.diagnostics import importance_ess, simple_noise_scale
+from rftlib.algo.advantages import compute_advantages
+from rftlib.algo.diagnostics import simple_noise_scale
 from rftlib.algo.losses import grpo_loss
 from rftlib.attempts import create_attempt, read_attempt, write_json
 from rftlib.config import ConfigError, RunConfig, make_config
@@ -35,10 +36,12 @@ from rftlib.monitor.metrics import MetricsLogger
 from rftlib.rollout.hf import HFEngine
 from rftlib.train import checkpoint as ckpt
 from rftlib.train.backends import make_backend
-from rftlib.train.dist import Dist, init_dist
+from rftlib.train.dist import Dist, init_dist, resolve_dtype
 from rftlib.train.forward import completion_logprobs
 from rftlib.train.memory import preflight_gib, step_memory
+from rftlib.train.sampler import PromptSampler
 from rftlib.train.schedule import lr_at, warmup_steps_for
+from rftlib.train.step_metrics import step_metrics
 
 EVAL_KEY = "eval/heldout/greedy_pass@1"
 
@@ -47,37 +50,6 @@ def _read_rows(path: Path) -> list[dict[str, Any]]:
     from rftlib.monitor.metrics import read_metrics
 
     return read_metrics(path.parent.parent)
-
-
-class PromptSampler:
-    """Walks the training pool in seeded per-epoch permutations; its state is a resumable cursor."""
-
-    def __init__(self, pool_size: int, seed: int, epoch: int = 0, pos: int = 0):
-        self.pool_size, self.seed, self.epoch, self.pos = pool_size, seed, epoch, pos
-
-    def _perm(self) -> np.ndarray:
-        return np.random.default_rng(self.seed + 1_000_003 * self.epoch).permutation(self.pool_size)
-
-    def next(self, k: int) -> list[int]:
-        out: list[int] = []
-        while len(out) < k:
-            perm = self._perm()
-            take = min(k - len(out), self.pool_size - self.pos)
-            out += perm[self.pos:self.pos + take].tolist()
-            self.pos += take
-            if self.pos == self.pool_size:
-                self.epoch, self.pos = self.epoch + 1, 0
-        return out
-
-    def state(self) -> dict[str, int]:
-        return {"epoch": self.epoch, "pos": self.pos}
-
-    def load_state(self, s: dict[str, int]) -> None:
-        self.epoch, self.pos = s["epoch"], s["pos"]
-
-
-def _q(x: torch.Tensor, q: float) -> float:
-    return float(torch.quantile(x.float(), q)) if x.numel() else 0.0
 
 
 class Trainer:
@@ -92,10 +64,10 @@ class Trainer:
     def __init__(self, cfg: RunConfig, run_dir: str | Path | None = None, *, resume: bool = False,
                  progress: bool = True, callbacks: list[Callable[[dict], None]] | None = None,
                  reward_override: Callable | None = None, dist: Dist | None = None, task=None, engine=None):
-        self.cfg = cfg
+        self.dist = D = dist or init_dist(cfg)
+        self.cfg = cfg = dataclasses.replace(cfg, dtype=resolve_dtype(cfg.dtype, D.device))
         self.progress = progress
         self.callbacks = list(callbacks or [])
-        self.dist = D = dist or init_dist(cfg)
         self._check_world(cfg, D.world_size)
         random.seed(cfg.seed)
         np.random.seed(cfg.seed)
@@ -124,7 +96,8 @@ class Trainer:
         self.warmup_steps = warmup_steps_for(self.total_opt_steps, cfg.warmup_ratio)
         self.backend = make_backend(cfg, D, self.model, total_opt_steps=self.total_opt_steps,
                                     warmup_steps=self.warmup_steps)
-        self.amp = autocast_dtype(cfg.autocast) if D.device.type == "cpu" or torch.cuda.is_bf16_supported() else None
+        # bf16 autocast where the hardware has native bf16 (auto); float16 weights run as they are
+        self.amp = None if cfg.dtype == "float16" else autocast_dtype(cfg.autocast)
         self.engine = engine or HFEngine(self.model, self.tok, amp=self.amp,
                                          synced_gpus=cfg.backend == "deepspeed" and cfg.zero_stage == 3 and D.distributed)
         make = getattr(self.task, "make_sampler", None)  # curriculum / weighted mixing tasks bring their own
@@ -336,7 +309,8 @@ class Trainer:
                  **{k: upd[k] for k in ("tok", "metrics", "entropy", "behaviour_diff", "seq_log_ratio", "gns")}}
         parts = D.gather_objects(local)
         allr = {k: [x for p in parts for x in p[k]] for k in local}
-        row = self._metrics(allr, upd, timing)
+        row = step_metrics(allr, upd, timing, step=self.step_num, world_size=D.world_size,
+                           skipped_steps=self.skipped_steps)
         if hasattr(self.sampler, "metrics"):
             row.update(self.sampler.metrics())
         row.update(step_memory(D.device))
@@ -450,56 +424,6 @@ class Trainer:
                 acc["loss"].append(loss_global)
         gmax = max(acc["grad_norm"], key=lambda g: math.inf if not math.isfinite(g) else g)  # NaN counts as a spike
         return {**acc, "grad_norm_max": gmax, "clip": (cfg.eps_clip, clip_high)}
-
-    def _metrics(self, allr: dict[str, list], upd: dict[str, Any], timing: dict[str, float]) -> dict[str, Any]:
-        """The step's metrics row from every rank's accumulators (``allr``: lists concatenated in rank
-        order) and this rank's optimizer-step values (``upd``: equal on every rank)."""
-        rewards = torch.tensor(allr["rewards"])  # (N_global,)
-        diags = allr["diags"]
-        row: dict[str, Any] = {"step": self.step_num}
-        row.update(reward_mean=float(rewards.mean()), reward_std=float(rewards.std(correction=0)),
-                   reward_min=float(rewards.min()), reward_max=float(rewards.max()), reward_p90=_q(rewards, 0.9))
-        for k in sorted({k for d in diags for k in d}):
-            row[k] = float(np.mean([d.get(k, 0.0) for d in diags]))
-        row.update({k: float(v) for k, v in advantage_stats(torch.tensor(allr["advantages"])).items()})
-        # per-micro-batch metrics: token-weighted means, extremes of extremes; the p99 is the
-        # largest micro-batch p99 (an upper bound on the batch p99)
-        n_opt = len(upd["loss"])
-        for k in allr["metrics"][0]:
-            have = [i for i, m in enumerate(allr["metrics"]) if k in m]  # entropy is only taken in epoch 0
-            vals = torch.tensor([allr["metrics"][i][k] for i in have])
-            w = torch.tensor([allr["tok"][i] for i in have])
-            if k.endswith(("_max", "_p99")):
-                row[k] = float(vals.max())
-            elif k.endswith("_min"):
-                row[k] = float(vals.min())
-            elif k == "policy_loss":  # aggregated with global batch totals: sums per optimizer step
-                row[k] = float(vals.sum()) / n_opt
-            else:
-                row[k] = float((vals * w).sum() / w.sum().clamp(min=1))
-        # ESS of the sequence importance weights over each whole optimizer batch (all ranks), averaged
-        W = self.dist.world_size
-        seq = [torch.cat([allr["seq_log_ratio"][r * n_opt + s] for r in range(W)]) for s in range(n_opt)]
-        row["importance_ess"] = float(np.mean([float(importance_ess(x.unsqueeze(-1), torch.ones(len(x), 1)))
-                                               for x in seq]))
-        row["loss"] = float(np.mean(upd["loss"]))
-        ent = torch.cat(allr["entropy"]) if allr["entropy"] else torch.zeros(0)
-        row.update(entropy_mean=float(ent.mean()) if ent.numel() else 0.0, entropy_p10=_q(ent, 0.1),
-                   entropy_p90=_q(ent, 0.9))
-        row.update(grad_norm=float(np.mean(upd["grad_norm"])), grad_norm_max=upd["grad_norm_max"])
-        diff = torch.cat(allr["behaviour_diff"]) if allr["behaviour_diff"] else torch.zeros(0)
-        row["behaviour_logprob_diff_max"] = float(diff.max()) if diff.numel() else 0.0
-        lengths = torch.tensor(allr["lengths"], dtype=torch.float32)
-        row.update(response_length_mean=float(lengths.mean()), response_length_max=float(lengths.max()),
-                   truncated=float(np.mean(allr["truncated"])))
-        row["lr"] = float(np.mean(upd["lr"])) if upd["lr"] else 0.0  # the LR the step(s) used
-        row["eps_clip_low"], row["eps_clip_high"] = upd["clip"]  # what the loss was called with
-        if allr["gns"]:  # single-step estimates: average gns_grad_sq and gns_trace over steps to read B_simple
-            for k in allr["gns"][0]:
-                row[k] = float(np.mean([g[k] for g in allr["gns"]]))
-        row["skipped_steps"] = self.skipped_steps
-        row.update({f"timing/{k}": v for k, v in timing.items()})
-        return row
 
     # ---- the loop -------------------------------------------------------------------------------
     def stop_requested(self) -> bool:

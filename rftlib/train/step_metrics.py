@@ -1,0 +1,72 @@
+"""One metrics row per rollout step, from every rank's accumulators.
+
+The row's names are seed 003's (section 7 Tier 1-3 plus the ratio tails of its loss patch). Each
+rank's lists are concatenated in rank order before anything is reduced, so a 2-rank run's row is
+the row one process would have written for the same global batch.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from rftlib.algo.advantages import advantage_stats
+from rftlib.algo.diagnostics import importance_ess
+
+
+def _q(x: torch.Tensor, q: float) -> float:
+    return float(torch.quantile(x.float(), q)) if x.numel() else 0.0
+
+
+def step_metrics(allr: dict[str, list], upd: dict[str, Any], timing: dict[str, float], *, step: int, world_size: int,
+             skipped_steps: int) -> dict[str, Any]:
+    """The step's metrics row from every rank's accumulators (``allr``: lists concatenated in rank
+    order) and this rank's optimizer-step values (``upd``: equal on every rank)."""
+    rewards = torch.tensor(allr["rewards"])  # (N_global,)
+    diags = allr["diags"]
+    row: dict[str, Any] = {"step": step}
+    row.update(reward_mean=float(rewards.mean()), reward_std=float(rewards.std(correction=0)),
+               reward_min=float(rewards.min()), reward_max=float(rewards.max()), reward_p90=_q(rewards, 0.9))
+    for k in sorted({k for d in diags for k in d}):
+        row[k] = float(np.mean([d.get(k, 0.0) for d in diags]))
+    row.update({k: float(v) for k, v in advantage_stats(torch.tensor(allr["advantages"])).items()})
+    # per-micro-batch metrics: token-weighted means, extremes of extremes; the p99 is the
+    # largest micro-batch p99 (an upper bound on the batch p99)
+    n_opt = len(upd["loss"])
+    for k in allr["metrics"][0]:
+        have = [i for i, m in enumerate(allr["metrics"]) if k in m]  # entropy is only taken in epoch 0
+        vals = torch.tensor([allr["metrics"][i][k] for i in have])
+        w = torch.tensor([allr["tok"][i] for i in have])
+        if k.endswith(("_max", "_p99")):
+            row[k] = float(vals.max())
+        elif k.endswith("_min"):
+            row[k] = float(vals.min())
+        elif k == "policy_loss":  # aggregated with global batch totals: sums per optimizer step
+            row[k] = float(vals.sum()) / n_opt
+        else:
+            row[k] = float((vals * w).sum() / w.sum().clamp(min=1))
+    # ESS of the sequence importance weights over each whole optimizer batch (all ranks), averaged
+    W = world_size
+    seq = [torch.cat([allr["seq_log_ratio"][r * n_opt + s] for r in range(W)]) for s in range(n_opt)]
+    row["importance_ess"] = float(np.mean([float(importance_ess(x.unsqueeze(-1), torch.ones(len(x), 1)))
+                                           for x in seq]))
+    row["loss"] = float(np.mean(upd["loss"]))
+    ent = torch.cat(allr["entropy"]) if allr["entropy"] else torch.zeros(0)
+    row.update(entropy_mean=float(ent.mean()) if ent.numel() else 0.0, entropy_p10=_q(ent, 0.1),
+               entropy_p90=_q(ent, 0.9))
+    row.update(grad_norm=float(np.mean(upd["grad_norm"])), grad_norm_max=upd["grad_norm_max"])
+    diff = torch.cat(allr["behaviour_diff"]) if allr["behaviour_diff"] else torch.zeros(0)
+    row["behaviour_logprob_diff_max"] = float(diff.max()) if diff.numel() else 0.0
+    lengths = torch.tensor(allr["lengths"], dtype=torch.float32)
+    row.update(response_length_mean=float(lengths.mean()), response_length_max=float(lengths.max()),
+               truncated=float(np.mean(allr["truncated"])))
+    row["lr"] = float(np.mean(upd["lr"])) if upd["lr"] else 0.0  # the LR the step(s) used
+    row["eps_clip_low"], row["eps_clip_high"] = upd["clip"]  # what the loss was called with
+    if allr["gns"]:  # single-step estimates: average gns_grad_sq and gns_trace over steps to read B_simple
+        for k in allr["gns"][0]:
+            row[k] = float(np.mean([g[k] for g in allr["gns"]]))
+    row["skipped_steps"] = skipped_steps
+    row.update({f"timing/{k}": v for k, v in timing.items()})
+    return row
