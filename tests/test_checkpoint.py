@@ -9,12 +9,24 @@ from rftlib.train import checkpoint as ckpt
 from rftlib.train.loop import Trainer
 
 
+def _digits(text, ex, trunc):
+    """A reward the tiny model's completions vary in (fraction of digit characters), so steps train."""
+    return sum(c in "0123456789" for c in text) / max(len(text), 1), {}
+
+
+def _trainable(tr):
+    return {k: v.detach().clone() for k, v in tr.model.named_parameters() if v.requires_grad}
+
+
 def test_crash_mid_save_keeps_previous_checkpoint_and_resume_works(tiny_cfg, monkeypatch):
-    cfg = tiny_cfg(num_steps=3, save_steps=0)
-    tr = Trainer(cfg, progress=False)
+    cfg = tiny_cfg(num_steps=3, save_steps=0, lr=3e-2, warmup_ratio=0.0)
+    tr = Trainer(cfg, progress=False, reward_override=_digits)
     tr.step()
     tr.save()  # step_1, whole
+    at1 = _trainable(tr)
     tr.step()
+    at2 = _trainable(tr)
+    assert any(not torch.equal(at1[k], at2[k]) for k in at1)  # step 2 trained: a resume from it would differ
     real_save = torch.save
 
     def dying_save(obj, path, *a, **kw):
@@ -36,8 +48,10 @@ def test_crash_mid_save_keeps_previous_checkpoint_and_resume_works(tiny_cfg, mon
     dead.mkdir()
     (dead / "trainable.pt").write_bytes(b"half a file")
 
-    resumed = Trainer(cfg, tr.run_dir, resume=True, progress=False)
+    resumed = Trainer(cfg, tr.run_dir, resume=True, progress=False, reward_override=_digits)
     assert resumed.step_num == 1
+    now = _trainable(resumed)
+    assert all(torch.equal(now[k], at1[k]) for k in at1)  # the weights of the whole step_1, not step 2's
     resumed.train()  # runs steps 2 and 3, saves, and sweeps the dead temp dir
     resumed.close()
     assert os.readlink(root / "step_latest") == "step_3"

@@ -7,6 +7,7 @@ the message saying how to fetch it.
 import math
 
 import pytest
+import torch
 
 from rftlib.config import make_config
 from rftlib.monitor.metrics import read_metrics
@@ -32,7 +33,11 @@ def test_one_real_grpo_step(tmp_path):
     cfg = make_config("default", {"runs_root": str(tmp_path), "num_steps": 1, "rollout_batch_size": 2,
                                   "n_samples_per_prompt": 4, "micro_batch_size": 4, "max_new_tokens": 12,
                                   "eval_size": 4, "save_steps": 1})
-    tr = Trainer(cfg, progress=False)
+    # 8 samples of 12 tokens may all score 0 on arithmetic (then nothing trains): a reward on the
+    # fraction of digit characters varies across any 4 completions, so the step must update
+    tr = Trainer(cfg, progress=False,
+                 reward_override=lambda text, ex, trunc: (sum(c in "0123456789" for c in text) / max(len(text), 1), {}))
+    before = {k: v.detach().clone() for k, v in tr.model.named_parameters() if v.requires_grad}
     try:
         summary = tr.train()
     finally:
@@ -42,4 +47,7 @@ def test_one_real_grpo_step(tmp_path):
     step = rows[1]
     assert all(math.isfinite(step[k]) for k in ("loss", "grad_norm", "entropy_mean", "reward_mean"))
     assert step["response_length_max"] <= 12 and 0 <= step["reward_mean"] <= 1
+    assert step["advantage_std"] > 0 and step["grad_norm"] > 0 and step["lr"] > 0
+    after = dict(tr.model.named_parameters())
+    assert any(not torch.equal(before[k], after[k]) for k in before)  # the adapter moved
     assert summary["steps"] == 1 and (tr.run_dir / "training_state" / "step_1" / "adapter").exists()
