@@ -8,9 +8,9 @@ import torch
 from rftlib.algo.correction import tis_weights
 
 L = math.log
-# per-token log-ratios old - behaviour; row 0's last token is masked and carries a huge ratio that
+# per-token log-ratios old - behaviour; row 0's last token is masked and carries a tiny ratio (e^-9) that
 # must not leak into anything
-DIFF = torch.tensor([[L(1.5), L(3.0), 9.0],
+DIFF = torch.tensor([[L(1.5), L(3.0), -9.0],
                      [L(0.5), 0.0, L(1.2)]])
 MASK = torch.tensor([[1.0, 1.0, 0.0],
                      [1.0, 1.0, 1.0]])
