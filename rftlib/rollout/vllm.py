@@ -169,7 +169,7 @@ class _VLLMBase:
             self._load_lora(f"policy-{self.sync_count}", self.sync_count, path)
             nbytes = sum(f.stat().st_size for f in path.iterdir() if f.is_file())
         else:
-            nbytes = sum(p.numel() * p.element_size() for p in model.state_dict().values())
+            nbytes = sum(v.numel() * v.element_size() for _, v in tied_lm_head_weights(model))
             self._load_full(model, path)
         self._after_load()
         seconds = time.time() - t
