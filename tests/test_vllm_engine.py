@@ -122,6 +122,31 @@ def test_engine_logprobs_match_trainer_at_temperature(lora_setup):
     assert diff < MATCH_TOL
 
 
+def test_tis_on_a_real_rollout_is_near_one(lora_setup):
+    """TIS on real vLLM behaviour logprobs vs the trainer's old logprobs: same weights, so the
+    mismatch is float noise, the weights ~1 and none truncated; a policy that moved after the
+    rollout (stale behaviour) shows up in the mismatch metrics."""
+    from rftlib.algo.correction import tis_weights
+
+    eng, model, tok = lora_setup
+    ro = eng.generate(PROMPTS, group_size=4, max_new_tokens=10, temperature=1.0)
+    with torch.no_grad():
+        old, _ = completion_logprobs(model, ro.prompt_ids, ro.prompt_mask, ro.completion_ids, ro.completion_mask,
+                                     with_entropy=False)  # (N, T)
+    w, m = tis_weights(old, ro.behaviour_logprobs, ro.completion_mask, cap=2.0, level="token")
+    print("TIS on a synced engine:", {k: f"{float(v):.3g}" for k, v in m.items()})
+    assert m["mismatch_max"] < MATCH_TOL and abs(float(m["is_weight_mean"]) - 1) < MATCH_TOL
+    assert m["tis_truncated_frac"] == 0
+    _perturb(model, "lora_B", 0.3, seed=8)  # the trainer moves, the engine's rollout does not
+    with torch.no_grad():
+        old, _ = completion_logprobs(model, ro.prompt_ids, ro.prompt_mask, ro.completion_ids, ro.completion_mask,
+                                     with_entropy=False)
+    w, m = tis_weights(old, ro.behaviour_logprobs, ro.completion_mask, cap=2.0, level="token")
+    print("TIS after the trainer moved:", {k: f"{float(v):.3g}" for k, v in m.items()})
+    assert m["mismatch_max"] > STALE_MIN and float(m["is_weight_max"]) <= 2.0
+    eng.sync_weights(model)  # leave the engine in step for the next test
+
+
 def test_lora_sync_changes_engine_and_probe_passes(lora_setup):
     eng, model, tok = lora_setup
     _perturb(model, "lora_B", 0.3, seed=1)  # the adapter moves, as after an optimizer step

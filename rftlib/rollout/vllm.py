@@ -148,8 +148,9 @@ class _VLLMBase:
         ids, mask, lists = encode_prompts(self.tok, prompts)
         if seed is None:  # reproducible runs: a fresh base seed per call from the run's seed
             seed = self.rng.randrange(2**40)
-        # vLLM seeds completion j of a request with seed + j (measured: a request seeded s + 1 repeats
-        # completions 1.. of one seeded s), so prompt i gets seed + i*G: N distinct random streams
+        # seeds G apart per prompt: with one seed for all prompts, different prompts' rows came out nearly
+        # identical, and with seeds one apart completion j of a prompt tracked completion j+1 of the one
+        # before (measured here), so vLLM's n completions of a request draw from neighbouring streams
         params = [sampling_args(n=group_size, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
                                 greedy=greedy, seed=seed + i * group_size, eos_token_id=self.tok.eos_token_id)
                   for i in range(len(lists))]
