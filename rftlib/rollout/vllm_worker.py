@@ -1,0 +1,38 @@
+"""Methods rftlib adds to vLLM's workers (``worker_extension_cls``), callable by name through
+``collective_rpc`` both in-process (colocate) and over a server's ``/collective_rpc`` (which accepts
+method names and string arguments only, not callables).
+
+Imported by vLLM inside its worker, so it must import nothing heavy from rftlib.
+"""
+
+from __future__ import annotations
+
+
+class RftlibWorkerExtension:
+    """Mixed into vLLM's Worker: ``self`` is the worker."""
+
+    def rftlib_reload_weights(self, weights_iterator=None, weights_path: str | None = None) -> bool:
+        """Reload every weight in place (from tensors, or from a saved HF dir), then repack a tied lm_head.
+
+        Returns whether a tied lm_head was repacked.
+        """
+        self.model_runner.reload_weights(weights_iterator=weights_iterator, weights_path=weights_path)
+        return refresh_tied_lm_head(self.model_runner.get_model())
+
+
+def refresh_tied_lm_head(model) -> bool:
+    """Rebuild a tied lm_head's CPU GEMM from the reloaded weights.
+
+    vLLM's CPU build packs every linear weight into a oneDNN / sgl-kernel handle once, after loading
+    (``dispatch_cpu_unquantized_gemm``). ``reload_weights`` refreshes the embedding's tensor, but the
+    tied lm_head (the same module, used as a GEMM) keeps computing logits from the handle packed from
+    the *old* weights: measured here, the sync probe saw a 2.0 log-prob gap on the tiny model.
+    Re-running the head's ``process_weights_after_loading`` re-packs it. GPUs keep no packed copy.
+    """
+    from vllm.platforms import current_platform
+
+    head = getattr(model, "lm_head", None)
+    if head is None or not current_platform.is_cpu() or not getattr(model.config, "tie_word_embeddings", False):
+        return False
+    head.quant_method.process_weights_after_loading(head)
+    return True
