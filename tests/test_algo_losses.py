@@ -247,3 +247,24 @@ def test_vectorised_matches_loop(mode, with_kl, dual_clip):
     expected = _loop_grpo_loss(logprobs.tolist(), old.tolist(), adv.tolist(), mask.tolist(),
                                None if ref is None else ref.tolist(), beta, mode, 0.2, 0.28, dual_clip, 10.0)
     assert abs(loss.item() - expected) < 1e-6
+
+
+def test_is_weights_scale_the_policy_term_per_token_only():
+    """TIS: with weights w the policy term of each token is w times its unweighted value; KL is not weighted.
+
+    On-policy (ratio 1), ppo_clip's per-token loss is -A. Rows A = (1, -1), 2 tokens each, all valid;
+    w = [[2, 0], [1, 0.5]] -> per-token policy losses [[-2, 0], [1, 0.5]], token-mean over 4 tokens
+    = (-2 + 0 + 1 + 0.5) / 4 = -0.125 (unweighted: (-1 - 1 + 1 + 1) / 4 = 0).
+    """
+    lp = torch.zeros(2, 2)
+    adv = torch.tensor([1.0, -1.0])
+    mask = torch.ones(2, 2)
+    w = torch.tensor([[2.0, 0.0], [1.0, 0.5]])
+    loss, m = grpo_loss(lp, lp, adv, mask, aggregation="token-mean", is_weights=w)
+    assert loss.item() == pytest.approx(-0.125)
+    assert m["policy_loss"].item() == pytest.approx(-0.125)
+    # with a reference, the KL term (k3 of log ratio 0.5: e^-0.5 - 1 + 0.5 = 0.10653) is added unweighted
+    ref = torch.full((2, 2), -0.5)
+    loss_kl, _ = grpo_loss(lp, lp, adv, mask, aggregation="token-mean", is_weights=w, ref_logprobs=ref, beta=1.0,
+                           kl_estimator="k3")
+    assert loss_kl.item() == pytest.approx(-0.125 + (math.exp(-0.5) - 1 + 0.5), abs=1e-6)

@@ -123,12 +123,15 @@ def grpo_loss(
     log_ratio_clamp: float = 20.0,
     entropy: torch.Tensor | None = None,  # (N, T) per-token entropy of pi; logged, and a bonus if entropy_coef != 0
     entropy_coef: float = 0.0,  # entropy bonus weight (0 in GRPO/DAPO)
+    is_weights: torch.Tensor | None = None,  # (N, T) detached truncated IS weights pi_old/pi_behaviour (rftlib.algo.correction)
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The GRPO objective (Shao et al. 2024, eq. 3) as a loss, with its variants chosen by name.
 
     per token: policy_loss + beta * KL(pi || pi_ref) - entropy_coef * entropy, then aggregated
     over tokens and completions with ``aggregation``. The KL term is added to the loss (as in
     DeepSeekMath), not folded into the reward. Everything named is looked up in a registry.
+    ``is_weights`` (TIS, Yao et al. 2025) multiply the policy term per token when the tokens were
+    sampled by another engine (vLLM); the KL and entropy terms are the trainer's own and are not weighted.
 
     Metrics (detached 0-dim): the policy loss's own metrics; ``policy_loss`` (the policy term alone,
     aggregated like the loss, so it sums over micro-batches like the loss does); ``kl`` (masked mean
@@ -141,6 +144,10 @@ def grpo_loss(
         logprobs, old_logprobs, advantages, mask,
         clip_low=clip_low, clip_high=clip_high, dual_clip=dual_clip, log_ratio_clamp=log_ratio_clamp,
     )  # (N, T)
+    if is_weights is not None:  # rollout/trainer mismatch: the policy term reweighted per token (TIS)
+        if is_weights.shape != pg_mat.shape:
+            raise ValueError(f"is_weights {tuple(is_weights.shape)} must match logprobs {tuple(pg_mat.shape)}")
+        pg_mat = pg_mat * is_weights.detach()  # (N, T)
     totals = dict(num_seqs=num_seqs, num_tokens=num_tokens, norm_const=norm_const)
     loss_mat = pg_mat  # (N, T)
     if ref_logprobs is not None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from rftlib.rollout.base import Rollout
+from rftlib.rollout.base import Rollout, decode_completions
 
 
 def encode_prompts(tok, prompts: list[str]) -> tuple[torch.Tensor, torch.Tensor, list[list[int]]]:
@@ -52,7 +52,7 @@ def assemble_rollout(tok, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, s
             completion_mask[i, :n] = 1.0
             behaviour[i, :n] = torch.tensor(lps, dtype=torch.float32)
         truncated[i] = not ids or ids[-1] != eos_token_id
-    texts = tok.batch_decode(completion_ids, skip_special_tokens=True)
+    texts = decode_completions(tok, completion_ids, completion_mask)  # the HF engine's rule: Harmony markers kept
     return Rollout(prompt_ids=prompt_ids.repeat_interleave(group_size, 0),  # (N, P)
                    prompt_mask=prompt_mask.repeat_interleave(group_size, 0).float(),  # (N, P)
                    completion_ids=completion_ids, completion_mask=completion_mask, behaviour_logprobs=behaviour,

@@ -21,7 +21,7 @@ class Rollout:
     completion_mask: torch.Tensor  # (N, T) float {0,1}: tokens up to and including the first EOS
     behaviour_logprobs: torch.Tensor  # (N, T) float32 log pi_behaviour(token), 0 where masked
     truncated: torch.Tensor  # (N,) bool: hit max_new_tokens without EOS
-    texts: list[str]  # N decoded completions (special tokens stripped)
+    texts: list[str]  # N decoded completions (special tokens kept but the ending EOS and padding: decode_completions)
     group_size: int  # G
 
     @property
@@ -30,6 +30,13 @@ class Rollout:
 
     def lengths(self) -> torch.Tensor:
         return self.completion_mask.sum(-1)  # (N,)
+
+    def to(self, device: torch.device) -> "Rollout":
+        """The same rollout with its tensors on ``device`` (an engine on another device, e.g. vLLM's host output)."""
+        import dataclasses
+
+        return dataclasses.replace(self, **{f.name: getattr(self, f.name).to(device) for f in dataclasses.fields(self)
+                                            if isinstance(getattr(self, f.name), torch.Tensor)})
 
 
 class RolloutEngine(Protocol):
@@ -49,3 +56,14 @@ class RolloutEngine(Protocol):
     def close(self) -> None:
         """Release the engine (stop server processes, free memory)."""
         ...
+
+
+def decode_completions(tok, completion_ids: torch.Tensor, completion_mask: torch.Tensor) -> list[str]:
+    """N texts: each row's sampled tokens with special tokens kept, but for the EOS that ended it
+    and any padding (pad/EOS ids carry no text a reward should read; Harmony's ``<|channel|>``,
+    ``<|message|>``, ``<|end|>``, ``<|start|>`` do, and ``skip_special_tokens`` would drop them)."""
+    drop = {t for t in (tok.eos_token_id, tok.pad_token_id) if t is not None}
+    rows = []
+    for ids, mask in zip(completion_ids.tolist(), completion_mask.tolist()):
+        rows.append([t for t, m in zip(ids, mask) if m > 0 and t not in drop])
+    return tok.batch_decode(rows, skip_special_tokens=False)

@@ -8,7 +8,6 @@ starts from exactly the trainer's weights (an init_adapter or a resumed checkpoi
 
 from __future__ import annotations
 
-from pathlib import Path
 
 
 def make_engine(cfg, model, tok, run_dir):

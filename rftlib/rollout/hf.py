@@ -31,7 +31,7 @@ from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopPLogitsWarper
 
 from rftlib.models.loading import autocast
-from rftlib.rollout.base import Rollout
+from rftlib.rollout.base import Rollout, decode_completions  # noqa: F401  (decode_completions: re-exported)
 
 
 def sampling_config(*, max_new_tokens: int, greedy: bool, eos_token_id: int, pad_token_id: int) -> GenerationConfig:
@@ -105,17 +105,6 @@ class BehaviourLogprobs(LogitsProcessor):
         if not steps:
             return torch.zeros(completion_ids.shape, device=completion_ids.device)  # (N, 0)
         return torch.stack(steps, 1)  # (N, T)
-
-
-def decode_completions(tok, completion_ids: torch.Tensor, completion_mask: torch.Tensor) -> list[str]:
-    """N texts: each row's sampled tokens with special tokens kept, but for the EOS that ended it
-    and any padding (pad/EOS ids carry no text a reward should read; Harmony's ``<|channel|>``,
-    ``<|message|>``, ``<|end|>``, ``<|start|>`` do, and ``skip_special_tokens`` would drop them)."""
-    drop = {t for t in (tok.eos_token_id, tok.pad_token_id) if t is not None}
-    rows = []
-    for ids, mask in zip(completion_ids.tolist(), completion_mask.tolist()):
-        rows.append([t for t, m in zip(ids, mask) if m > 0 and t not in drop])
-    return tok.batch_decode(rows, skip_special_tokens=False)
 
 
 class HFEngine:

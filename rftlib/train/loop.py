@@ -25,6 +25,7 @@ import torch
 
 from rftlib.algo.advantages import compute_advantages
 from rftlib.algo.diagnostics import simple_noise_scale
+from rftlib.algo.correction import tis_weights
 from rftlib.algo.losses import grpo_loss
 from rftlib.attempts import create_attempt, read_attempt, write_json
 from rftlib.config import ConfigError, RunConfig, make_config
@@ -33,6 +34,7 @@ from rftlib.eval import format_prompts, greedy_eval
 from rftlib.models.loading import (Reference, apply_lora, autocast_dtype, causal_lm, is_peft, load_adapter_weights,
                                    load_model_and_tokenizer)
 from rftlib.monitor.metrics import MetricsLogger
+from rftlib.rollout.factory import make_engine
 from rftlib.rollout.hf import HFEngine
 from rftlib.train import checkpoint as ckpt
 from rftlib.train.backends import make_backend
@@ -98,8 +100,13 @@ class Trainer:
                                     warmup_steps=self.warmup_steps)
         # bf16 autocast where the hardware has native bf16 (auto); float16 weights run as they are
         self.amp = None if cfg.dtype == "float16" else autocast_dtype(cfg.autocast)
-        self.engine = engine or HFEngine(self.model, self.tok, amp=self.amp,
-                                         synced_gpus=cfg.backend == "deepspeed" and cfg.zero_stage == 3 and D.distributed)
+        if engine is None and cfg.rollout_engine == "hf":
+            engine = HFEngine(self.model, self.tok, amp=self.amp,
+                              synced_gpus=cfg.backend == "deepspeed" and cfg.zero_stage == 3 and D.distributed)
+        self.engine = engine or make_engine(cfg, self.model, self.tok, self.run_dir)  # vLLM: synced once already
+        # an engine that is not the trainer's module samples from its own numerics: the old logprobs
+        # come from the trainer, and truncated IS weights correct the loss for the mismatch
+        self.on_policy = self.on_policy and self.engine.shares_trainer_module
         make = getattr(self.task, "make_sampler", None)  # curriculum / weighted mixing tasks bring their own
         self.sampler = make(cfg.seed) if make else PromptSampler(len(self.task.train), cfg.seed)
         if D.rank:  # ranks sample their own completions: distinct streams (rank 0 keeps the single-process one)
@@ -261,7 +268,8 @@ class Trainer:
         indices = indices[D.rank * share:(D.rank + 1) * share]  # this rank's prompts (whole groups)
         examples = [self.task.train[i] for i in indices]
         ro = self.engine.generate(format_prompts(self.tok, examples, self.task.system_prompt), group_size=G,
-                                  max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p)
+                                  max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
+                                  top_p=cfg.top_p).to(D.device)
         timing["generate"] = time.time() - t
         N = ro.num_rows
 
@@ -299,6 +307,8 @@ class Trainer:
         t = time.time()
         upd = self._update(ro, advantages_dev, ref_lp, old_lp)
         timing["update"] = time.time() - t
+        sync = self.engine.sync_weights(self.model)  # the engine samples the new policy next step (probe-checked)
+        timing["sync"] = sync.get("seconds", 0.0)
         self.step_num += 1
         timing["step"] = time.time() - t_step
 
@@ -314,6 +324,8 @@ class Trainer:
         if hasattr(self.sampler, "metrics"):
             row.update(self.sampler.metrics())
         row.update(step_memory(D.device))
+        if not self.engine.shares_trainer_module:
+            row.update({"sync/bytes": float(sync.get("bytes", 0)), "sync/probe_max_diff": sync.get("probe_max_diff", 0.0)})
         if self.memory_estimate is not None:
             row["memory/preflight_gib"] = self.memory_estimate
         self._group = self._sample_group(allr, G)
@@ -380,6 +392,10 @@ class Trainer:
                     with self.backend.accumulate(last=j == n_micro - 1):
                         logp, ent = self._logprobs(rows, with_entropy=epoch == 0 or bonus, entropy_grad=bonus)  # (n, T)
                         old = logp.detach() if old_lp is None else old_lp[ix]
+                        is_w = tis = None
+                        if not self.engine.shares_trainer_module:  # (n, T) truncated IS weights pi_old / pi_behaviour
+                            is_w, tis = tis_weights(old, ro.behaviour_logprobs[ix], rows["completion_mask"],
+                                                    cap=cfg.tis_cap, level=cfg.tis_level)
                         loss, m = grpo_loss(
                             logp, old, advantages[ix], rows["completion_mask"],
                             ref_logprobs=None if ref_lp is None else ref_lp[ix], beta=cfg.beta,
@@ -387,7 +403,9 @@ class Trainer:
                             aggregation=cfg.loss_agg_mode, num_seqs=float(tb_rows * W), num_tokens=num_tokens,
                             norm_const=norm_const, clip_low=cfg.eps_clip, clip_high=clip_high,
                             dual_clip=cfg.dual_clip, log_ratio_clamp=cfg.log_ratio_clamp, entropy=ent,
-                            entropy_coef=cfg.entropy_coef)
+                            entropy_coef=cfg.entropy_coef, is_weights=is_w)
+                        if tis is not None:
+                            m.update({f"tis/{k}": v for k, v in tis.items()})
                         self.backend.backward(loss * W)
                     loss_total += float(loss.detach())
                     mask = rows["completion_mask"]
@@ -529,6 +547,7 @@ class Trainer:
         return out
 
     def close(self) -> None:
+        self.engine.close()
         if self.logger is not None:
             self.logger.close()
         self.backend.close()
