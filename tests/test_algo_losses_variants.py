@@ -144,3 +144,14 @@ def test_on_policy_gradient_is_grpo_gradient(name):
                         clip_low=0.2, clip_high=0.2)
     (grad,) = torch.autograd.grad(loss, logprobs)
     torch.testing.assert_close(grad, torch.tensor([[-0.25, -0.25, 0.0], [1 / 3, 1 / 3, 1 / 3]]))
+
+
+def test_gmpo_clips_only_on_the_advantage_side():
+    # A=+1, log ratios [-0.6, 0.0]: only values above +0.4 are capped for A>0, so -0.6 stays:
+    #   mean (-0.6 + 0) / 2 = -0.3 -> loss -e^-0.3 = -0.740818 (a two-sided clamp would give -e^-0.2)
+    # A=-1, log ratios [0.6, 0.0]: only values below -0.4 are raised for A<0, so 0.6 stays:
+    #   mean 0.3 -> loss +e^0.3 = 1.349859
+    logprobs = torch.tensor([[-0.6, 0.0], [0.6, 0.0]])
+    loss_mat, m = POLICY_LOSSES.get("gmpo")(logprobs, torch.zeros(2, 2), torch.tensor([1.0, -1.0]), torch.ones(2, 2))
+    torch.testing.assert_close(loss_mat[:, 0], torch.tensor([-E(-0.3), E(0.3)]))
+    assert m["ppo_clip_ratio"] == 0.0
