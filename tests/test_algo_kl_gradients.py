@@ -17,7 +17,6 @@ import torch
 
 from rftlib.algo.kl import KL_ESTIMATORS, kl_penalty
 from rftlib.algo.losses import grpo_loss
-from rftlib.algo.shaping import kl_in_reward
 from rftlib.config import ConfigError, make_config
 
 THETA = torch.tensor([1.0, -0.5, 0.3, 2.0, -1.2])  # policy logits (V,)
@@ -109,6 +108,8 @@ def test_k3_plus_by_hand():
 
 
 def test_kl_in_reward_by_hand():
+    from rftlib.algo.shaping import kl_in_reward
+
     # sums over valid tokens: row 0: 0.1 + 0.2 = 0.3 (the padded 5.0 ignored); row 1: 0.3 - 0.1 + 0 = 0.2
     # beta 0.5: [1 - 0.15, 0 - 0.1] = [0.85, -0.1]
     out = kl_in_reward(torch.tensor([1.0, 0.0]), torch.tensor([[0.1, 0.2, 5.0], [0.3, -0.1, 0.0]]),
