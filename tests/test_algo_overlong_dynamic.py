@@ -166,3 +166,27 @@ def test_variant_defaults():
         make_config(None, {"advantage_estimator": name})
     for name in ("gspo", "cispo", "gmpo"):
         make_config(None, {"policy_loss": name, "loss_agg_mode": "seq-mean-token-mean"})
+
+
+def test_gather_groups_pads_rollouts_of_different_widths():
+    from rftlib.rollout.base import Rollout
+    from rftlib.train.steps import gather_groups
+
+    def ro(p, t, base):  # 2 groups of G=2; prompts width p, completions width t, values from base
+        n = 4
+        return Rollout(prompt_ids=torch.full((n, p), base) + torch.arange(n).unsqueeze(-1), prompt_mask=torch.ones(n, p),
+                       completion_ids=torch.full((n, t), base + 50), completion_mask=torch.ones(n, t),
+                       behaviour_logprobs=torch.full((n, t), -1.0), truncated=torch.tensor([False, True, False, False]),
+                       texts=[f"{base}-{i}" for i in range(n)], group_size=2)
+
+    a, b = ro(2, 3, 10), ro(3, 1, 20)
+    out = gather_groups([(a, 1), (b, 0)], pad_id=0)  # group 1 of a (rows 2, 3), group 0 of b (rows 0, 1)
+    # prompts left-padded to width 3: a's rows [12, 12] and [13, 13] get one pad in front
+    assert out.prompt_ids.tolist() == [[0, 12, 12], [0, 13, 13], [20, 20, 20], [21, 21, 21]]
+    assert out.prompt_mask.tolist() == [[0, 1, 1], [0, 1, 1], [1, 1, 1], [1, 1, 1]]
+    # completions right-padded to width 3: b's single token then pads, masked, logprob 0
+    assert out.completion_ids.tolist() == [[60] * 3, [60] * 3, [70, 0, 0], [70, 0, 0]]
+    assert out.completion_mask.tolist() == [[1] * 3, [1] * 3, [1, 0, 0], [1, 0, 0]]
+    assert out.behaviour_logprobs.tolist() == [[-1] * 3, [-1] * 3, [-1, 0, 0], [-1, 0, 0]]
+    assert out.truncated.tolist() == [False, False, False, True]
+    assert out.texts == ["10-2", "10-3", "20-0", "20-1"] and out.group_size == 2
