@@ -162,3 +162,46 @@ def dynamic_sampling(first: Groups, sample_more: Callable[[int], Groups], *, gro
         "dyn/constant_group_frac": n_const / seen, "dyn/extra_rollouts": float(extra), "dyn/rounds": float(rounds),
         "dyn/filled": float(len(chosen) == B), "dyn/masked_group_frac": float((~keep).float().mean())})
 
+
+
+LEFT_PADDED = ("prompt_ids", "prompt_mask")  # Rollout fields padded on the left (prompts end where generation starts)
+
+
+def gather_groups(picks: list[tuple[Any, int]], pad_id: int):
+    """One Rollout from groups of several: ``picks`` = [(rollout, group index), ...] in batch order.
+
+    Rollouts from different generate calls differ in width (P, T): prompts are left-padded and
+    completions right-padded to the widest, with ``pad_id`` in ``*_ids`` and 0 elsewhere (masks 0,
+    behaviour logprobs 0), so every padded position is masked. Per-row tensors and lists are taken
+    row by row; other fields (group_size) must agree. This is how a dynamic-sampling batch is
+    rebuilt from the groups it kept (Groups.items can be these (rollout, group index) pairs).
+    """
+    import dataclasses
+
+    if not picks:
+        raise ValueError("gather_groups needs at least one group")
+    first = picks[0][0]
+    G = first.group_size
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(first):
+        vals = [getattr(ro, f.name) for ro, _ in picks]
+        rows = [slice(i * G, (i + 1) * G) for _, i in picks]
+        if isinstance(vals[0], torch.Tensor) and vals[0].dim() == 2:
+            width = max(v.shape[1] for v in vals)
+            fill = pad_id if f.name.endswith("_ids") else 0
+            left = f.name in LEFT_PADDED
+            parts = []
+            for v, r in zip(vals, rows):
+                part = v[r]  # (G, w)
+                pad = part.new_full((G, width - part.shape[1]), fill)
+                parts.append(torch.cat([pad, part] if left else [part, pad], dim=1))
+            out[f.name] = torch.cat(parts)  # (k*G, width)
+        elif isinstance(vals[0], torch.Tensor) and vals[0].dim() == 1:
+            out[f.name] = torch.cat([v[r] for v, r in zip(vals, rows)])  # (k*G,)
+        elif isinstance(vals[0], list):
+            out[f.name] = [x for v, r in zip(vals, rows) for x in v[r]]
+        else:
+            if any(v != vals[0] for v in vals):
+                raise ValueError(f"gather_groups: rollouts disagree on {f.name}: {sorted(set(map(str, vals)))}")
+            out[f.name] = vals[0]
+    return type(first)(**out)
