@@ -84,11 +84,14 @@ class RunConfig:
 
     # ---- algorithm ----------------------------------------------------------------------------
     advantage_estimator: str = "grpo"
-    """grpo: (r - mean)/(std + eps); dr_grpo: r - mean (Dr-GRPO, no std scaling)"""
+    """grpo: (r - mean)/(std + eps); dr_grpo: r - mean (Dr-GRPO, no std scaling); rloo: leave-one-out
+    baseline (Ahmadian et al. 2024); reinforce_pp_baseline: group mean, then batch normalisation (REINFORCE++)"""
     adv_eps: float = 1e-6
     """eps in the GRPO std normalisation"""
     policy_loss: str = "ppo_clip"
-    """policy loss from rftlib.algo.losses.POLICY_LOSSES"""
+    """ppo_clip (GRPO/DAPO) | gspo (sequence ratio, Zheng et al. 2025) | cispo (clipped IS weight, MiniMax-M1)
+    | gmpo (geometric-mean ratio, Zhao et al. 2025): rftlib.algo.losses.POLICY_LOSSES; gspo, cispo and gmpo
+    take their clip range from their own fields below"""
     eps_clip: float = 0.2
     """PPO ratio clip [1-eps, 1+eps] (seed 003: 0.2 in a26, 0.1 from a27 to cut grad spikes)"""
     eps_clip_high: float | None = None
@@ -104,9 +107,43 @@ class RunConfig:
     beta: float = 0.0
     """KL coefficient (seed 003 init_kl_coef 0.001; seed 002 0.04; DeepSeek-R1 0.001)"""
     kl_estimator: str = "k3"
-    """k1 | k2 | k3 (Schulman's estimators; k3 is GRPO's)"""
+    """k1 | k2 | k3 | k3+ (Schulman's estimators). In the loss: k3+ (k3's value, k2's gradient = the reverse
+    KL's) or k2; k3 (GRPO's) has the forward KL's gradient; k1 is refused (zero expected gradient).
+    In the reward (kl_in_reward): k1 or k3"""
     entropy_coef: float = 0.0
     """entropy bonus; 0 logs entropy without training on it (seed 003 entropy_loss_coef 0)"""
+
+    # ---- algorithm variants -------------------------------------------------------------------
+    scale_rewards: str | None = None
+    """std scaling of group-centred advantages (TRL's scale_rewards): group | batch | none; None keeps
+    the estimator's own (grpo: group, dr_grpo: none); only grpo and dr_grpo take it"""
+    gspo_eps_clip: float = 3e-4
+    """GSPO's sequence-ratio clip floor 1 - this, used instead of eps_clip (Zheng et al. 2025: 3e-4)"""
+    gspo_eps_clip_high: float = 4e-4
+    """GSPO's sequence-ratio clip ceiling 1 + this, instead of eps_clip_high (Zheng et al. 2025: 4e-4)"""
+    cispo_eps_clip: float = 1.0
+    """CISPO's IS-weight floor 1 - this; 1 means no floor, as MiniMax-M1 (2025) sets none"""
+    cispo_eps_clip_high: float = 0.28
+    """CISPO's IS-weight ceiling 1 + this, the bound MiniMax-M1 tunes (0.28: DAPO's clip-higher, Trinity-RFT's
+    CISPO default); replaces eps_clip_high for cispo"""
+    gmpo_eps_clip: float = 0.4
+    """GMPO's log-ratio clip, both sides, instead of eps_clip (Zhao et al. 2025: ratios in (e^-0.4, e^0.4))"""
+    dynamic_sampling: str = "off"
+    """DAPO dynamic sampling of groups whose rewards are all equal (zero advantage): off | mask (keep them,
+    out of the loss: TRL) | refill (drop them and sample more prompts until the batch is full: DAPO)"""
+    dynamic_sampling_max_rounds: int = 3
+    """refill: at most this many extra generate calls per step (each at most rollout_batch_size prompts);
+    a batch still short is topped up with dropped groups, masked out of the loss"""
+    mask_truncated_completions: bool = False
+    """completions cut at max_new_tokens leave the loss (DAPO overlong filtering; TRL's option of this name)"""
+    overlong_buffer_len: int = 0
+    """DAPO soft overlong penalty: reward ramps from 0 to -overlong_penalty_factor over the last this many
+    tokens before max_new_tokens (DAPO: 4096 of 20480); 0 disables"""
+    overlong_penalty_factor: float = 1.0
+    """scale of the soft overlong penalty (DAPO and verl: 1.0)"""
+    kl_in_reward: bool = False
+    """subtract beta x per-token KL (kl_estimator k1 or k3) from the reward before advantages, instead of
+    a KL loss term (OpenRLHF/verl PPO style)"""
 
     # ---- optimisation -------------------------------------------------------------------------
     num_steps: int = 30
@@ -537,6 +574,7 @@ def validate(cfg: RunConfig) -> None:
         bad(f"early_stop_patience={cfg.early_stop_patience}: must be at least 1")
     _validate_scale(cfg, bad)
     _validate_seed_schedule(cfg, bad)
+    _validate_algo(cfg, bad)
 
 
 def _check_finite(cfg: RunConfig, bad) -> None:
@@ -629,6 +667,49 @@ def _validate_scale(cfg: RunConfig, bad) -> None:
         bad(f"tis_cap={cfg.tis_cap}: the truncated-IS cap must be >= 1 (verl and TRL use 2)")
     if cfg.tis_level not in ("token", "sequence"):
         bad(f"tis_level='{cfg.tis_level}': choose token or sequence")
+
+
+def _validate_algo(cfg: RunConfig, bad) -> None:
+    """The algorithm variants: reward scaling, loss-specific clips, dynamic sampling, overlong, KL placement."""
+    from rftlib.algo.advantages import ADVANTAGES, REWARD_SCALES, takes_scale_rewards
+    from rftlib.algo.kl import KL_NOT_IN_LOSS
+
+    if cfg.scale_rewards is not None:
+        if cfg.scale_rewards not in REWARD_SCALES:
+            bad(f"scale_rewards='{cfg.scale_rewards}': valid values are {', '.join(REWARD_SCALES.names())} (or null)")
+        if cfg.advantage_estimator in ADVANTAGES and not takes_scale_rewards(cfg.advantage_estimator):
+            bad(f"scale_rewards='{cfg.scale_rewards}' with advantage_estimator '{cfg.advantage_estimator}', which has "
+                "its own scaling: scale_rewards applies to grpo and dr_grpo; set it null")
+    for name in ("gspo_eps_clip", "gspo_eps_clip_high"):
+        if not 0 < getattr(cfg, name) < 1:
+            bad(f"{name}={getattr(cfg, name)}: must be in (0, 1) (GSPO's sequence-ratio range, paper: 3e-4 / 4e-4)")
+    if not 0 <= cfg.cispo_eps_clip <= 1:
+        bad(f"cispo_eps_clip={cfg.cispo_eps_clip}: must be in [0, 1] (1: no floor on the IS weight, as MiniMax-M1)")
+    if not cfg.cispo_eps_clip_high > 0:
+        bad(f"cispo_eps_clip_high={cfg.cispo_eps_clip_high}: must be > 0 (the IS-weight ceiling is 1 + this)")
+    if not cfg.gmpo_eps_clip > 0:
+        bad(f"gmpo_eps_clip={cfg.gmpo_eps_clip}: must be > 0 (a log-ratio bound; GMPO's paper uses 0.4)")
+    if cfg.policy_loss in ("gspo", "cispo", "gmpo") and cfg.dual_clip is not None:
+        bad(f"dual_clip={cfg.dual_clip} with policy_loss {cfg.policy_loss}: dual clip is a token-level PPO device; "
+            "set dual_clip null")
+    if cfg.dynamic_sampling not in ("off", "mask", "refill"):
+        bad(f"dynamic_sampling='{cfg.dynamic_sampling}': choose off, mask or refill")
+    if cfg.dynamic_sampling_max_rounds < 0:
+        bad(f"dynamic_sampling_max_rounds={cfg.dynamic_sampling_max_rounds}: must be >= 0")
+    if not 0 <= cfg.overlong_buffer_len <= cfg.max_new_tokens:
+        bad(f"overlong_buffer_len={cfg.overlong_buffer_len}: must be in [0, max_new_tokens={cfg.max_new_tokens}] "
+            "(0 disables the soft overlong penalty; DAPO: 4096 of 20480)")
+    if not (cfg.overlong_penalty_factor >= 0 and cfg.overlong_penalty_factor < float("inf")):
+        bad(f"overlong_penalty_factor={cfg.overlong_penalty_factor}: must be a finite number >= 0 (DAPO: 1.0)")
+    if cfg.kl_in_reward:
+        if cfg.beta <= 0:
+            bad("kl_in_reward: true with beta 0 subtracts nothing: set beta > 0 (e.g. 0.001, DeepSeek-R1's) "
+                "or kl_in_reward false")
+        if cfg.kl_estimator not in ("k1", "k3"):
+            bad(f"kl_in_reward with kl_estimator '{cfg.kl_estimator}': in the reward nothing is differentiated, so "
+                "only the value counts; use k1 (verl/OpenRLHF default) or k3")
+    elif cfg.beta > 0 and cfg.kl_estimator in KL_NOT_IN_LOSS:
+        bad(f"kl_estimator='{cfg.kl_estimator}' with beta={cfg.beta} in the loss: {KL_NOT_IN_LOSS[cfg.kl_estimator]}")
 
 
 def to_dict(cfg: RunConfig) -> dict[str, Any]:

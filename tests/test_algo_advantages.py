@@ -96,4 +96,4 @@ def test_registry():
         reg.get("c")
     with pytest.raises(ValueError, match="already registered"):
         reg.register("a")(lambda: None)
-    assert ADVANTAGES.names() == ["dr_grpo", "grpo"]
+    assert ADVANTAGES.names() == ["dr_grpo", "grpo", "reinforce_pp_baseline", "rloo"]

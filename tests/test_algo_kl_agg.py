@@ -28,7 +28,7 @@ def test_k3():
     torch.testing.assert_close(kl_penalty("k3", LOGP, REF), torch.tensor([[0.106531, 0.0, 0.148721]]), atol=1e-6, rtol=0)
 
 
-@pytest.mark.parametrize("name", ["k1", "k2", "k3"])
+@pytest.mark.parametrize("name", ["k1", "k2", "k3", "k3+"])
 def test_identical_policies_give_zero(name):
     logp = torch.randn(4, 5, generator=torch.Generator().manual_seed(0))
     assert torch.equal(kl_penalty(name, logp, logp.clone()), torch.zeros(4, 5))
@@ -52,8 +52,8 @@ def test_k3_clamps_log_ratio():
 
 
 def test_unknown_kl_estimator():
-    assert KL_ESTIMATORS.names() == ["k1", "k2", "k3"]
-    with pytest.raises(ValueError, match="unknown kl estimator 'k4'; valid: k1, k2, k3"):
+    assert KL_ESTIMATORS.names() == ["k1", "k2", "k3", "k3+"]
+    with pytest.raises(ValueError, match=r"unknown kl estimator 'k4'; valid: k1, k2, k3, k3\+"):
         kl_penalty("k4", LOGP, REF)
 
 

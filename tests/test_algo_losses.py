@@ -190,8 +190,8 @@ def test_entropy_bonus():
 def test_unknown_names_and_bad_shapes():
     logprobs, old = _lp(RATIOS)
     mask = torch.ones(2, 2)
-    assert POLICY_LOSSES.names() == ["ppo_clip"]
-    with pytest.raises(ValueError, match="unknown policy loss 'reinforce'; valid: ppo_clip"):
+    assert POLICY_LOSSES.names() == ["cispo", "gmpo", "gspo", "ppo_clip"]
+    with pytest.raises(ValueError, match="unknown policy loss 'reinforce'; valid: cispo, gmpo, gspo, ppo_clip"):
         grpo_loss(logprobs, old, ADV, mask, policy_loss="reinforce")
     with pytest.raises(ValueError, match="unknown loss aggregation"):
         grpo_loss(logprobs, old, ADV, mask, aggregation="mean")

@@ -6,29 +6,42 @@ Dimensions: B prompts, G generations per prompt, N = B*G rows (prompt-major: row
 are prompt i), T completion tokens, V vocabulary, H hidden size. Masks are float {0,1} ``*_mask``.
 """
 
-from rftlib.algo.advantages import ADVANTAGES, advantage_stats, compute_advantages
+from rftlib.algo.advantages import ADVANTAGES, REWARD_SCALES, advantage_stats, compute_advantages
 from rftlib.algo.aggregation import AGGREGATIONS, aggregate, masked_max, masked_mean, masked_min, masked_quantile
-from rftlib.algo.kl import KL_ESTIMATORS, kl_penalty
+from rftlib.algo.filtering import constant_groups, group_row_mask, untruncated_mask
+from rftlib.algo.kl import KL_ESTIMATORS, KL_NOT_IN_LOSS, kl_penalty
 from rftlib.algo.logprobs import chunked_logprobs_entropy, full_logprobs_entropy
-from rftlib.algo.losses import POLICY_LOSSES, grpo_loss, ppo_clip
+from rftlib.algo.losses import POLICY_LOSSES, cispo, gmpo, grpo_loss, gspo, ppo_clip
 from rftlib.algo.registry import Registry
+from rftlib.algo.shaping import kl_in_reward, kl_tokens, overlong_penalty
 
 __all__ = [
     "ADVANTAGES",
     "AGGREGATIONS",
     "KL_ESTIMATORS",
+    "KL_NOT_IN_LOSS",
     "POLICY_LOSSES",
+    "REWARD_SCALES",
     "Registry",
     "advantage_stats",
     "aggregate",
     "chunked_logprobs_entropy",
+    "cispo",
     "compute_advantages",
+    "constant_groups",
     "full_logprobs_entropy",
+    "gmpo",
+    "group_row_mask",
     "grpo_loss",
+    "gspo",
+    "kl_in_reward",
     "kl_penalty",
+    "kl_tokens",
+    "overlong_penalty",
     "masked_max",
     "masked_mean",
     "masked_min",
     "masked_quantile",
     "ppo_clip",
+    "untruncated_mask",
 ]

@@ -1,10 +1,24 @@
-"""Per-token estimators of KL(pi || pi_ref) from tokens sampled by pi.
+"""Per-token estimators of KL(pi || pi_ref) from tokens sampled by pi, and which of them may sit in a loss.
 
 From John Schulman, "Approximating KL Divergence" (2020, joschu.net/blog/kl-approx.html). With
 d = ref_logp - logp = log(pi_ref / pi) at a sampled token:
-    k1 = -d                  unbiased, high variance, can be negative per token
-    k2 = d^2 / 2             biased, low variance, >= 0
-    k3 = (e^d - 1) - d       unbiased, low variance, >= 0 (what DeepSeekMath's GRPO uses)
+    k1 = -d                  unbiased value, high variance, can be negative per token
+    k2 = d^2 / 2             biased value, low variance, >= 0
+    k3 = (e^d - 1) - d       unbiased value, low variance, >= 0 (what DeepSeekMath's GRPO uses)
+    k3+ = k3's value with k2's gradient (straight-through; verl's "k3+" / "low_var_kl+")
+
+Their *values* estimate KL(pi || pi_ref) (the reverse KL). Their *gradients*, when the estimator is
+a loss term on tokens sampled from pi (the sample is not differentiated), are another matter. Per
+sampled token y, d/d(logp) of each estimator times grad log pi(y), in expectation over y ~ pi:
+    k1: E[grad log pi]                       = 0                          (no regularisation at all)
+    k2: E[(log pi - log pi_ref) grad log pi] = grad KL(pi || pi_ref)      (the reverse KL: right)
+    k3: E[(1 - pi_ref/pi) grad log pi]       = -sum_y pi_ref grad log pi = grad KL(pi_ref || pi)
+                                                                          (the forward KL)
+    k3+: k2's gradient                       = grad KL(pi || pi_ref)
+(tests/test_algo_kl_agg.py checks each against the closed form on a categorical example.) So k1
+is refused as a loss term (KL_NOT_IN_LOSS says what to use instead); k1 or k3 belong in the reward
+(shaping.kl_in_reward, where nothing is differentiated and an unbiased value is what counts).
+
 Shapes: logprobs and ref_logprobs are (N, T) log-probabilities of the sampled tokens; every
 estimator returns (N, T). Masking padded tokens is the caller's job (aggregation).
 """
@@ -19,16 +33,23 @@ KL_ESTIMATORS = Registry("kl estimator")
 
 K3_LOG_RATIO_CLAMP = 20.0  # e^20 ~ 5e8: far beyond any useful ratio, far below float32 overflow (e^88)
 
+# estimators whose gradient as a loss term is not a KL gradient: name -> what to use instead
+KL_NOT_IN_LOSS = {
+    "k1": "k1 = log pi - log pi_ref has zero expected gradient as a loss term on tokens sampled from pi "
+          "(E_pi[grad log pi] = 0), so it regularises nothing; use kl_estimator k3+ (k3's value, k2's gradient "
+          "= the reverse KL's) or k2 in the loss, or keep k1 and set kl_in_reward: true (verl/OpenRLHF style)",
+}
+
 
 @KL_ESTIMATORS.register("k1")
 def kl_k1(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
-    """k1 = logp - ref_logp (the naive log-ratio). (N, T) -> (N, T)."""
+    """k1 = logp - ref_logp (the naive log-ratio). (N, T) -> (N, T). For the reward, not the loss."""
     return logprobs - ref_logprobs  # (N, T)
 
 
 @KL_ESTIMATORS.register("k2")
 def kl_k2(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
-    """k2 = (logp - ref_logp)^2 / 2. (N, T) -> (N, T)."""
+    """k2 = (logp - ref_logp)^2 / 2. (N, T) -> (N, T). Its gradient is the reverse KL's."""
     return 0.5 * (logprobs - ref_logprobs).square()  # (N, T)
 
 
@@ -36,12 +57,28 @@ def kl_k2(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
 def kl_k3(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
     """k3 = exp(ref_logp - logp) - (ref_logp - logp) - 1. (N, T) -> (N, T).
 
+    An unbiased, non-negative estimate of KL(pi || pi_ref); but as a loss term its expected
+    gradient is that of the *forward* KL(pi_ref || pi) (module docstring). DeepSeekMath's GRPO uses
+    it in the loss all the same; k3+ keeps its value and fixes the gradient.
+
     The log-ratio is clamped to [-20, 20] before exp: a token the reference finds far likelier
     than the policy would otherwise give exp(large) = inf in float32 and a NaN gradient; beyond
     the clamp the estimate (and its gradient) stops growing. ``expm1`` keeps precision near d=0.
     """
     d = (ref_logprobs - logprobs).clamp(-K3_LOG_RATIO_CLAMP, K3_LOG_RATIO_CLAMP)  # (N, T)
     return torch.expm1(d) - d  # (N, T)
+
+
+@KL_ESTIMATORS.register("k3+")
+def kl_k3_plus(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
+    """k3's value with k2's gradient: k2 - sg(k2) + sg(k3). (N, T) -> (N, T).
+
+    Straight-through estimator (verl's "k3+"/"low_var_kl+", after Schulman's note that k2's gradient
+    is the reverse KL's): the logged value is k3's low-variance unbiased estimate of KL(pi || pi_ref),
+    and backward sees (logp - ref_logp) * grad logp, whose expectation under pi is grad KL(pi || pi_ref).
+    """
+    k2 = kl_k2(logprobs, ref_logprobs)  # (N, T)
+    return k2 - k2.detach() + kl_k3(logprobs, ref_logprobs).detach()  # (N, T)
 
 
 def kl_penalty(name: str, logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:

@@ -31,6 +31,24 @@ def _check_shapes(logprobs, old_logprobs, advantages, mask) -> None:
         raise ValueError(f"advantages must be (N,) = ({logprobs.shape[0]},), got {tuple(advantages.shape)}")
 
 
+def _ratio_metrics(clip_active, log_ratio_raw, log_ratio, mask) -> dict[str, torch.Tensor]:
+    """The per-token ratio diagnostics every policy loss logs under the same names (detached, 0-dim).
+
+    clip_active: (N, T) float, 1 where the loss's clipping zeroes or caps that token's gradient.
+    log_ratio_raw / log_ratio: (N, T) log(pi / pi_old) before / after the +-log_ratio_clamp.
+    """
+    with torch.no_grad():
+        return {
+            "ppo_clip_ratio": masked_mean(clip_active, mask),
+            "log_ratio_raw_max": masked_max(log_ratio_raw, mask),
+            "log_ratio_max": masked_max(log_ratio, mask),
+            "log_ratio_min": masked_min(log_ratio, mask),
+            "ratio_max": masked_max(torch.exp(log_ratio), mask),
+            "log_ratio_abs_p99": masked_quantile(log_ratio.abs(), mask, 0.99),
+            "approx_kl_old": masked_mean(torch.expm1(log_ratio) - log_ratio, mask),
+        }
+
+
 @POLICY_LOSSES.register("ppo_clip")
 def ppo_clip(
     logprobs: torch.Tensor,
@@ -89,18 +107,153 @@ def ppo_clip(
 
     with torch.no_grad():
         clip_active = (loss_clipped > loss_unclipped).float()  # (N, T)
-        metrics = {
-            "ppo_clip_ratio": masked_mean(clip_active, mask),
-            "log_ratio_raw_max": masked_max(log_ratio_raw, mask),
-            "log_ratio_max": masked_max(log_ratio, mask),
-            "log_ratio_min": masked_min(log_ratio, mask),
-            "ratio_max": masked_max(ratio, mask),
-            "log_ratio_abs_p99": masked_quantile(log_ratio.abs(), mask, 0.99),
-            "approx_kl_old": masked_mean(torch.expm1(log_ratio) - log_ratio, mask),
-        }
+        metrics = _ratio_metrics(clip_active, log_ratio_raw, log_ratio, mask)
         if dual_clip is not None:
             metrics["dual_clip_frac"] = masked_mean(dual_active.float(), mask)
     return loss_mat, {k: v.detach() for k, v in metrics.items()}
+
+
+def _seq_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Masked mean over each row's valid tokens: (N, T) -> (N,); 0 for a fully masked row."""
+    return torch.where(mask > 0, x, 0.0).sum(dim=-1) / mask.sum(dim=-1).clamp(min=1.0)  # (N,)
+
+
+@POLICY_LOSSES.register("gspo")
+def gspo(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    clip_low: float = 3e-4,  # sequence-ratio floor 1 - clip_low (Zheng et al. 2025: 3e-4)
+    clip_high: float = 4e-4,  # sequence-ratio ceiling 1 + clip_high (Zheng et al. 2025: 4e-4)
+    dual_clip: float | None = None,  # not part of GSPO: must be None
+    log_ratio_clamp: float = 20.0,  # bound on |log s_i| before exp
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """GSPO, Group Sequence Policy Optimization (Zheng et al. 2025, arXiv:2507.18071), GSPO-token form.
+
+    One importance ratio per completion, length-normalised (eq. 7):
+        s_i = (pi(y_i) / pi_old(y_i))^(1/|y_i|) = exp(mean_t log(pi / pi_old)_it)
+    and the token-level form of sec. 4.3 (eq. 13), s_it = sg[s_i] * pi(y_it) / sg[pi(y_it)]: its value
+    is s_i at every token, its gradient s_i * grad log pi(y_it), so that per-token advantages could
+    differ (here they are one per completion, and GSPO-token's gradient equals GSPO's). Per token
+        loss = max(-A * s_it, -A * clip(s_it, 1 - clip_low, 1 + clip_high))
+    with the whole completion clipped or not together. The clip range is on a *sequence* ratio,
+    two orders of magnitude narrower than PPO's token range (the paper: 3e-4 / 4e-4). The paper
+    averages tokens within a completion, then completions: aggregate with seq-mean-token-mean.
+
+    ``log_ratio_clamp`` bounds log s_i (as verl clamps it, at 10); past it the row gets no gradient.
+    Metrics: those of ppo_clip (``ppo_clip_ratio`` counts tokens of clipped completions), plus
+    ``seq_clip_frac`` (fraction of non-empty completions clipped), ``seq_ratio_max``/``seq_ratio_min``.
+
+    Returns (loss_mat (N, T), metrics). Padded positions of loss_mat are not zeroed: aggregate.
+    """
+    _check_shapes(logprobs, old_logprobs, advantages, mask)
+    if not (0.0 <= clip_low < 1.0) or clip_high < 0.0:
+        raise ValueError(f"gspo needs 0 <= clip_low < 1 and clip_high >= 0, got {clip_low}, {clip_high}")
+    if dual_clip is not None:
+        raise ValueError("dual_clip is a token-level PPO device; GSPO clips whole sequences: set dual_clip None")
+    log_ratio_raw = logprobs - old_logprobs  # (N, T)
+    log_ratio = log_ratio_raw.clamp(-log_ratio_clamp, log_ratio_clamp)  # (N, T), metrics only
+    log_s = _seq_mean(log_ratio_raw, mask).detach().unsqueeze(-1)  # (N, 1) sg[log s_i]
+    log_s_tok = (log_s + logprobs - logprobs.detach()).clamp(-log_ratio_clamp, log_ratio_clamp)  # (N, T)
+    s_tok = torch.exp(log_s_tok)  # (N, T): value s_i, gradient s_i * grad logp_it
+    adv = advantages.unsqueeze(-1)  # (N, 1)
+    loss_unclipped = -adv * s_tok  # (N, T)
+    loss_clipped = -adv * s_tok.clamp(1.0 - clip_low, 1.0 + clip_high)  # (N, T)
+    loss_mat = torch.maximum(loss_unclipped, loss_clipped)  # (N, T)
+    with torch.no_grad():
+        clip_active = (loss_clipped > loss_unclipped).float()  # (N, T)
+        metrics = _ratio_metrics(clip_active, log_ratio_raw, log_ratio, mask)
+        rows = (mask.sum(dim=-1) > 0).float()  # (N,) completions with at least one token
+        seq_ratio = torch.exp(log_s_tok[:, 0])  # (N,)
+        metrics["seq_clip_frac"] = (clip_active[:, 0] * rows).sum() / rows.sum().clamp(min=1.0)
+        metrics["seq_ratio_max"] = masked_max(seq_ratio, rows)
+        metrics["seq_ratio_min"] = masked_min(seq_ratio, rows)
+    return loss_mat, {k: v.detach() for k, v in metrics.items()}
+
+
+@POLICY_LOSSES.register("cispo")
+def cispo(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    clip_low: float = 1.0,  # IS-weight floor 1 - clip_low; >= 1 means no floor (MiniMax-M1 sets none)
+    clip_high: float = 0.28,  # IS-weight ceiling 1 + clip_high (the bound MiniMax-M1 tunes)
+    dual_clip: float | None = None,  # not part of CISPO: must be None
+    log_ratio_clamp: float = 20.0,  # |log ratio| bound before exp
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """CISPO, Clipped IS-weight Policy Optimization (MiniMax-M1, MiniMax 2025, arXiv:2506.13585, eq. 4-5).
+
+        loss = -sg(clip(r, 1 - clip_low, 1 + clip_high)) * A * log pi(y_t),   r = pi / pi_old per token
+    PPO drops the gradient of a token whose ratio left the clip range (often the rare "fork" tokens
+    of a reasoning trace); CISPO clips the importance *weight* instead and keeps a REINFORCE gradient
+    A * w * grad log pi on every token. The weight is detached: no gradient flows through the ratio.
+    The loss *value* is therefore -w * A * log pi, not a ratio surrogate (its gradient is what counts).
+
+    Metrics: those of ppo_clip; ``ppo_clip_ratio`` is the fraction of tokens whose weight was
+    clipped (their gradient is scaled down, not zeroed).
+    Returns (loss_mat (N, T), metrics). Padded positions of loss_mat are not zeroed: aggregate.
+    """
+    _check_shapes(logprobs, old_logprobs, advantages, mask)
+    if clip_low < 0.0 or clip_high < 0.0:
+        raise ValueError(f"cispo needs clip_low >= 0 and clip_high >= 0, got {clip_low}, {clip_high}")
+    if dual_clip is not None:
+        raise ValueError("dual_clip caps a PPO surrogate; CISPO's weight is already clipped: set dual_clip None")
+    log_ratio_raw = logprobs - old_logprobs  # (N, T)
+    log_ratio = log_ratio_raw.clamp(-log_ratio_clamp, log_ratio_clamp)  # (N, T)
+    ratio = torch.exp(log_ratio).detach()  # (N, T)
+    weight = ratio.clamp(max(0.0, 1.0 - clip_low), 1.0 + clip_high)  # (N, T), stop-gradient
+    loss_mat = -weight * advantages.unsqueeze(-1) * logprobs  # (N, T)
+    metrics = _ratio_metrics((weight != ratio).float(), log_ratio_raw, log_ratio, mask)
+    return loss_mat, metrics
+
+
+@POLICY_LOSSES.register("gmpo")
+def gmpo(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    clip_low: float = 0.4,  # log-ratio floor -clip_low (Zhao et al. 2025: ratio range (e^-0.4, e^0.4))
+    clip_high: float = 0.4,  # log-ratio ceiling +clip_high
+    dual_clip: float | None = None,  # not part of GMPO: must be None
+    log_ratio_clamp: float = 20.0,  # |log ratio| bound before anything else
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """GMPO, Geometric-Mean Policy Optimization (Zhao et al. 2025, arXiv:2507.20673, eq. 4).
+
+    GRPO maximises the arithmetic mean of token ratios, which one outlier token can dominate;
+    GMPO maximises their geometric mean, clipping each token's ratio in log space:
+        l_it = sgn(A) * min(sgn(A) * log r_it, sgn(A) * clip(log r_it, -clip_low, clip_high))
+        loss_i = -A_i * exp(mean_t l_it)
+    (the pessimistic side: for A > 0 a log ratio above clip_high is capped, for A < 0 one below
+    -clip_low). The bounds are on the *log* ratio: the paper's range (e^-0.4, e^0.4) is clip 0.4.
+    loss_i is one number per completion, written at each of its tokens: aggregate with
+    seq-mean-token-mean to get the paper's mean over completions (verl's geo_mean does the same).
+
+    Metrics: those of ppo_clip; ``ppo_clip_ratio`` is the fraction of tokens whose log ratio was
+    clipped (those tokens get no gradient).
+    Returns (loss_mat (N, T), metrics). Padded positions of loss_mat are not zeroed: aggregate.
+    """
+    _check_shapes(logprobs, old_logprobs, advantages, mask)
+    if clip_low < 0.0 or clip_high < 0.0:
+        raise ValueError(f"gmpo needs clip_low >= 0 and clip_high >= 0 (log-space bounds), got {clip_low}, {clip_high}")
+    if dual_clip is not None:
+        raise ValueError("dual_clip is not part of GMPO: set dual_clip None")
+    log_ratio_raw = logprobs - old_logprobs  # (N, T)
+    log_ratio = log_ratio_raw.clamp(-log_ratio_clamp, log_ratio_clamp)  # (N, T)
+    sgn = torch.sign(advantages).unsqueeze(-1)  # (N, 1)
+    clipped = log_ratio.clamp(-clip_low, clip_high)  # (N, T)
+    log_r = sgn * torch.minimum(sgn * log_ratio, sgn * clipped)  # (N, T)
+    seq_ratio = torch.exp(_seq_mean(log_r, mask))  # (N,) geometric mean of the clipped ratios
+    loss_mat = (-advantages * seq_ratio).unsqueeze(-1).expand_as(logprobs)  # (N, T)
+    with torch.no_grad():
+        clip_active = (log_r != log_ratio).float()  # (N, T)
+        metrics = _ratio_metrics(clip_active, log_ratio_raw, log_ratio, mask)
+    return loss_mat, metrics
 
 
 def grpo_loss(
@@ -110,8 +263,8 @@ def grpo_loss(
     mask: torch.Tensor,
     *,
     ref_logprobs: torch.Tensor | None = None,  # (N, T) reference-model logprobs; None: no KL at all
-    beta: float = 0.0,  # KL coefficient (DeepSeekMath: 0.04; Dr-GRPO and DAPO: 0)
-    kl_estimator: str = "k3",  # a KL_ESTIMATORS name; DeepSeekMath uses k3
+    beta: float = 0.0,  # KL coefficient (DeepSeekMath: 0.04; Dr-GRPO and DAPO: 0); 0 when the KL is in the reward
+    kl_estimator: str = "k3",  # a KL_ESTIMATORS name; DeepSeekMath uses k3, k3+ has the reverse KL's gradient
     policy_loss: str = "ppo_clip",  # a POLICY_LOSSES name
     aggregation: str = "seq-mean-token-mean",  # an AGGREGATIONS name; GRPO's
     num_seqs: float | torch.Tensor | None = None,  # optimizer-batch totals, see aggregation.aggregate
@@ -128,8 +281,11 @@ def grpo_loss(
     """The GRPO objective (Shao et al. 2024, eq. 3) as a loss, with its variants chosen by name.
 
     per token: policy_loss + beta * KL(pi || pi_ref) - entropy_coef * entropy, then aggregated
-    over tokens and completions with ``aggregation``. The KL term is added to the loss (as in
-    DeepSeekMath), not folded into the reward. Everything named is looked up in a registry.
+    over tokens and completions with ``aggregation``. Here the KL term is in the loss (as in
+    DeepSeekMath); k1 there has zero expected gradient (RunConfig refuses it, see rftlib.algo.kl), and k3's
+    gradient is the forward KL's: k3+ is the estimator whose gradient is the reverse KL's. For KL in
+    the reward instead (rftlib.algo.shaping.kl_in_reward), call this with beta = 0.
+    Everything named is looked up in a registry.
     ``is_weights`` (TIS, Yao et al. 2025) multiply the policy term per token when the tokens were
     sampled by another engine (vLLM); the KL and entropy terms are the trainer's own and are not weighted.
 
