@@ -37,6 +37,7 @@ from rftlib.monitor.metrics import MetricsLogger
 from rftlib.rollout.factory import make_engine
 from rftlib.rollout.hf import HFEngine
 from rftlib.train import checkpoint as ckpt
+from rftlib.train import steps
 from rftlib.train.backends import make_backend
 from rftlib.train.dist import Dist, init_dist, resolve_dtype
 from rftlib.train.forward import completion_logprobs
@@ -128,6 +129,9 @@ class Trainer:
         if cfg.rollout_batch_size % world or cfg.train_prompts % world:
             raise ConfigError(f"rollout_batch_size={cfg.rollout_batch_size} and train_batch_size={cfg.train_prompts} "
                               f"prompts must divide among {world} ranks (each rank takes whole prompts)")
+        if cfg.dynamic_sampling == "refill" and world > 1:
+            raise ConfigError("dynamic_sampling 'refill' with several ranks: each rank would draw a different number "
+                              "of extra prompts from the shared order; use dynamic_sampling 'mask' (TRL's) or one rank")
         if (cfg.train_prompts // world * G) % cfg.micro_batch_size:
             raise ConfigError(f"micro_batch_size={cfg.micro_batch_size} must divide each rank's share of an optimizer "
                               f"batch, {cfg.train_prompts}//{world} prompts x {G} = {cfg.train_prompts // world * G} "
@@ -259,34 +263,49 @@ class Trainer:
                 return completion_logprobs(module, **rows, **kw)
             return self.backend.forward(**rows, **kw)
 
-    def step(self) -> dict[str, Any]:
+    def _sample_groups(self, n_prompts: int) -> steps.Groups:
+        """This rank's share of ``n_prompts`` prompts from the global order, generated and scored:
+        one Groups item per prompt, (rollout, group index, example, pool index, the G reward diagnostics)."""
         cfg, G, D = self.cfg, self.cfg.n_samples_per_prompt, self.dist
-        timing: dict[str, float] = {}
-        t_step = t = time.time()
-        indices = self.sampler.next(cfg.rollout_batch_size)  # one seeded global order on every rank
-        share = cfg.rollout_batch_size // D.world_size
-        indices = indices[D.rank * share:(D.rank + 1) * share]  # this rank's prompts (whole groups)
+        share = n_prompts // D.world_size
+        indices = self.sampler.next(n_prompts)[D.rank * share:(D.rank + 1) * share]  # same global order on every rank
         examples = [self.task.train[i] for i in indices]
+        t = time.time()
         ro = self.engine.generate(format_prompts(self.tok, examples, self.task.system_prompt), group_size=G,
                                   max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
-                                  top_p=cfg.top_p).to(D.device)
-        timing["generate"] = time.time() - t
-        N = ro.num_rows
-
+                                  top_p=cfg.top_p).to(self.dist.device)
+        self._timing["generate"] = self._timing.get("generate", 0.0) + time.time() - t
         t = time.time()
         rewards, diags = [], []
         for i, text in enumerate(ro.texts):
             r, d = self.task.reward(text, examples[i // G], bool(ro.truncated[i]))
             rewards.append(float(r))
             diags.append(d)
-        rewards_t = torch.tensor(rewards)  # (N,) host
+        self._timing["reward"] = self._timing.get("reward", 0.0) + time.time() - t
+        items = [(ro, g, ex, idx, diags[g * G:(g + 1) * G]) for g, (ex, idx) in enumerate(zip(examples, indices))]
+        return steps.Groups(items, torch.tensor(rewards))  # rewards (n*G,) host
+
+    def step(self) -> dict[str, Any]:
+        cfg, G, D = self.cfg, self.cfg.n_samples_per_prompt, self.dist
+        self._timing = timing = {}
+        t_step = time.time()
+        first = self._sample_groups(cfg.rollout_batch_size)
+        batch = steps.dynamic_sampling(first, self._sample_groups, group_size=G, mode=cfg.dynamic_sampling,
+                                       max_rounds=cfg.dynamic_sampling_max_rounds)
+        items = batch.items
+        if all(it[0] is items[0][0] for it in items) and [it[1] for it in items] == list(range(len(items))):
+            ro = items[0][0]  # the first rollout as it came
+        else:  # groups kept from several generate calls: one batch of the widest shapes
+            ro = steps.gather_groups([(it[0], it[1]) for it in items], self.tok.pad_token_id)
+        examples = [it[2] for it in items]
+        indices = [it[3] for it in items]
+        diags = [d for it in items for d in it[4]]
+        rewards = batch.rewards.tolist()
+        N = ro.num_rows
         if hasattr(self.sampler, "update"):  # a curriculum moves on the measured solve rate, the same on every rank
             correct = [float(d.get("correctness", r)) for d, r in zip(diags, rewards)]
             parts = D.gather_objects(([i for i in indices for _ in range(G)], correct))
             self.sampler.update([i for p in parts for i in p[0]], [c for p in parts for c in p[1]])
-        advantages = compute_advantages(cfg.advantage_estimator, rewards_t, G, cfg.adv_eps)  # (N,) host
-        advantages_dev = advantages.to(D.device)
-        timing["reward"] = time.time() - t
 
         mb = cfg.micro_batch_size
         micro = [torch.arange(s, min(s + mb, N)) for s in range(0, N, mb)]
@@ -303,17 +322,28 @@ class Trainer:
                 old_lp = torch.cat([self._logprobs(self._rows(ro, ix), with_entropy=False)[0]
                                     for ix in micro])  # (N, T)
         timing["reference"] = time.time() - t
+        # rewards the advantages see: DAPO's overlong penalty, KL in the reward; then the advantages
+        shaped, shaping = steps.shape_rewards(
+            cfg, batch.rewards, ro.lengths().cpu(),
+            behaviour_logprobs=(old_lp if old_lp is not None else ro.behaviour_logprobs).cpu(),
+            ref_logprobs=None if ref_lp is None else ref_lp.cpu(), completion_mask=ro.completion_mask.cpu())
+        advantages = compute_advantages(cfg.advantage_estimator, shaped, G, cfg.adv_eps,
+                                        scale_rewards=cfg.scale_rewards)  # (N,) host
+        advantages_dev = advantages.to(D.device)
+        lmask = steps.loss_mask(cfg, ro.completion_mask, ro.truncated,
+                                None if cfg.dynamic_sampling == "off" else batch.row_mask.to(D.device))  # (N, T)
 
         t = time.time()
-        upd = self._update(ro, advantages_dev, ref_lp, old_lp)
+        upd = self._update(ro, advantages_dev, ref_lp, old_lp, lmask)
         timing["update"] = time.time() - t
         sync = self.engine.sync_weights(self.model)  # the engine samples the new policy next step (probe-checked)
         timing["sync"] = sync.get("seconds", 0.0)
         self.step_num += 1
         timing["step"] = time.time() - t_step
+        extra = {**shaping, **batch.metrics}
 
         # every rank's rollout and update accumulators, so the metrics are those of the global batch
-        local = {"rewards": rewards, "diags": diags, "advantages": advantages.tolist(),
+        local = {"rewards": rewards, "diags": diags, "extra": [extra], "advantages": advantages.tolist(),
                  "lengths": ro.lengths().cpu().tolist(), "truncated": ro.truncated.cpu().tolist(),
                  "texts": ro.texts, "examples": [(e.prompt, e.answer) for e in examples],
                  **{k: upd[k] for k in ("tok", "metrics", "entropy", "behaviour_diff", "seq_log_ratio", "gns")}}
@@ -321,6 +351,8 @@ class Trainer:
         allr = {k: [x for p in parts for x in p[k]] for k in local}
         row = step_metrics(allr, upd, timing, step=self.step_num, world_size=D.world_size,
                            skipped_steps=self.skipped_steps)
+        for k in (allr["extra"][0] if allr["extra"] else {}):  # per-rank step metrics: the mean over ranks
+            row[k] = float(np.mean([e[k] for e in allr["extra"]]))
         if hasattr(self.sampler, "metrics"):
             row.update(self.sampler.metrics())
         row.update(step_memory(D.device))
@@ -355,19 +387,20 @@ class Trainer:
                  "truncated": bool(allr["truncated"][i])}
                 for i in range(min(cfg.log_samples, len(allr["texts"])))])
 
-    def _update(self, ro, advantages, ref_lp, old_lp) -> dict[str, Any]:
+    def _update(self, ro, advantages, ref_lp, old_lp, lmask) -> dict[str, Any]:
         """The micro-batched, gradient-accumulated update; returns what the metrics need.
 
         Each rank holds 1/W of every optimizer batch. The loss of a micro-batch is normalised by the
         optimizer batch's *global* totals (sequences, valid tokens, the Dr-GRPO constant), so the
         micro-batch losses of all ranks sum to the one-process loss; it is back-propagated times W
-        because DDP and DeepSpeed average gradients over ranks.
+        because DDP and DeepSpeed average gradients over ranks. ``lmask`` (N, T) is the loss's mask:
+        the completion mask less truncated completions or masked groups, when configured.
         """
         cfg, G, N, D = self.cfg, self.cfg.n_samples_per_prompt, ro.num_rows, self.dist
         W = D.world_size
         tb_rows = cfg.train_prompts * G // W  # this rank's rows of one optimizer batch
         mb = cfg.micro_batch_size
-        clip_high = cfg.eps_clip_high if cfg.eps_clip_high is not None else cfg.eps_clip
+        loss_kw = steps.loss_kwargs(cfg)  # the policy loss, its own clip range, KL, aggregation, entropy
         norm_const = cfg.loss_norm_const if cfg.loss_norm_const is not None else float(cfg.max_new_tokens)
         acc: dict[str, list] = {"tok": [], "metrics": [], "entropy": [], "grad_norm": [], "loss": [], "lr": [],
                                 "gns": [], "behaviour_diff": [], "seq_log_ratio": []}
@@ -380,7 +413,7 @@ class Trainer:
                 order = (torch.randperm(N // G, generator=gen).unsqueeze(1) * G + torch.arange(G)).reshape(-1)
             for b0 in range(0, N, tb_rows):
                 batch = order[b0:b0 + tb_rows]
-                num_tokens = D.all_sum(ro.completion_mask[batch].sum()).clamp(min=1.0)  # global valid tokens
+                num_tokens = D.all_sum(lmask[batch].sum()).clamp(min=1.0)  # global tokens in the loss
                 loss_total = 0.0
                 gns = cfg.gns_probe and len(batch) > mb and cfg.backend != "deepspeed"
                 prev, micro_sq, seq_lr = None, [], []
@@ -397,13 +430,9 @@ class Trainer:
                             is_w, tis = tis_weights(old, ro.behaviour_logprobs[ix], rows["completion_mask"],
                                                     cap=cfg.tis_cap, level=cfg.tis_level)
                         loss, m = grpo_loss(
-                            logp, old, advantages[ix], rows["completion_mask"],
-                            ref_logprobs=None if ref_lp is None else ref_lp[ix], beta=cfg.beta,
-                            kl_estimator=cfg.kl_estimator, policy_loss=cfg.policy_loss,
-                            aggregation=cfg.loss_agg_mode, num_seqs=float(tb_rows * W), num_tokens=num_tokens,
-                            norm_const=norm_const, clip_low=cfg.eps_clip, clip_high=clip_high,
-                            dual_clip=cfg.dual_clip, log_ratio_clamp=cfg.log_ratio_clamp, entropy=ent,
-                            entropy_coef=cfg.entropy_coef, is_weights=is_w)
+                            logp, old, advantages[ix], lmask[ix], ref_logprobs=None if ref_lp is None else ref_lp[ix],
+                            num_seqs=float(tb_rows * W), num_tokens=num_tokens, norm_const=norm_const, entropy=ent,
+                            is_weights=is_w, **loss_kw)
                         if tis is not None:
                             m.update({f"tis/{k}": v for k, v in tis.items()})
                         self.backend.backward(loss * W)
@@ -441,7 +470,7 @@ class Trainer:
                 acc["grad_norm"].append(grad_norm)
                 acc["loss"].append(loss_global)
         gmax = max(acc["grad_norm"], key=lambda g: math.inf if not math.isfinite(g) else g)  # NaN counts as a spike
-        return {**acc, "grad_norm_max": gmax, "clip": (cfg.eps_clip, clip_high)}
+        return {**acc, "grad_norm_max": gmax, "clip": (loss_kw["clip_low"], loss_kw["clip_high"])}
 
     # ---- the loop -------------------------------------------------------------------------------
     def stop_requested(self) -> bool:
