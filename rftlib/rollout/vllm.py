@@ -43,7 +43,9 @@ KEEP_SYNC_DIRS = 2  # adapter / weight dirs kept on disk (the live one and the o
 
 
 def import_vllm():
-    """Import vllm, or say how to install it for this machine."""
+    """Import vllm, or say how to install it for this machine. vLLM's INFO lines (a dozen per start and
+    per LoRA load) would bury the trainer's own in a notebook: WARNING unless VLLM_LOGGING_LEVEL says otherwise."""
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     try:
         import vllm
     except ImportError as e:
