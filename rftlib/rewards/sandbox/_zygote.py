@@ -351,9 +351,16 @@ def _serve(job):
     ns = {"__name__": "__sandbox__", "__builtins__": builtins}  # not __main__: main blocks stay off
     entry = job.get("entry_point")
 
+    outbox = []  # replies go out together when no request is left to serve: one wake-up each way
+
     def reply(rec):
-        _flush_std()  # what the call printed is in its pipe before the supervisor hears back
-        _write_all(REPLIES_FD, (json.dumps(rec) + "\n").encode())
+        outbox.append(json.dumps(rec) + "\n")
+
+    def send():
+        _flush_std()  # what the calls printed is in its pipe before the supervisor hears back
+        if outbox:
+            _write_all(REPLIES_FD, "".join(outbox).encode())
+            outbox.clear()
 
     try:
         if job.get("setup"):
@@ -363,6 +370,7 @@ def _serve(job):
             raise NameError("the solution defines no function %r" % entry)
     except BaseException as e:  # SystemExit and KeyboardInterrupt included: the load failed
         reply(["load", _describe(e)])
+        send()
         return
     reply(["ready", [k for k, v in list(ns.items()) if type(k) is str and callable(v)]])
     objs, index = [], {}  # handles: objects the tests refer to by number
@@ -377,6 +385,7 @@ def _serve(job):
     buf = b""
     while True:
         while b"\n" not in buf:
+            send()
             chunk = os.read(CALLS_FD, 1 << 16)
             if not chunk:
                 return
@@ -569,13 +578,16 @@ class _Peer:
         except (TypeError, ValueError, RecursionError) as e:
             raise TypeError("cannot pass this to the solution: %s" % e) from None
 
-    def send(self, line):
-        """Send an encoded request under the next sequence number; that number."""
+    def send(self, *lines):
+        """Send encoded requests (in one write) under the next sequence numbers; the last one."""
         if self.lost:
             raise _Lost(self.lost)
-        self.seq += 1
+        wire = []
+        for line in lines:
+            self.seq += 1
+            wire.append("[%d, %s\n" % (self.seq, line[1:]))
         try:
-            self.wire.send(("[%d, %s\n" % (self.seq, line[1:])).encode())
+            self.wire.send("".join(wire).encode())
         except OSError:
             self._fail("its process is gone")
         return self.seq
@@ -723,8 +735,17 @@ def _run_tests(job, peer, emit):
 
 def _call_tests(peer, tests, entry, emit):
     """The Call tests, pipelined: each is a call of the entry point whose plain value is reported
-    (the trainer compares it with the expected value, which never enters the sandbox)."""
-    inflight, used = [], 0  # (test index, sequence number, request bytes)
+    (the trainer compares it with the expected value, which never enters the sandbox). Requests
+    go out in batches of at most PIPELINE_BYTES in flight, so neither side blocks on a full pipe."""
+    batch, inflight, used = [], [], 0  # batch: (test index, request) not yet sent; in flight:
+    # (test index, sequence number, request bytes); used: bytes of both
+
+    def send_batch():
+        if batch:
+            last = peer.send(*[line for _i, line in batch])
+            first = last - len(batch) + 1
+            inflight.extend((i, first + k, len(line)) for k, (i, line) in enumerate(batch))
+            batch.clear()
 
     def settle():
         nonlocal used
@@ -746,10 +767,13 @@ def _call_tests(peer, tests, entry, emit):
         except Exception as e:
             emit([i, "e", _describe(e)])
             continue
-        while inflight and used + len(line) > PIPELINE_BYTES:
-            settle()
-        inflight.append((i, peer.send(line), len(line)))
+        if used + len(line) > PIPELINE_BYTES:
+            send_batch()
+            while inflight and used + len(line) > PIPELINE_BYTES:
+                settle()
+        batch.append((i, line))
         used += len(line)
+    send_batch()
     while inflight:
         settle()
 
