@@ -70,19 +70,19 @@ def _children(pid: int) -> list[int]:
     return kids
 
 
-def _job_processes(sb: Sandbox) -> list[tuple[int, int]]:
-    """For each worker, (processes under its zygote, depth of the deepest), found from the
-    outside through /proc. Between jobs that is at most the next job's supervisor and its two
-    waiting spares (3 processes, depth 2); anything a job left behind adds to one or the other."""
+def _job_processes(sb: Sandbox) -> list[list[int]]:
+    """For each worker, how many processes sit at each depth under its zygote, found from the
+    outside through /proc. Between jobs that is at most two supervisors (one finishing, the next
+    one waiting) and the solution spares they forked before any job (at most SPARES each, none
+    with children); anything a job left behind adds a level or a process."""
     out = []
     for w in sb._workers:
         (zygote,) = _children(w.proc.pid)  # bwrap's one child: the zygote, PID 1 inside
-        n, deepest, level = 0, 0, [zygote]
+        levels, level = [], [zygote]
         while level:
             level = [k for pid in level for k in _children(pid)]
-            n += len(level)
-            deepest += bool(level)
-        out.append((n, deepest))
+            levels.append(len(level))
+        out.append(levels[:-1])
     return out
 
 
@@ -122,7 +122,10 @@ def test_fork_bomb_is_bounded(sb):
     res, wall = _timed(sb, Job(bomb, timeout_s=TIMEOUT_S))
     assert res.status == "timeout"
     assert wall < TIMEOUT_S + SLACK_S + 2.0, f"took {wall:.2f}s"
-    assert all(n <= 3 and depth <= 2 for n, depth in _job_processes(sb)), "nothing of the bomb remains"
+    from rftlib.rewards.sandbox._zygote import SPARES
+
+    for levels in _job_processes(sb):  # supervisors, their idle spares, and nothing below
+        assert len(levels) <= 2 and levels[0] <= 2 and levels[1:] <= [SPARES], levels
     _works(sb)
 
 
@@ -480,8 +483,11 @@ def add(a, b):
 
 
 def test_a_job_finds_nothing_of_the_previous_job_in_its_memory():
-    """Job 1 (a correct solution, secrets in its code and its check program) then job 2 (the
-    thief) on the same worker. Job 2 must see neither secret, and score 0."""
+    """Job 1 (a correct solution, secrets in its code and its check program), then the thief on
+    the same worker, once per spare a supervisor holds (so that one thief runs in the next
+    supervisor's first spare too). No thief may see either secret, and each scores 0."""
+    from rftlib.rewards.sandbox._zygote import SPARES
+
     _require_bwrap()
     src_secret, test_secret = f"rft-leak-src-{uuid.uuid4().hex}", f"rft-leak-test-{uuid.uuid4().hex}"
     problem = CodeProblem("add", tests=[((1, 2), 3), ((20, 22), 42)],
@@ -489,12 +495,13 @@ def test_a_job_finds_nothing_of_the_previous_job_in_its_memory():
     with Sandbox(num_workers=1, timeout_s=20.0) as box:
         first = code_reward(f"```python\n# {src_secret}\n{ADD}```", problem, sandbox=box)
         assert first.reward == 1.0, first.per_test
-        thief = code_reward(f"```python\n{MEMORY_THIEF}```", problem, sandbox=box)
-    assert thief.run.status == "ok", thief.run
-    assert "scanned" in thief.run.stdout and int(thief.run.stdout.split()[1]) > 1 << 20, thief.run.stdout
-    seen = thief.run.stdout + repr(thief.run.tests)
-    assert src_secret not in seen and test_secret not in seen, seen[-500:]
-    assert thief.reward == 0.0, thief.per_test  # add returned None: 0 of 3 tests
+        thieves = [code_reward(f"```python\n{MEMORY_THIEF}```", problem, sandbox=box) for _ in range(SPARES)]
+    for thief in thieves:
+        assert thief.run.status == "ok", thief.run
+        assert "scanned" in thief.run.stdout and int(thief.run.stdout.split()[1]) > 1 << 20, thief.run.stdout
+        seen = thief.run.stdout + repr(thief.run.tests)
+        assert src_secret not in seen and test_secret not in seen, seen[-500:]
+        assert thief.reward == 0.0, thief.per_test  # add returned None: 0 of 3 tests
 
 
 # A wrong `add` (a - b) that tries to forge a passing verdict: it writes "passed" records (and
@@ -571,3 +578,10 @@ def test_solution_cannot_read_its_own_check_program(sb):
     assert secret not in r.run.stdout + repr(r.run.tests)
     honest = code_reward(f"```python\ndef answer():\n    return {secret!r}\n```", check, sandbox=sb)
     assert honest.reward == 1.0, honest.per_test
+
+
+def test_tests_finished_before_a_timeout_still_count(sb):
+    code = "def f(x):\n    while x:\n        pass\n    return 'done'\n"  # f(0) returns, f(1) hangs
+    res = sb.run(Job(code, "f", (Call((0,)), Call((1,)), Call((0,))), timeout_s=TIMEOUT_S))
+    assert res.status == "timeout"
+    assert [t.ok for t in res.tests] == [True, False, False] and res.tests[0].value == "done", res.tests

@@ -351,16 +351,9 @@ def _serve(job):
     ns = {"__name__": "__sandbox__", "__builtins__": builtins}  # not __main__: main blocks stay off
     entry = job.get("entry_point")
 
-    outbox = []  # replies go out together when no request is left to serve: one wake-up each way
-
-    def reply(rec):
-        outbox.append(json.dumps(rec) + "\n")
-
-    def send():
-        _flush_std()  # what the calls printed is in its pipe before the supervisor hears back
-        if outbox:
-            _write_all(REPLIES_FD, "".join(outbox).encode())
-            outbox.clear()
+    def reply(rec):  # at once, not batched: a test that finished counts even if the next one hangs
+        _flush_std()  # what the call printed is in its pipe before the supervisor hears back
+        _write_all(REPLIES_FD, (json.dumps(rec) + "\n").encode())
 
     try:
         if job.get("setup"):
@@ -370,7 +363,6 @@ def _serve(job):
             raise NameError("the solution defines no function %r" % entry)
     except BaseException as e:  # SystemExit and KeyboardInterrupt included: the load failed
         reply(["load", _describe(e)])
-        send()
         return
     reply(["ready", [k for k, v in list(ns.items()) if type(k) is str and callable(v)]])
     objs, index = [], {}  # handles: objects the tests refer to by number
@@ -385,7 +377,6 @@ def _serve(job):
     buf = b""
     while True:
         while b"\n" not in buf:
-            send()
             chunk = os.read(CALLS_FD, 1 << 16)
             if not chunk:
                 return
@@ -933,40 +924,73 @@ def _clean_work_dir(path):
             os.unlink(p)
 
 
-def _supervise(cfg, ruleset_fd, proto_in, proto_out, pid1, go_r, clear_w):
-    """One job from fork to exit. Never returns.
+SPARES = 4  # jobs per supervisor: all their solution processes are forked before the first job
 
-    The solution's spare is forked at once; the job is read only once the zygote says go (the previous
-    supervisor has exited: the work dir is empty and the trainer's pipe is ours). Once the job's
-    processes are all dead, "clear" tells the zygote it may fork the next supervisor: nothing
-    here signals a process after that, so the next one is safe from our kill(-1).
+
+def _supervise(cfg, ruleset_fd, proto_in, proto_out, pid1, go_r, clear_w):
+    """Up to SPARES jobs, then exit. Never returns.
+
+    The solution's spares are all forked at once, before any job exists (so each is a clean copy
+    of the zygote: the supervisor holds earlier jobs' data by the time a later spare runs, but no
+    spare is forked after that). Jobs are read only once the zygote says go (the previous
+    supervisor has exited: the work dir is empty and the trainer's pipe is ours). After each job
+    every process of it is killed but the idle spares, found through /proc (a setsid double fork
+    is re-parented to us: we are a child subreaper); without /proc, one spare and kill(-1). Once
+    the last job's processes are dead, "clear" tells the zygote it may fork the next supervisor:
+    nothing here signals a process after that, so it is safe from our kill(-1).
     """
     went = cleared = False  # before go, the previous supervisor may still be replying: no kill(-1)
     try:
         _, libc = _libc()
         libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)  # the job's orphans come back to us
-        spare = Spare(cfg, ruleset_fd)
+        count = SPARES if os.path.isdir("/proc/self/task") else 1
+        spares = [Spare(cfg, ruleset_fd) for _ in range(count)]
         went = os.read(go_r, 1) == b"g"
-        job = recv_frame(proto_in) if went else None
-        if job is None:  # the trainer (or, without go, the zygote) is gone; so is the spare
-            if went:  # once we exit and close its job pipe
+        for k, spare in enumerate(spares):
+            job = recv_frame(proto_in) if went else None
+            if job is None:  # the trainer (or, without go, the zygote) is gone; so are the spares
+                if went:  # once we exit and close their job pipes
+                    _kill_everything_else(pid1)
+                os._exit(EXIT_EOF)
+            reply = run_job(job, cfg, spare)
+            # before the reply: when the trainer has it, nothing of the job is left
+            if k + 1 < len(spares):
+                _kill_job([s.pid for s in spares[k + 1:]])
+            else:
                 _kill_everything_else(pid1)
-            os._exit(EXIT_EOF)
-        reply = run_job(job, cfg, spare)
-        _kill_everything_else(pid1)  # before the reply: when the trainer has it, nothing is left
-        os.write(clear_w, b"c")
-        cleared = True
-        send_frame(proto_out, reply)
-        _clean_work_dir(cfg["work_dir"])  # off the job's clock: the trainer already has its reply
+                os.write(clear_w, b"c")
+                cleared = True
+            send_frame(proto_out, reply)
+            _clean_work_dir(cfg["work_dir"])  # off the job's clock: the trainer already has its reply
     except BaseException as e:
         if went and not cleared:
             _kill_everything_else(pid1)
-        why = "cannot empty the work dir: " if cleared else "job supervisor failed: "
-        try:  # never reuse a work dir we cannot empty: the trainer starts a fresh worker
-            send_frame(proto_out, {"dead": why + _describe(e)})
+        try:  # a work dir we cannot empty is never reused: the trainer starts a fresh worker
+            send_frame(proto_out, {"dead": "job supervisor failed: " + _describe(e)})
         finally:
             os._exit(EXIT_DEAD)
     os._exit(0)
+
+
+def _kill_job(idle):
+    """SIGKILL every child of ours but the ``idle`` spares, and reap them, until none is left
+    (what a killed process leaves is re-parented to us and found on the next round)."""
+    idle = set(idle)
+    while True:
+        kids = [pid for pid in _children() if pid not in idle]
+        if not kids:
+            return
+        for pid in kids:  # our unreaped children: no pid here can have been recycled
+            for kill in (os.killpg, os.kill):
+                try:
+                    kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
+        for pid in kids:
+            try:
+                os.waitpid(pid, 0)
+            except ChildProcessError:
+                pass
 
 
 # ----------------------------------------------------------------------------------------------

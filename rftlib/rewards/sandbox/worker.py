@@ -58,7 +58,7 @@ def bwrap_argv(spec: WorkerSpec, seccomp_fd: int | None) -> list[str]:
             a += ["--ro-bind", top, top]
     for f in ETC_FILES:
         a += ["--ro-bind-try", f, f]
-    a += ["--dev", "/dev", "--size", str(spec.tmpfs_bytes), "--tmpfs", "/tmp",
+    a += ["--dev", "/dev", "--proc", "/proc", "--size", str(spec.tmpfs_bytes), "--tmpfs", "/tmp",
           "--remount-ro", "/dev", "--remount-ro", "/", "--chdir", "/tmp"]
     if seccomp_fd is not None:
         a += ["--seccomp", str(seccomp_fd)]
