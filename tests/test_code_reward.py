@@ -197,3 +197,40 @@ def test_problem_validation():
     with pytest.raises(ValueError, match="function name"):
         CodeProblem("not a name", tests=[((), 1)])
     assert CodeProblem("f", tests=[([1, 2], 3)]).tests == (((1, 2), 3),)  # args lists become tuples
+
+
+# --- tests judged outside the solution's process (issue 12, defect 2) -----------------------
+
+TREE = ("class Node:\n    def __init__(self, data):\n        self.data = data\n        self.left = None\n"
+        "        self.right = None\n"
+        "def height(root):\n    return 0 if root is None else 1 + max(height(root.left), height(root.right))\n")
+
+
+def test_asserts_build_objects_of_the_solution(sb):
+    """MBPP 367's form: the assert builds a tree of the solution's own class, sets attributes on
+    it and passes it back; the nodes stay in the solution's process as handles."""
+    problem = CodeProblem("height", asserts=(
+        "root = Node(1)\nroot.left = Node(2)\nroot.left.left = Node(3)\nassert height(root) == 3",  # 3 levels
+        "n = Node(7)\nassert n.data == 7 and n.left is None",
+        "assert Node(1) != Node(1)",  # handles compare by identity, never by value
+    ))
+    r = code_reward(fenced(TREE), problem, sandbox=sb)
+    assert r.per_test == [True, True, True] and r.reward == 1.0, r.per_test
+    flat = code_reward(fenced(TREE.replace("1 + max(", "max(1, ")), problem, sandbox=sb)  # height 1
+    assert flat.per_test[0].startswith("AssertionError") and flat.per_test[1:] == [True, True]
+
+
+def test_check_program_sees_the_solutions_exceptions_and_helpers(sb):
+    check = ("def check(candidate):\n"
+             "    try:\n        candidate(-1)\n    except ValueError as e:\n        assert str(e) == 'negative'\n"
+             "    else:\n        raise AssertionError('no ValueError')\n"
+             "    assert helper(2) == 4 and candidate(3) == 9\n")
+    problem = CodeProblem("sq", check=check)
+    code = ("def helper(x):\n    return x * x\n"
+            "def sq(x):\n    if x < 0:\n        raise ValueError('negative')\n    return helper(x)\n")
+    assert code_reward(fenced(code), problem, sandbox=sb).reward == 1.0
+    silent = code_reward(fenced(code.replace("raise ValueError('negative')", "return 0")), problem, sandbox=sb)
+    assert silent.per_test == ["AssertionError: no ValueError"]
+    custom = code_reward(fenced("class Neg(Exception):\n    pass\n" + code.replace("ValueError", "Neg")),
+                         problem, sandbox=sb)
+    assert custom.per_test == ["Neg: negative"]  # not a builtin: it cannot pass for a ValueError

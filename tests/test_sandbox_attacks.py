@@ -63,25 +63,27 @@ def _proc_cmdlines() -> list[str]:
     return out
 
 
-def _procs_per_sandbox(sb: Sandbox) -> list[int]:
-    """For each worker, how many processes live in its PID namespace (the zygote, and its spare
-    child once forked), found from the outside through /proc/<pid>/ns/pid."""
-    counts = []
+def _children(pid: int) -> list[int]:
+    kids = []
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        kids += [int(k) for k in Path(f"/proc/{pid}/task/{tid}/children").read_text().split()]
+    return kids
+
+
+def _job_processes(sb: Sandbox) -> list[list[int]]:
+    """For each worker, how many processes sit at each depth under its zygote, found from the
+    outside through /proc. Between jobs that is at most two supervisors (one finishing, the next
+    one waiting) and the solution spares they forked before any job (at most SPARES each, none
+    with children); anything a job left behind adds a level or a process."""
+    out = []
     for w in sb._workers:
-        kids = Path(f"/proc/{w.proc.pid}/task/{w.proc.pid}/children").read_text().split()
-        try:
-            ns = os.readlink(f"/proc/{kids[0]}/ns/pid")  # bwrap's one child: the zygote, PID 1 inside
-        except PermissionError:  # not root: the zygote is non-dumpable, its /proc links are closed
-            continue
-        n = 0
-        for pid in os.listdir("/proc"):
-            if pid.isdigit():
-                try:
-                    n += os.readlink(f"/proc/{pid}/ns/pid") == ns
-                except OSError:
-                    pass
-        counts.append(n)
-    return counts
+        (zygote,) = _children(w.proc.pid)  # bwrap's one child: the zygote, PID 1 inside
+        levels, level = [], [zygote]
+        while level:
+            level = [k for pid in level for k in _children(pid)]
+            levels.append(len(level))
+        out.append(levels[:-1])
+    return out
 
 
 def test_correct_solution_passes(sb):
@@ -120,7 +122,10 @@ def test_fork_bomb_is_bounded(sb):
     res, wall = _timed(sb, Job(bomb, timeout_s=TIMEOUT_S))
     assert res.status == "timeout"
     assert wall < TIMEOUT_S + SLACK_S + 2.0, f"took {wall:.2f}s"
-    assert all(n <= 2 for n in _procs_per_sandbox(sb)), "nothing of the bomb remains"
+    from rftlib.rewards.sandbox._zygote import SPARES
+
+    for levels in _job_processes(sb):  # supervisors, their idle spares, and nothing below
+        assert len(levels) <= 2 and levels[0] <= 2 and levels[1:] <= [SPARES], levels
     _works(sb)
 
 
@@ -340,7 +345,8 @@ def test_str_subclass_with_rigged_eq_fails(sb):
 
 def test_job_cannot_pass_itself_off_as_a_sandbox_failure(sb):
     # a trainer may drop sandbox_error rows as infrastructure noise: a job must not earn that
-    code = "import os\nos.write(3, b'[\"fatal\", \"oops\"]\\n')\nos._exit(70)\n"
+    code = ("import os\nfor fd in range(64):\n    try:\n        os.write(fd, b'[\"fatal\", \"oops\"]\\n')\n"
+            "    except OSError:\n        pass\nos._exit(70)\n")
     res = sb.run(Job(code + ADD, "add", ADD_TESTS))
     assert res.status == "crashed", res
 
@@ -380,3 +386,202 @@ def test_fails_closed_without_seccomp(monkeypatch):
     monkeypatch.setattr(seccomp, "filter_bpf", missing)
     with pytest.raises(SandboxUnavailable, match="pyseccomp is not installed.*setup_sandbox.sh"):
         Sandbox(num_workers=1)
+
+
+# --- isolation between jobs, and verdicts the untrusted code cannot write (issue 12, defect 2) ---
+
+# A completion that searches its own process for another completion's code and tests, three ways:
+# objects the garbage collector tracks (every dict, list, tuple and frame), the frames above its
+# own, and raw memory read through write(2) into a pipe (EFAULT, not SIGSEGV, on unmapped pages;
+# /proc/self/maps gives the mapped ranges where /proc is mounted, else the 1 MiB blocks around
+# every live object's address). It prints every secret it finds, then copies the first `add`
+# source carrying a secret and delegates to it; found nothing: `add` returns None.
+MEMORY_THIEF = r'''
+import ctypes, gc, os, re, sys
+
+PAT = re.compile(r"rft-leak-(?:src|test)-[0-9a-f]{32}")
+found, sources = set(), []
+
+def _look(s):
+    if type(s) is str and "rft-leak-" in s:
+        hits = PAT.findall(s)
+        found.update(hits)
+        if hits and "def add(" in s:
+            sources.append(s)
+
+def _walk(o, depth=0):
+    if depth > 6:
+        return
+    t = type(o)
+    if t is str:
+        _look(o)
+    elif t is dict:
+        for k, v in list(o.items()):
+            _walk(k, depth + 1)
+            _walk(v, depth + 1)
+    elif t in (list, tuple, set, frozenset):
+        for v in list(o):
+            _walk(v, depth + 1)
+
+for o in gc.get_objects():
+    _walk(o)
+f = sys._getframe()
+while f is not None:
+    _walk(dict(f.f_locals))
+    _walk(f.f_globals)
+    f = f.f_back
+
+def _ranges():
+    try:
+        with open("/proc/self/maps") as fh:
+            for line in fh:
+                lo, hi = (int(x, 16) for x in line.split()[0].split("-"))
+                if "r" in line.split()[1]:
+                    yield lo, hi
+        return
+    except OSError:
+        pass
+    blocks = {id(o) >> 20 for o in gc.get_objects()} | {id(o) >> 20 for o in (PAT, found, sources)}
+    spans = sorted({b + d for b in blocks for d in (-1, 0, 1)})
+    for b in spans:
+        yield b << 20, (b + 1) << 20
+
+def _raw():
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.write.argtypes = (ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t)
+    r, w = os.pipe()
+    os.set_blocking(r, False)
+    scanned = 0
+    for lo, hi in _ranges():
+        for a in range(lo, hi, 4096):
+            n = libc.write(w, a, 4096)
+            if n <= 0:
+                continue
+            chunk = os.read(r, 1 << 16)
+            scanned += len(chunk)
+            i = chunk.find(b"rft-leak-")
+            while i >= 0:
+                m = PAT.match(chunk[i:i + 60].decode("latin-1"))
+                if m:
+                    found.add(m.group(0))
+                i = chunk.find(b"rft-leak-", i + 1)
+    return scanned
+
+SCANNED = _raw()
+print("scanned", SCANNED, "bytes; found", sorted(found))
+
+def add(a, b):
+    for s in sources:
+        ns = {}
+        try:
+            exec(s, ns)
+            return ns["add"](a, b)
+        except Exception:
+            pass
+    return None
+'''
+
+
+def test_a_job_finds_nothing_of_the_previous_job_in_its_memory():
+    """Job 1 (a correct solution, secrets in its code and its check program), then the thief on
+    the same worker, once per spare a supervisor holds (so that one thief runs in the next
+    supervisor's first spare too). No thief may see either secret, and each scores 0."""
+    from rftlib.rewards.sandbox._zygote import SPARES
+
+    _require_bwrap()
+    src_secret, test_secret = f"rft-leak-src-{uuid.uuid4().hex}", f"rft-leak-test-{uuid.uuid4().hex}"
+    problem = CodeProblem("add", tests=[((1, 2), 3), ((20, 22), 42)],
+                          check=f"def check(candidate):\n    assert candidate(2, 2) == 4  # {test_secret}\n")
+    with Sandbox(num_workers=1, timeout_s=20.0) as box:
+        first = code_reward(f"```python\n# {src_secret}\n{ADD}```", problem, sandbox=box)
+        assert first.reward == 1.0, first.per_test
+        thieves = [code_reward(f"```python\n{MEMORY_THIEF}```", problem, sandbox=box) for _ in range(SPARES)]
+    for thief in thieves:
+        assert thief.run.status == "ok", thief.run
+        assert "scanned" in thief.run.stdout and int(thief.run.stdout.split()[1]) > 1 << 20, thief.run.stdout
+        seen = thief.run.stdout + repr(thief.run.tests)
+        assert src_secret not in seen and test_secret not in seen, seen[-500:]
+        assert thief.reward == 0.0, thief.per_test  # add returned None: 0 of 3 tests
+
+
+# A wrong `add` (a - b) that tries to forge a passing verdict: it writes "passed" records (and
+# the zygote's framing, for good measure) to every fd it might hold, monkeypatches whatever harness
+# it can find in its process, and then leaves in several ways.
+FORGER = r'''
+import builtins, gc, json, os, sys
+
+RECS = b"".join(json.dumps(r).encode() + b"\n" for r in ([0, "ok"], [0, "v", 3], [1, "ok"], [1, "v", 42],
+                                                          [2, "ok"], ["done"]))
+def _spray():
+    for fd in range(0, 64):
+        try:
+            os.write(fd, RECS)
+        except OSError:
+            pass
+_spray()
+for mod in list(sys.modules.values()):  # every harness-looking function now reports success
+    for name in ("_emit", "emit", "_describe", "_report", "send", "send_frame"):
+        if callable(getattr(mod, name, None)):
+            try:
+                setattr(mod, name, lambda *a, **k: _spray())
+            except Exception:
+                pass
+
+def add(a, b):
+    _spray()
+    MODE
+    return a - b
+'''
+LEAVES = {"stays": "pass", "os._exit": "os._exit(0)", "sys.exit": "sys.exit(0)",
+          "exit at load": "pass\nos._exit(0)", "raise SystemExit at load": "pass\nraise SystemExit(0)"}
+
+
+@pytest.mark.parametrize("leave", list(LEAVES))
+def test_forged_verdicts_score_0(sb, leave):
+    mode = LEAVES[leave]
+    code = FORGER.replace("MODE", mode.split("\n")[0]) + "\n".join(mode.split("\n")[1:]) + "\n"
+    check = CodeProblem("add", check="def check(candidate):\n    assert candidate(1, 2) == 3\n")
+    asserts = CodeProblem("add", asserts=("assert add(1, 2) == 3 or add(0, 0) == 1",
+                                          "x = 20\nassert add(x, 22) == 42"))
+    for problem in (check, asserts):
+        r = code_reward(f"```python\n{code}```", problem, sandbox=sb)
+        assert r.reward == 0.0 and r.passed == 0, (leave, r.per_test, r.run)
+    _works(sb)
+
+
+def test_solution_cannot_read_its_own_check_program(sb):
+    """The expected value lives only in the check program: a solution that finds it in its
+    memory (a frame's locals, any tracked object) would pass; it must find nothing."""
+    secret = f"rft-answer-{uuid.uuid4().hex}"
+    check = CodeProblem("answer", check=f"def check(candidate):\n    assert candidate() == {secret!r}\n")
+    snoop = (
+        "import gc, re, sys\n"
+        "def _find():\n"
+        "    pat = re.compile('rft-answer-' + '[0-9a-f]{32}')\n"
+        "    objs = gc.get_objects()\n"
+        "    f = sys._getframe()\n"
+        "    while f is not None:\n"
+        "        objs.append(dict(f.f_locals))\n"
+        "        f = f.f_back\n"
+        "    for o in objs:\n"
+        "        for v in (list(o.values()) if type(o) is dict else list(o) if type(o) in (list, tuple) else []):\n"
+        "            for s in ([v] if type(v) is str else [x for x in v if type(x) is str] if type(v) in (list, tuple) else []):\n"
+        "                m = pat.search(s)\n"
+        "                if m:\n"
+        "                    return m.group(0)\n"
+        "    return 'nothing'\n"
+        "def answer():\n"
+        "    return _find()\n"
+    )
+    r = code_reward(f"```python\n{snoop}```", check, sandbox=sb)
+    assert r.reward == 0.0, r.per_test
+    assert secret not in r.run.stdout + repr(r.run.tests)
+    honest = code_reward(f"```python\ndef answer():\n    return {secret!r}\n```", check, sandbox=sb)
+    assert honest.reward == 1.0, honest.per_test
+
+
+def test_tests_finished_before_a_timeout_still_count(sb):
+    code = "def f(x):\n    while x:\n        pass\n    return 'done'\n"  # f(0) returns, f(1) hangs
+    res = sb.run(Job(code, "f", (Call((0,)), Call((1,)), Call((0,))), timeout_s=TIMEOUT_S))
+    assert res.status == "timeout"
+    assert [t.ok for t in res.tests] == [True, False, False] and res.tests[0].value == "done", res.tests

@@ -18,9 +18,10 @@ Three test forms, all in one ``CodeProblem`` (each assert, pair, or check progra
                  an (args, expected) pair; any other assert runs inside the sandbox.
     ``check``    a HumanEval-style program defining ``check(candidate)``, run inside the sandbox
                  as ``check(<entry_point>)``.
-Tests run inside the sandbox see an entry point whose non-builtin return values raise TypeError
-(a str subclass with an always-true ``__eq__`` fails), but their verdict is reported by the
-process that ran the untrusted code, so prefer forms that lift.
+Asserts and check programs run in the sandbox's supervisor, never in the process that runs the
+completion: the completion's functions are proxies there that bring back plain builtin values (the
+entry point's non-builtin return values raise TypeError, so a str subclass with an always-true
+``__eq__`` fails), and the completion never sees the tests nor writes a verdict.
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ class CodeProblem:
     setup: str = ""
     """trusted code run before the solution (e.g. the imports a HumanEval prompt carries)"""
     asserts: tuple[str, ...] = ()
-    """MBPP-style assert lines, one test each"""
+    """MBPP-style assert lines, one test each; names the solution defines are callable in them"""
     check: str | None = None
     """HumanEval-style program defining ``check(candidate)``; one test"""
     timeout_s: float | None = None
@@ -117,7 +118,7 @@ class CodeProblem:
         return job, expected
 
 
-_INSIDE = object()  # marker: this test's verdict comes from inside the sandbox
+_INSIDE = object()  # marker: this test's verdict comes from the sandbox's supervisor
 
 
 @dataclass

@@ -3,8 +3,10 @@
 Seed 002 ran completions with a bare ``exec`` in the trainer's process. Here generated code never
 runs in the trainer's process or as root: it runs in a pre-started bubblewrap sandbox per worker
 (own uid, all namespaces unshared, read-only /usr, a capped tmpfs, seccomp, Landlock, rlimits),
-one forked child per job, killed with all its descendants when its wall clock runs out. Outputs
-come back as plain builtin data, and expected values are compared in the trainer.
+one process per job forked from a state that never held another job, killed with all its
+descendants when its wall clock runs out. The tests run in a separate supervisor process that
+calls into it; outputs come back as plain builtin data, and expected values are compared in the
+trainer (see ``_zygote``'s docstring for the processes).
 
     with Sandbox(num_workers=2, timeout_s=5) as sb:
         res = sb.run(Job(code, entry_point="f", tests=(Call((1, 2)),)))

@@ -1,30 +1,50 @@
-"""The program that runs INSIDE the sandbox: a pre-started worker that forks one child per job.
+"""The program that runs INSIDE the sandbox: a zygote that never holds a job, and per job a
+supervisor (trusted, runs the tests) and the solution's process (untrusted).
 
 It is standard-library only and runs under the system interpreter (``/usr/bin/python3 -I -S -B
 -c <this file's source> <config json>``), because the sandbox uid cannot read the trainer's venv.
 The trainer also imports this module, but only for :func:`encode_value` / :func:`decode_value`, so
 both ends share one wire format.
 
-Protocol (frames are a 4-byte big-endian length, then UTF-8 JSON):
-    zygote -> parent   {"ready": 1, ...facts about the sandbox}           once, at start
-    parent -> zygote   {"code", "setup", "entry_point", "tests", "guard", "timeout_s"}  per job
-    zygote -> parent   {"status", "exit", "results", "stdout", "stderr", ...}          per job
-    zygote -> parent   {"dead": "why"}       the zygote cannot go on (then it exits)
+Processes (inside the sandbox; the zygote is PID 1 of the sandbox's PID namespace):
 
-A spare child is always forked ahead, already under the limits (setsid, Landlock, rlimits, fds
-0-4 only); a job is handed to it over a pipe (fd 4). The child streams one JSON array per line
-on fd 3:
-    [i, "v", <encoded value>]  test i (a call) returned this value
-    [i, "ok"]                  test i (statements) raised nothing
-    [i, "e", "Type: msg"]      test i raised
+    zygote       never reads a job, a result or an output: it forks a fresh supervisor per job.
+                 Every job therefore starts from a process image that has never held another
+                 job's code, tests or results (a job may search its whole memory, freed heap
+                 included, and find only its own).
+    supervisor   one per job, then it exits. Forks the solution's spare process before any job
+                 exists, reads one job from the trainer, hands the spare the code (never the
+                 tests) and runs the tests itself: a ``Call`` test calls the entry point in the
+                 solution's process and reports the value; an ``Exec`` test (an assert line, a
+                 HumanEval ``check`` program) runs here, with the solution's functions as proxies
+                 that call into its process. Only plain builtin values cross back (objects a test
+                 builds stay there as opaque handles), so every verdict is computed in a process
+                 the untrusted code cannot write, read, ptrace or signal (seccomp, Landlock's
+                 scopes, no /proc), and only the supervisor speaks to the trainer. Then it kills
+                 every process of the job, replies, empties the work dir and exits.
+    solution     (untrusted; setsid, Landlock, rlimits, only its own pipes) loads the setup and the
+                 solution, then serves calls: call a function, read or set an attribute.
+
+Protocol with the trainer (frames are a 4-byte big-endian length, then UTF-8 JSON):
+    zygote     -> trainer  {"ready": 1, ...facts about the sandbox}           once, at start
+    trainer    -> super.   {"code", "setup", "entry_point", "tests", "guard", "timeout_s"}  per job
+    super.     -> trainer  {"status", "exit_code", "results", "stdout", "stderr", ...}    per job
+    super.     -> trainer  {"dead": "why"}       the worker cannot go on (then it exits)
+
+The reply's "results" (one JSON array per line, written by the supervisor):
+    [i, "v", <encoded value>]  Call test i returned this value (compared in the trainer)
+    [i, "ok"]                  Exec test i raised nothing
+    [i, "e", "Type: msg"]      test i raised (in the solution's process, or a failed assert)
     ["load", "Type: msg"]      the setup or the solution raised while loading
-    ["done"]                   the harness reached the end (after flushing stdout and stderr)
-Those lines come from the process that runs the untrusted code, so the parent treats them as
-claims: it decodes them strictly and compares against expected values that never enter the sandbox.
-When the child is done, exits, or runs out of time, every process left in the job is SIGKILLed
-and reaped, then the reply goes out; emptying the work dir and forking the next spare follow.
+    ["lost", "why"]            the solution's process died or broke the call protocol
+    ["done"]                   the tests ran to the end
+Between supervisor and solution, one JSON array per line: requests [seq, "call", name or handle,
+[args, kwargs, strict]], [seq, "getattr", handle, name], [seq, "setattr", handle, [name, value]];
+replies ["ready", names] or ["load", "Type: msg"] first, then [seq, "v", value] or
+[seq, "e", "Type", "Type: msg"].
 """
-
+import builtins
+import fcntl
 import json
 import os
 import resource
@@ -38,6 +58,9 @@ import time
 # object is therefore always a tag, so decoding is unambiguous and can only build builtins.
 #   tuple {"t": [...]}  set {"s": [...]}  frozenset {"f": [...]}  dict {"d": [[k, v], ...]}
 #   bytes {"b": "hex"}  complex {"c": [re, im]}
+# Between the checker and the solution only, {"r": k} is handle k: an object that lives in the
+# solution's process (a tree node the tests build); the checker can pass it back, read and set
+# its attributes and call it, never compare it by value.
 # ----------------------------------------------------------------------------------------------
 
 MAX_DEPTH = 64  # nesting deeper than this is refused (it is never a sane test output)
@@ -48,8 +71,9 @@ import collections as _collections
 _DICT_LIKE = (_collections.Counter, _collections.OrderedDict, _collections.defaultdict)
 
 
-def encode_value(value, _depth=0):
-    """A JSON-able form of a value made only of exact builtin types; TypeError otherwise.
+def encode_value(value, _depth=0, ref=None):
+    """A JSON-able form of a value made only of exact builtin types; TypeError otherwise, or
+    ``{"r": ref(x)}`` for each other object ``x`` when ``ref`` is given.
 
     Exact types (``type(x) is str``), so a str subclass with a rigged ``__eq__`` is refused.
     """
@@ -60,61 +84,72 @@ def encode_value(value, _depth=0):
         return value
     d = _depth + 1
     if t is list:
-        return [encode_value(v, d) for v in value]
+        return [encode_value(v, d, ref) for v in value]
     if t is tuple:
-        return {"t": [encode_value(v, d) for v in value]}
+        return {"t": [encode_value(v, d, ref) for v in value]}
     if t is set:
-        return {"s": [encode_value(v, d) for v in value]}
+        return {"s": [encode_value(v, d, ref) for v in value]}
     if t is frozenset:
-        return {"f": [encode_value(v, d) for v in value]}
+        return {"f": [encode_value(v, d, ref) for v in value]}
     if t is dict or t in _DICT_LIKE:
         # exact stdlib mappings compare equal to dicts (MBPP references return Counter); a user
         # subclass is still refused, and items are read through dict's own method
-        return {"d": [[encode_value(k, d), encode_value(v, d)] for k, v in dict.items(value)]}
+        return {"d": [[encode_value(k, d, ref), encode_value(v, d, ref)] for k, v in dict.items(value)]}
     if t is bytes:
         return {"b": value.hex()}
     if t is complex:
         return {"c": [value.real, value.imag]}
+    if ref is not None:
+        return {"r": ref(value)}
     raise TypeError("not a plain builtin value: %s" % t.__name__)
 
 
-def _decode_tag(pairs):
-    if len(pairs) != 1:
-        raise ValueError("malformed tagged value")
-    tag, body = pairs[0]
-    if tag == "t" and type(body) is list:
-        return tuple(body)
-    if tag == "s" and type(body) is list:
-        return set(body)
-    if tag == "f" and type(body) is list:
-        return frozenset(body)
-    if tag == "d" and type(body) is list:
-        if not all(type(kv) is list and len(kv) == 2 for kv in body):
-            raise ValueError("malformed dict")
-        return {k: v for k, v in body}
-    if tag == "b" and type(body) is str:
-        return bytes.fromhex(body)
-    if tag == "c" and type(body) is list and len(body) == 2:
-        return complex(float(body[0]), float(body[1]))
-    raise ValueError("unknown tag %r" % (tag,))
+def _tag_decoder(ref=None):
+    def decode_tag(pairs):
+        if len(pairs) != 1:
+            raise ValueError("malformed tagged value")
+        tag, body = pairs[0]
+        if tag == "t" and type(body) is list:
+            return tuple(body)
+        if tag == "s" and type(body) is list:
+            return set(body)
+        if tag == "f" and type(body) is list:
+            return frozenset(body)
+        if tag == "d" and type(body) is list:
+            if not all(type(kv) is list and len(kv) == 2 for kv in body):
+                raise ValueError("malformed dict")
+            return {k: v for k, v in body}
+        if tag == "b" and type(body) is str:
+            return bytes.fromhex(body)
+        if tag == "c" and type(body) is list and len(body) == 2:
+            return complex(float(body[0]), float(body[1]))
+        if tag == "r" and ref is not None and type(body) is int:
+            return ref(body)
+        raise ValueError("unknown tag %r" % (tag,))
+
+    return decode_tag
 
 
-def decode_value(obj_json):
+_decode_tag = _tag_decoder()
+
+
+def decode_value(obj_json, ref=None):
     """Inverse of :func:`encode_value` applied to ``json.dumps`` text; ValueError on anything else.
 
-    Only builtins can come out (json plus the tag table), so no code from the text runs here.
+    Only builtins can come out (json plus the tag table; handles only through ``ref``), so no
+    code from the text runs here.
     """
-    return json.loads(obj_json, object_pairs_hook=_decode_tag)
+    return json.loads(obj_json, object_pairs_hook=_tag_decoder(ref) if ref else _decode_tag)
 
 
 def decode_lines(text):
-    """Parse the child's result stream: a list of records, each a decoded JSON array."""
+    """Parse the checker's result stream: a list of records, each a decoded JSON array."""
     records = []
     for line in text.splitlines():
         try:
             rec = json.loads(line, object_pairs_hook=_decode_tag)
         except (ValueError, TypeError, RecursionError):
-            records.append(None)  # a malformed line (a forged or cut-off record) counts as nothing
+            records.append(None)  # a malformed or cut-off record counts as nothing
             continue
         records.append(rec if type(rec) is list and rec else None)
     return records
@@ -219,22 +254,21 @@ def load_seccomp(bpf):
 
 
 # ----------------------------------------------------------------------------------------------
-# The child: limits first, then (once a job arrives) the harness. Never returns.
+# The solution's process: limits first (before the job exists), then load and serve calls.
 # ----------------------------------------------------------------------------------------------
 
-RESULT_FD = 3  # the child's result stream
-JOB_FD = 4  # the child reads its job here (then closes it)
-SETUP_FD = 5  # "ok", or why the set-up failed; closed before any untrusted code runs, so that
-# a sandbox_error can only ever mean the sandbox failed, never that the job said so
-
-
-def _emit(rec):
-    data = (json.dumps(rec) + "\n").encode()
-    while data:
-        data = data[os.write(RESULT_FD, data):]
+JOB_FD = 4  # the solution's process reads its part of the job here (then closes it)
+SETUP_FD = 5  # "ok", or why the set-up failed; closed before any job code runs, so that a
+# sandbox_error can only ever mean the sandbox failed, never that the job said so
+CALLS_FD = 6  # requests from the supervisor
+REPLIES_FD = 7  # replies to the supervisor
+EXIT_EOF = 10  # supervisor's exit status when the trainer closed the pipe: the zygote exits too
+EXIT_DEAD = 3  # supervisor's exit status after it sent {"dead": ...}
 
 
 def _describe(exc):
+    if isinstance(exc, SolutionError):
+        return str(exc)[:500]
     try:
         msg = str(exc)
     except BaseException:
@@ -243,69 +277,52 @@ def _describe(exc):
     return ("%s: %s" % (name, msg) if msg else name)[:500]
 
 
-def _guard(fn):
-    """The entry point as the tests see it: a non-builtin return value raises TypeError."""
-
-    def candidate(*args, **kwargs):
-        out = fn(*args, **kwargs)
-        encode_value(out)
-        return out
-
-    return candidate
-
-
-def _harness(job):
-    import builtins
-
-    ns = {"__name__": "__sandbox__", "__builtins__": builtins}  # not __main__: main blocks stay off
-    entry = job.get("entry_point")
-    try:
-        if job.get("setup"):
-            exec(compile(job["setup"], "<setup>", "exec"), ns)
-        exec(compile(job["code"], "<solution>", "exec"), ns)
-        fn = ns.get(entry) if entry else None
-        if entry and not callable(fn):
-            raise NameError("the solution defines no function %r" % entry)
-    except BaseException as e:  # SystemExit and KeyboardInterrupt included: the load failed
-        _emit(["load", _describe(e)])
-        return
-    if entry and job.get("guard", True):
-        ns[entry] = _guard(fn)
-    for i, test in enumerate(job.get("tests", [])):
+def _flush_std():
+    for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
         try:
-            if test[0] == "call":
-                out = fn(*decode_value(test[1]))
-                _emit([i, "v", encode_value(out)])
-            else:
-                exec(compile(test[1], "<test %d>" % i, "exec"), ns)
-                _emit([i, "ok"])
-        except BaseException as e:
-            _emit([i, "e", _describe(e)])
+            stream.flush()
+        except BaseException:
+            pass
 
 
-def _spare_child(cfg, fds, ruleset_fd):
-    """Set up the limits that do not depend on the job, then wait for the job."""
+def _write_all(fd, data):
+    while data:
+        data = data[os.write(fd, data):]
+
+
+def _limit_self(cfg, moves, ruleset_fd):
+    """setsid, the work dir, Landlock, exactly the fds in ``moves`` (src -> target), rlimits."""
+    os.setsid()
+    os.chdir(cfg["work_dir"])
+    if ruleset_fd is not None:
+        landlock_restrict(ruleset_fd)
+    high = [(fcntl.fcntl(src, fcntl.F_DUPFD, 256), target) for src, target in moves]  # above every target
+    for fd, target in high:
+        os.dup2(fd, target)
+    low = 0
+    for target in sorted(t for _fd, t in moves):  # every other fd closes (the trainer's pipes too)
+        if low < target:  # closerange(n, n) would close everything from n up (close_range(n, ~0))
+            os.closerange(low, target)
+        low = target + 1
+    os.closerange(low, 1 << 16)
+    mem = cfg["memory_mb"] << 20
+    for res, lim in (
+        (resource.RLIMIT_AS, (mem, mem)),
+        (resource.RLIMIT_FSIZE, (cfg["file_size_mb"] << 20,) * 2),
+        (resource.RLIMIT_NOFILE, (cfg["max_open_files"],) * 2),
+        (resource.RLIMIT_NPROC, (cfg["max_procs"],) * 2),
+        (resource.RLIMIT_CORE, (0, 0)),
+        (resource.RLIMIT_MEMLOCK, (0, 0)),
+        (resource.RLIMIT_MSGQUEUE, (0, 0)),
+    ):
+        resource.setrlimit(res, lim)
+
+
+def _solution_process(cfg, moves, ruleset_fd):
+    """The spare: set up the limits that do not depend on the job, wait for the job, serve it.
+    Never returns."""
     try:
-        os.setsid()
-        os.chdir(cfg["work_dir"])
-        if ruleset_fd is not None:
-            landlock_restrict(ruleset_fd)
-        out_w, err_w, res_w, job_r, setup_w, nul = fds
-        moves = ((nul, 0), (out_w, 1), (err_w, 2), (res_w, RESULT_FD), (job_r, JOB_FD), (setup_w, SETUP_FD))
-        for fd, target in moves:
-            os.dup2(fd, target)
-        os.closerange(SETUP_FD + 1, 1 << 16)
-        mem = cfg["memory_mb"] << 20
-        for res, lim in (
-            (resource.RLIMIT_AS, (mem, mem)),
-            (resource.RLIMIT_FSIZE, (cfg["file_size_mb"] << 20,) * 2),
-            (resource.RLIMIT_NOFILE, (cfg["max_open_files"],) * 2),
-            (resource.RLIMIT_NPROC, (cfg["max_procs"],) * 2),
-            (resource.RLIMIT_CORE, (0, 0)),
-            (resource.RLIMIT_MEMLOCK, (0, 0)),
-            (resource.RLIMIT_MSGQUEUE, (0, 0)),
-        ):
-            resource.setrlimit(res, lim)
+        _limit_self(cfg, moves, ruleset_fd)
         job = recv_frame(JOB_FD)
         os.close(JOB_FD)
         if job is None:
@@ -321,23 +338,439 @@ def _spare_child(cfg, fds, ruleset_fd):
         finally:
             os._exit(70)
     try:
-        _harness(job)
+        _serve(job)
     except BaseException:
-        pass  # only reachable if the job broke the harness: what it reported so far stands
-    for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
+        pass  # the solution broke its own harness: the supervisor sees a protocol error
+    _flush_std()
+    os._exit(0)
+
+
+def _serve(job):
+    """Load the setup and the solution, say which callables they define, then serve calls until
+    the supervisor closes the pipe. The tests never reach this process."""
+    ns = {"__name__": "__sandbox__", "__builtins__": builtins}  # not __main__: main blocks stay off
+    entry = job.get("entry_point")
+
+    def reply(rec):  # at once, not batched: a test that finished counts even if the next one hangs
+        _flush_std()  # what the call printed is in its pipe before the supervisor hears back
+        _write_all(REPLIES_FD, (json.dumps(rec) + "\n").encode())
+
+    try:
+        if job.get("setup"):
+            exec(compile(job["setup"], "<setup>", "exec"), ns)
+        exec(compile(job["code"], "<solution>", "exec"), ns)
+        if entry and not callable(ns.get(entry)):
+            raise NameError("the solution defines no function %r" % entry)
+    except BaseException as e:  # SystemExit and KeyboardInterrupt included: the load failed
+        reply(["load", _describe(e)])
+        return
+    reply(["ready", [k for k, v in list(ns.items()) if type(k) is str and callable(v)]])
+    objs, index = [], {}  # handles: objects the tests refer to by number
+
+    def handle(obj):
+        k = index.get(id(obj))
+        if k is None:
+            k = index[id(obj)] = len(objs)
+            objs.append(obj)
+        return k
+
+    buf = b""
+    while True:
+        while b"\n" not in buf:
+            chunk = os.read(CALLS_FD, 1 << 16)
+            if not chunk:
+                return
+            buf += chunk
+        line, buf = buf.split(b"\n", 1)
+        seq, op, target, rest = json.loads(line, object_pairs_hook=_tag_decoder(objs.__getitem__))
         try:
-            stream.flush()
-        except BaseException:
-            pass
-    try:  # "done" last, then close every pipe: the zygote replies without waiting for our exit
-        _emit(["done"])
-        os.closerange(0, JOB_FD)
-    finally:
-        os._exit(0)
+            if op == "call":
+                args, kwargs, strict = rest
+                out = (ns[target] if type(target) is str else target)(*args, **kwargs)
+                rec = [seq, "v", encode_value(out, ref=None if strict else handle)]
+            elif op == "getattr":
+                rec = [seq, "v", encode_value(getattr(target, rest), ref=handle)]
+            else:  # setattr
+                setattr(target, rest[0], rest[1])
+                rec = [seq, "v", None]
+        except BaseException as e:  # the call raised; SystemExit included
+            rec = [seq, "e", getattr(type(e), "__name__", "Exception"), _describe(e)]
+        reply(rec)
 
 
 # ----------------------------------------------------------------------------------------------
-# The zygote: one job at a time, forever; a spare child is always forked and waiting.
+# The supervisor's side: it runs the tests, calling into the solution's process.
+# ----------------------------------------------------------------------------------------------
+
+
+class SolutionError(Exception):
+    """An exception of a type the tests have no builtin for, raised in the solution's process."""
+
+
+class _Lost(BaseException):
+    """The solution's process died or broke the call protocol (not an Exception: a test's
+    ``except Exception`` must not swallow it)."""
+
+
+class _LoadFailed(BaseException):
+    """The setup or the solution raised while loading (the message says what)."""
+
+
+class _Timeout(BaseException):
+    """The job's wall clock ran out while waiting on the solution."""
+
+
+class Spare:
+    """The solution's process, forked before the job exists, and the supervisor's ends of its
+    pipes."""
+
+    def __init__(self, cfg, ruleset_fd):
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        calls_r, self.calls = os.pipe()
+        self.replies, replies_w = os.pipe()
+        job_r, self.job = os.pipe()
+        self.setup, setup_w = os.pipe()
+        nul = os.open("/dev/null", os.O_RDWR)
+        self.pid = os.fork()
+        if self.pid == 0:
+            _solution_process(cfg, ((nul, 0), (out_w, 1), (err_w, 2), (job_r, JOB_FD), (setup_w, SETUP_FD),
+                                    (calls_r, CALLS_FD), (replies_w, REPLIES_FD)), ruleset_fd)
+        for fd in (nul, out_w, err_w, calls_r, replies_w, job_r, setup_w):
+            os.close(fd)
+        self.outputs = [out_r, err_r]
+
+
+class _Wire:
+    """The supervisor's pipes to one solution process: requests out, replies in (each at most
+    ``cap`` bytes), its stdout and stderr drained into capped buffers all the while, and the
+    job's wall clock (``_Timeout``)."""
+
+    def __init__(self, spare, cfg, deadline):
+        self.spare, self.deadline = spare, deadline
+        self.cap = cfg["max_result_bytes"]
+        self.out_cap = cfg["max_output_bytes"]
+        self.bufs, self.seen = [bytearray(), bytearray()], [0, 0]
+        self.open = {fd: k for k, fd in enumerate(spare.outputs)}
+        for fd in spare.outputs + [spare.calls, spare.replies]:
+            os.set_blocking(fd, False)
+        try:
+            self.pidfd = os.pidfd_open(spare.pid)  # our unreaped child: its pid cannot be recycled
+        except (AttributeError, OSError):
+            self.pidfd = None
+        self.inbox = bytearray()
+        self.exited = self.timed_out = False
+
+    def drain(self, fd):
+        k = self.open[fd]
+        try:
+            b = os.read(fd, 1 << 16)
+        except BlockingIOError:
+            return
+        if not b:
+            del self.open[fd]
+            return
+        self.seen[k] += len(b)
+        room = self.out_cap - len(self.bufs[k])
+        if room > 0:
+            self.bufs[k] += b[:room]
+
+    def _wait(self, read=None, write=None):
+        """Until ``read`` is readable / ``write`` writable (True), or the solution has exited
+        (False: a process it left may hold the pipe, but it no longer speaks for the solution),
+        draining its output meanwhile; _Timeout once the wall clock has run out."""
+        while True:
+            left = self.deadline - time.monotonic()
+            if left <= 0:
+                self.timed_out = True
+                raise _Timeout()
+            rs = list(self.open) + ([read] if read is not None else [])
+            if self.pidfd is not None and not self.exited:
+                rs.append(self.pidfd)
+            ws = [write] if write is not None else []
+            r, w, _x = select.select(rs, ws, [], 0 if self.exited else left)
+            for fd in r:
+                if fd in self.open:
+                    self.drain(fd)
+            if (read is not None and read in r) or w:
+                return True
+            if self.exited or (self.pidfd is not None and self.pidfd in r):
+                self.exited = True
+                return False
+
+    def send(self, data):
+        view = memoryview(data)
+        while view:
+            try:
+                view = view[os.write(self.spare.calls, view):]
+            except BlockingIOError:
+                if not self._wait(write=self.spare.calls):
+                    raise BrokenPipeError("the solution's process exited")
+
+    def readline(self):
+        """The next line from the solution; None when it has ended (ValueError if over cap)."""
+        while True:
+            i = self.inbox.find(b"\n")
+            if i >= 0:
+                line = bytes(self.inbox[:i])
+                del self.inbox[:i + 1]
+                return line
+            if len(self.inbox) > self.cap:
+                raise ValueError("a reply of more than %d bytes" % self.cap)
+            try:
+                chunk = os.read(self.spare.replies, 1 << 16)
+            except BlockingIOError:
+                if self._wait(read=self.spare.replies):
+                    continue
+                return None
+            if not chunk:
+                return None
+            self.inbox += chunk
+
+    @staticmethod
+    def _ready(fd):
+        return bool(select.select([fd], [], [], 0)[0])
+
+    def finish(self):
+        """Drain what is already in the output pipes (writers may still be alive)."""
+        for fd in list(self.open):
+            while fd in self.open and self._ready(fd):
+                self.drain(fd)
+        if self.pidfd is not None:
+            os.close(self.pidfd)
+
+
+class _Peer:
+    """The tests' end of the call protocol. Requests carry a sequence number and replies come
+    back in order; the solution's first line (its hello: loaded, or why not) is read before any."""
+
+    def __init__(self, wire):
+        self.wire = wire
+        self.seq = 0
+        self.lost = None  # why the solution's process is gone (then every request raises)
+        self.names = None  # the callables the solution defines, once its hello is in
+        self.remotes = {}
+
+    def hello(self):
+        """The solution's callables' names; _LoadFailed if it did not load."""
+        if self.names is None:
+            rec = self._read()
+            if type(rec) is list and len(rec) == 2 and rec[0] == "load" and type(rec[1]) is str:
+                raise _LoadFailed(rec[1])
+            if not (type(rec) is list and len(rec) == 2 and rec[0] == "ready" and type(rec[1]) is list):
+                self._fail("it sent %.80r before loading" % (rec,))
+            self.names = [n for n in rec[1] if type(n) is str]
+        return self.names
+
+    def encode(self, op, target, rest):
+        """A request, less its sequence number (TypeError for an argument that cannot cross)."""
+        try:
+            return json.dumps(encode_value([op, target, rest], ref=self._handle_of))
+        except (TypeError, ValueError, RecursionError) as e:
+            raise TypeError("cannot pass this to the solution: %s" % e) from None
+
+    def send(self, *lines):
+        """Send encoded requests (in one write) under the next sequence numbers; the last one."""
+        if self.lost:
+            raise _Lost(self.lost)
+        wire = []
+        for line in lines:
+            self.seq += 1
+            wire.append("[%d, %s\n" % (self.seq, line[1:]))
+        try:
+            self.wire.send("".join(wire).encode())
+        except OSError:
+            self._fail("its process is gone")
+        return self.seq
+
+    def collect(self, seq):
+        """The reply to request ``seq`` (all earlier ones collected): its value, or raise its error."""
+        self.hello()
+        rec = self._read()
+        if type(rec) is list and len(rec) >= 3 and rec[0] == seq:
+            if rec[1] == "v" and len(rec) == 3:
+                return rec[2]
+            if rec[1] == "e" and len(rec) == 4 and type(rec[2]) is str and type(rec[3]) is str:
+                raise _as_exception(rec[2], rec[3])
+        self._fail("malformed reply %.80r" % (rec,))
+
+    def request(self, op, target, rest):
+        return self.collect(self.send(self.encode(op, target, rest)))
+
+    def _read(self):
+        if self.lost:
+            raise _Lost(self.lost)
+        try:
+            line = self.wire.readline()
+        except (ValueError, MemoryError) as e:
+            self._fail(str(e))
+        if line is None:
+            self._fail("its process ended")
+        try:
+            return json.loads(line, object_pairs_hook=_tag_decoder(self._remote))
+        except (ValueError, TypeError, RecursionError, MemoryError):
+            self._fail("unreadable reply")
+
+    def _fail(self, why):
+        self.lost = "the solution's process failed the protocol: " + why
+        raise _Lost(self.lost)
+
+    def _remote(self, k):
+        r = self.remotes.get(k)
+        if r is None:
+            r = self.remotes[k] = Remote(self, k)
+        return r
+
+    @staticmethod
+    def _handle_of(x):
+        if type(x) is Remote:
+            return object.__getattribute__(x, "_k")
+        raise TypeError("not a plain builtin value: %s" % type(x).__name__)
+
+    def function(self, name, strict):
+        peer = self
+
+        def remote(*args, **kwargs):
+            return peer.request("call", name, [list(args), kwargs, strict])
+
+        remote.__name__ = remote.__qualname__ = name
+        return remote
+
+
+class Remote:
+    """An object in the solution's process, as the tests see it: attributes and calls go there;
+    comparisons, hashing and truth are by identity here, so it can never pass for a value."""
+
+    __slots__ = ("_peer", "_k")
+
+    def __init__(self, peer, k):
+        object.__setattr__(self, "_peer", peer)
+        object.__setattr__(self, "_k", k)
+
+    def __getattr__(self, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return object.__getattribute__(self, "_peer").request("getattr", self, name)
+
+    def __setattr__(self, name, value):
+        object.__getattribute__(self, "_peer").request("setattr", self, [name, value])
+
+    def __call__(self, *args, **kwargs):
+        return object.__getattribute__(self, "_peer").request("call", self, [list(args), kwargs, False])
+
+    def __repr__(self):
+        return "<object %d of the solution>" % object.__getattribute__(self, "_k")
+
+
+def _as_exception(name, msg):
+    """The exception the tests see for one raised in the solution's process: the builtin of that
+    name where there is one (so ``except ValueError`` in a test works), else SolutionError."""
+    cls = getattr(builtins, name, None)
+    if isinstance(cls, type) and issubclass(cls, Exception):
+        try:
+            e = cls(msg.split(": ", 1)[1] if ": " in msg else "")
+            if _describe(e) == msg:
+                return e
+        except Exception:
+            pass
+    return SolutionError(msg)
+
+
+PIPELINE_BYTES = 16 << 10  # Call requests in flight at once: well under a pipe's 64 KiB
+
+
+def _run_tests(job, peer, emit):
+    """Run every test of ``job`` against the solution (through ``peer``), ``emit``-ting records."""
+    import io
+
+    ns = {"__name__": "__sandbox__", "__builtins__": builtins}
+    entry, tests = job.get("entry_point"), job.get("tests", [])
+    saved = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = io.StringIO(), io.StringIO()  # what the tests print joins the job's
+    try:
+        try:
+            if job.get("setup"):
+                exec(compile(job["setup"], "<setup>", "exec"), ns)
+        except Exception as e:
+            raise _LoadFailed(_describe(e)) from None
+        _call_tests(peer, tests, entry, emit)
+        strict = bool(job.get("guard", True))
+        for name in peer.hello():  # the solution's functions, bar builtins' names it shadows (say `set`)
+            if name.isidentifier() and not name.startswith("__") and name not in ns and (
+                    name == entry or not hasattr(builtins, name)):
+                ns[name] = peer.function(name, strict and name == entry)
+        for i, test in enumerate(tests):
+            if test[0] == "call":
+                continue
+            try:
+                exec(compile(test[1], "<test %d>" % i, "exec"), ns)
+                rec = [i, "ok"]
+            except _Timeout:
+                raise
+            except BaseException as e:  # a failed assert, an error from the solution, _Lost
+                rec = [i, "e", _describe(e)]
+            if peer.wire.timed_out:  # a test that swallowed the timeout passes nothing either
+                raise _Timeout()
+            if peer.lost:  # whatever the test made of it, a dead solution passes nothing
+                raise _Lost(peer.lost)
+            emit(rec)
+    except _LoadFailed as e:
+        emit(["load", str(e)])
+    except _Lost as e:
+        emit(["lost", str(e)])
+    finally:
+        printed = sys.stdout.getvalue(), sys.stderr.getvalue()
+        sys.stdout, sys.stderr = saved
+    return printed
+
+
+def _call_tests(peer, tests, entry, emit):
+    """The Call tests, pipelined: each is a call of the entry point whose plain value is reported
+    (the trainer compares it with the expected value, which never enters the sandbox). Requests
+    go out in batches of at most PIPELINE_BYTES in flight, so neither side blocks on a full pipe."""
+    batch, inflight, used = [], [], 0  # batch: (test index, request) not yet sent; in flight:
+    # (test index, sequence number, request bytes); used: bytes of both
+
+    def send_batch():
+        if batch:
+            last = peer.send(*[line for _i, line in batch])
+            first = last - len(batch) + 1
+            inflight.extend((i, first + k, len(line)) for k, (i, line) in enumerate(batch))
+            batch.clear()
+
+    def settle():
+        nonlocal used
+        i, seq, n = inflight.pop(0)
+        used -= n
+        try:
+            rec = [i, "v", encode_value(peer.collect(seq))]
+        except (_Lost, _LoadFailed, _Timeout):
+            raise
+        except BaseException as e:
+            rec = [i, "e", _describe(e)]
+        emit(rec)
+
+    for i, test in enumerate(tests):
+        if test[0] != "call":
+            continue
+        try:
+            line = peer.encode("call", entry, [list(decode_value(test[1])), {}, True])
+        except Exception as e:
+            emit([i, "e", _describe(e)])
+            continue
+        if used + len(line) > PIPELINE_BYTES:
+            send_batch()
+            while inflight and used + len(line) > PIPELINE_BYTES:
+                settle()
+        batch.append((i, line))
+        used += len(line)
+    send_batch()
+    while inflight:
+        settle()
+
+
+# ----------------------------------------------------------------------------------------------
+# The supervisor: one job, then exit.
 # ----------------------------------------------------------------------------------------------
 
 
@@ -362,141 +795,85 @@ def recv_frame(fd):
 
 def send_frame(fd, obj):
     body = json.dumps(obj).encode()
-    data = len(body).to_bytes(4, "big") + body
-    while data:
-        data = data[os.write(fd, data):]
-
-
-class Spare:
-    """A forked child waiting for its job, with the parent's ends of its pipes."""
-
-    def __init__(self, cfg, ruleset_fd):
-        pipes = [os.pipe() for _ in range(3)]  # stdout, stderr, results: child writes
-        job_r, self.job_w = os.pipe()
-        self.setup_r, setup_w = os.pipe()
-        nul = os.open("/dev/null", os.O_RDWR)
-        pid = os.fork()
-        if pid == 0:
-            fds = (pipes[0][1], pipes[1][1], pipes[2][1], job_r, setup_w, nul)
-            _spare_child(cfg, fds, ruleset_fd)
-        for fd in (nul, job_r, setup_w) + tuple(w for _r, w in pipes):
-            os.close(fd)
-        self.pid = pid
-        self.reads = [r for r, _w in pipes]
+    _write_all(fd, len(body).to_bytes(4, "big") + body)
 
 
 def run_job(job, cfg, spare):
-    """Hand ``job`` to the spare child, collect its output until it is done, dies or runs out
-    of time. Killing what it left is the caller's next step (``_kill_everything_else``)."""
+    """Hand the solution's process its part of ``job`` (never the tests), run the tests against
+    it until they end or the wall clock runs out. Killing what is left is the caller's next step."""
     t0 = time.monotonic()
-    timeout = float(job.get("timeout_s") or cfg["timeout_s"])
-    pid = spare.pid
+    deadline = t0 + float(job.get("timeout_s") or cfg["timeout_s"])
+    part = {"code": job.get("code") or "", "setup": job.get("setup") or "",
+            "entry_point": job.get("entry_point"), "timeout_s": job.get("timeout_s")}
     try:
-        send_frame(spare.job_w, job)
+        send_frame(spare.job, part)  # it is waiting for exactly this, so the pipe drains
     except OSError:
-        pass  # the spare died; its status says why
-    os.close(spare.job_w)
-    caps = [cfg["max_output_bytes"], cfg["max_output_bytes"], cfg["max_result_bytes"]]
-    bufs = [bytearray(), bytearray(), bytearray()]
-    seen = [0, 0, 0]  # bytes the job wrote to each, kept or not
-    open_fds = {r: k for k, r in enumerate(spare.reads)}
-    poller = select.poll()
-    for r in open_fds:
-        os.set_blocking(r, False)
-        poller.register(r, select.POLLIN)
-    try:
-        pidfd = os.pidfd_open(pid)
-        poller.register(pidfd, select.POLLIN)
-    except (AttributeError, OSError):
-        pidfd = None
-    status = None
+        pass  # it died; its set-up pipe says why
+    os.close(spare.job)
+    wire = _Wire(spare, cfg, deadline)
+    results, size = [], [0]
+
+    def emit(rec):
+        line = json.dumps(rec)
+        size[0] += len(line) + 1
+        if size[0] <= cfg["max_result_bytes"]:
+            results.append(line)
+
     timed_out = False
-    deadline = t0 + timeout
-
-    def read_some(r):
-        k = open_fds[r]
-        try:
-            b = os.read(r, 1 << 16)
-        except BlockingIOError:
-            return
-        if not b:
-            poller.unregister(r)
-            del open_fds[r]
-            return
-        seen[k] += len(b)
-        room = caps[k] - len(bufs[k])
-        if room > 0:
-            bufs[k] += b[:room]
-
-    while True:
-        if not open_fds and (status is not None or bufs[2].endswith(b'["done"]\n')):
-            break  # all output is in, and the harness finished (or the child is gone)
-        if status is None:
-            done, st = os.waitpid(pid, os.WNOHANG)
-            if done:
-                status = st
-                if pidfd is not None:
-                    poller.unregister(pidfd)
-                # the child is gone; descendants holding its pipes get a short grace, then die
-                deadline = min(deadline, time.monotonic() + 0.05)
-                continue
-        left = deadline - time.monotonic()
-        if left <= 0:
-            timed_out = status is None and not bufs[2].endswith(b'["done"]\n')
-            break
-        wait_ms = left * 1000 if pidfd is not None else min(left * 1000, 10)
-        for fd, _ev in poller.poll(max(1, int(wait_ms))):
-            if fd in open_fds:
-                read_some(fd)
-    elapsed = time.monotonic() - t0
-    if pidfd is not None:
-        os.close(pidfd)
-    if status is None and timed_out:
-        try:  # our unreaped child: neither its pid nor its group's can have been recycled
-            os.killpg(pid, signal.SIGKILL)
-        except OSError:
-            pass
-        os.kill(pid, signal.SIGKILL)
-    for r in list(open_fds):  # what is already in the pipes (writers may still be alive)
-        while r in open_fds and select.select([r], [], [], 0)[0]:
-            read_some(r)
-    for r in spare.reads:
-        os.close(r)
-    os.set_blocking(spare.setup_r, False)
+    printed = ("", "")
     try:
-        setup = os.read(spare.setup_r, 4096).decode("utf-8", "replace")
+        printed = _run_tests(job, _Peer(wire), emit)
+        emit(["done"])
+    except _Timeout:
+        timed_out = True
+    elapsed = time.monotonic() - t0
+    wire.finish()
+    for k, text in enumerate(printed):  # the tests' own prints, after the solution's
+        room = wire.out_cap - len(wire.bufs[k])
+        data = text.encode()
+        wire.seen[k] += len(data)
+        if room > 0:
+            wire.bufs[k] += data[:room]
+    os.set_blocking(spare.setup, False)
+    try:
+        setup = os.read(spare.setup, 4096).decode("utf-8", "replace")
     except BlockingIOError:
         setup = ""
-    os.close(spare.setup_r)
-    finished = bufs[2].endswith(b'["done"]\n')
-    if status is None:
-        exit_code, sig = (0, None) if finished else (None, 9)
-    else:
-        exit_code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else None
-        sig = os.WTERMSIG(status) if os.WIFSIGNALED(status) else None
+    for fd in wire.spare.outputs + [spare.calls, spare.replies, spare.setup]:
+        os.close(fd)
+    status = None  # the solution's exit status, where it has ended (a dying one gets a moment)
+    lost = any(line.startswith('["lost", ') for line in results)
+    until = min(deadline, time.monotonic() + 0.25) if lost else 0
+    while True:
+        pid, st = os.waitpid(spare.pid, os.WNOHANG)
+        if pid or time.monotonic() >= until:
+            status = st if pid else None
+            break
+        time.sleep(0.005)
     return {
         "status": "timeout" if timed_out else "exited",
-        "exit_code": exit_code,
-        "signal": sig,
-        "results": bufs[2].decode("utf-8", "replace"),
-        "results_truncated": seen[2] > caps[2],
-        "stdout": bufs[0].decode("utf-8", "replace"),
-        "stdout_bytes": seen[0],
-        "stderr": bufs[1].decode("utf-8", "replace"),
-        "stderr_bytes": seen[1],
+        "exit_code": os.WEXITSTATUS(status) if status is not None and os.WIFEXITED(status) else None,
+        "signal": os.WTERMSIG(status) if status is not None and os.WIFSIGNALED(status) else None,
+        "results": "".join(line + "\n" for line in results),
+        "results_truncated": size[0] > cfg["max_result_bytes"],
+        "stdout": wire.bufs[0].decode("utf-8", "replace"),
+        "stdout_bytes": wire.seen[0],
+        "stderr": wire.bufs[1].decode("utf-8", "replace"),
+        "stderr_bytes": wire.seen[1],
         "elapsed_s": elapsed,
         "setup": setup or "sandbox set-up did not finish",
     }
 
 
 def _kill_everything_else(pid1):
-    """SIGKILL every process the job left behind and reap them all.
+    """SIGKILL every process of the job and reap them all.
 
-    As PID 1 of the sandbox's PID namespace, kill(-1) reaches every other process in it
-    (setsid and double forks included), and orphans are re-parented to us, so waiting until
-    ECHILD proves none is left. Outside a PID namespace (unsandboxed mode) we are a child
-    subreaper instead: orphans still come back to us, and /proc/self/task/*/children lists them
-    (only our own unreaped children, so no pid we signal can have been recycled).
+    The supervisor is a child subreaper, so orphans of the job (setsid and double forks
+    included) are re-parented to it, and waiting until ECHILD proves none is left. Inside the
+    sandbox's PID namespace kill(-1) reaches every process but PID 1 (the zygote, which holds
+    nothing of the job) and the supervisor itself. Outside one (unsandboxed mode)
+    /proc/self/task/*/children lists them (only our own unreaped children, so no pid we signal
+    can have been recycled).
     """
     while True:
         if pid1:
@@ -547,6 +924,94 @@ def _clean_work_dir(path):
             os.unlink(p)
 
 
+SPARES = 4  # jobs per supervisor: all their solution processes are forked before the first job
+
+
+def _supervise(cfg, ruleset_fd, proto_in, proto_out, pid1, go_r, clear_w):
+    """Up to SPARES jobs, then exit. Never returns.
+
+    The solution's spares are all forked at once, before any job exists (so each is a clean copy
+    of the zygote: the supervisor holds earlier jobs' data by the time a later spare runs, but no
+    spare is forked after that). Jobs are read only once the zygote says go (the previous
+    supervisor has exited: the work dir is empty and the trainer's pipe is ours). After each job
+    every process of it is killed but the idle spares, found through /proc (a setsid double fork
+    is re-parented to us: we are a child subreaper); without /proc, one spare and kill(-1). Once
+    the last job's processes are dead, "clear" tells the zygote it may fork the next supervisor:
+    nothing here signals a process after that, so it is safe from our kill(-1).
+    """
+    went = cleared = False  # before go, the previous supervisor may still be replying: no kill(-1)
+    try:
+        _, libc = _libc()
+        libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)  # the job's orphans come back to us
+        count = SPARES if os.path.isdir("/proc/self/task") else 1
+        spares = [Spare(cfg, ruleset_fd) for _ in range(count)]
+        went = os.read(go_r, 1) == b"g"
+        for k, spare in enumerate(spares):
+            job = recv_frame(proto_in) if went else None
+            if job is None:  # the trainer (or, without go, the zygote) is gone; so are the spares
+                if went:  # once we exit and close their job pipes
+                    _kill_everything_else(pid1)
+                os._exit(EXIT_EOF)
+            reply = run_job(job, cfg, spare)
+            # before the reply: when the trainer has it, nothing of the job is left
+            if k + 1 < len(spares):
+                _kill_job([s.pid for s in spares[k + 1:]])
+            else:
+                _kill_everything_else(pid1)
+                os.write(clear_w, b"c")
+                cleared = True
+            send_frame(proto_out, reply)
+            _clean_work_dir(cfg["work_dir"])  # off the job's clock: the trainer already has its reply
+    except BaseException as e:
+        if went and not cleared:
+            _kill_everything_else(pid1)
+        try:  # a work dir we cannot empty is never reused: the trainer starts a fresh worker
+            send_frame(proto_out, {"dead": "job supervisor failed: " + _describe(e)})
+        finally:
+            os._exit(EXIT_DEAD)
+    os._exit(0)
+
+
+def _kill_job(idle):
+    """SIGKILL every child of ours but the ``idle`` spares, and reap them, until none is left
+    (what a killed process leaves is re-parented to us and found on the next round)."""
+    idle = set(idle)
+    while True:
+        kids = [pid for pid in _children() if pid not in idle]
+        if not kids:
+            return
+        for pid in kids:  # our unreaped children: no pid here can have been recycled
+            for kill in (os.killpg, os.kill):
+                try:
+                    kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
+        for pid in kids:
+            try:
+                os.waitpid(pid, 0)
+            except ChildProcessError:
+                pass
+
+
+# ----------------------------------------------------------------------------------------------
+# The zygote: forks a supervisor per job, forever; never reads from the trainer.
+# ----------------------------------------------------------------------------------------------
+
+
+def _fork_supervisor(cfg, ruleset_fd, proto_in, proto_out, pid1):
+    """(pid, go fd, clear fd) of a fresh supervisor, forked from a process that never held a job."""
+    go_r, go_w = os.pipe()
+    clear_r, clear_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(go_w)
+        os.close(clear_r)
+        _supervise(cfg, ruleset_fd, proto_in, proto_out, pid1, go_r, clear_w)
+    os.close(go_r)
+    os.close(clear_w)
+    return pid, go_w, clear_r
+
+
 def main():
     cfg = json.loads(sys.argv[1])
     signal.signal(signal.SIGINT, signal.SIG_DFL)  # PID 1 ignores signals it has no handler for
@@ -557,9 +1022,7 @@ def main():
     os.close(nul)
     pid1 = os.getpid() == 1
     ctypes, libc = _libc()
-    libc.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)  # no /proc/<pid>/mem or ptrace into the zygote
-    if not pid1:
-        libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)  # orphans come back to us for the kill
+    libc.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)  # no /proc/<pid>/mem or ptrace into us (inherited)
     if cfg.get("seccomp_bpf_hex"):
         load_seccomp(bytes.fromhex(cfg["seccomp_bpf_hex"]))
     os.makedirs(cfg["work_dir"], mode=0o700, exist_ok=True)
@@ -567,7 +1030,6 @@ def main():
     ruleset_fd = None
     if abi:
         ruleset_fd = landlock_ruleset(abi, cfg["read_paths"], [cfg["work_dir"]], cfg["file_rw_paths"])
-    spare = Spare(cfg, ruleset_fd)
     send_frame(proto_out, {
         "ready": 1,
         "pid": os.getpid(),
@@ -575,19 +1037,24 @@ def main():
         "landlock_abi": abi,
         "python": sys.version.split()[0],
     })
+    import gc
+
+    gc.freeze()  # what the zygote holds is never collected: forks share those pages for longer
+    args = (cfg, ruleset_fd, proto_in, proto_out, pid1)
+    following = _fork_supervisor(*args)
     while True:
-        job = recv_frame(proto_in)
-        if job is None:
-            os._exit(0)
-        reply = run_job(job, cfg, spare)
-        _kill_everything_else(pid1)  # before the reply: when the trainer has it, nothing is left
-        send_frame(proto_out, reply)
-        try:  # off the job's clock: the parent already has its reply
-            _clean_work_dir(cfg["work_dir"])
-        except OSError as e:  # never reuse a work dir we cannot empty: the parent starts afresh
-            send_frame(proto_out, {"dead": "cannot empty the work dir: " + _describe(e)})
-            os._exit(3)
-        spare = Spare(cfg, ruleset_fd)
+        pid, go_w, clear_r = following
+        os.write(go_w, b"g")
+        os.close(go_w)
+        cleared = os.read(clear_r, 1) == b"c"  # empty: it ended without a job, or failed
+        os.close(clear_r)
+        following = _fork_supervisor(*args) if cleared else None  # starts while this one replies
+        while True:  # as PID 1, also reap whatever else is re-parented to us
+            done, status = os.waitpid(-1, 0)
+            if done == pid:
+                break
+        if not os.WIFEXITED(status) or os.WEXITSTATUS(status) != 0 or following is None:
+            os._exit(0 if os.WIFEXITED(status) and os.WEXITSTATUS(status) == EXIT_EOF else 3)
 
 
 if __name__ == "__main__":

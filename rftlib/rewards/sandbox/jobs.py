@@ -3,10 +3,11 @@
 A job is a program plus tests of two kinds:
     ``Call(args)``     call the entry point with ``args``; the output comes back as data, and the
                        caller compares it against the expected value, which never enters the sandbox.
-    ``Exec(source)``   run statements (an ``assert`` line, a HumanEval ``check`` program) in the
-                       program's namespace; passing means raising nothing. The expected values are
-                       inside the sandbox here, so the untrusted code could in principle forge the
-                       verdict; prefer ``Call`` tests where the test form allows.
+    ``Exec(source)``   run statements (an ``assert`` line, a HumanEval ``check`` program);
+                       passing means raising nothing. They run in the sandbox's checker process,
+                       never in the untrusted program's: the program's functions are proxies
+                       there that call into its process and bring back plain builtin values, so
+                       the program never sees the tests and cannot write the verdict.
 """
 
 from __future__ import annotations
@@ -27,7 +28,9 @@ class Call:
 
 @dataclass(frozen=True)
 class Exec:
-    """Test: run ``source`` in the solution's namespace; it passes when nothing is raised."""
+    """Test: run ``source`` (trusted) where the solution's functions are callable by name; it
+    passes when nothing is raised. Values cross from the solution as plain builtins; other
+    objects (a tree node the test builds) stay in the solution's process as opaque handles."""
 
     source: str
 
@@ -45,10 +48,11 @@ class Job:
     """the function ``Call`` tests call; with ``guard``, the name ``Exec`` tests see is wrapped"""
     tests: tuple[Test, ...] = ()
     setup: str = ""
-    """trusted code run before ``code`` in the same namespace (imports, helpers)"""
+    """trusted code run before ``code`` in the same namespace (imports, helpers), and before the
+    ``Exec`` tests in theirs"""
     guard: bool = True
-    """``Exec`` tests see an entry point whose non-builtin return values raise TypeError, so a str
-    subclass with an always-true ``__eq__`` cannot pass an ``assert f(x) == y``"""
+    """``Exec`` tests see an entry point whose non-builtin return values raise TypeError (off:
+    they come back as opaque handles, which compare by identity only)"""
     timeout_s: float | None = None
     """wall clock for the whole job; None: the sandbox's ``timeout_s``"""
 
@@ -83,8 +87,9 @@ class RunResult:
     ``tests`` values are plain builtins decoded here, never objects built by the sandbox."""
 
     status: str
-    """"ok" (the harness finished), "load_error" (setup or solution raised), "timeout",
-    "crashed" (the process died early: exit, signal, memory), "sandbox_error" (the worker broke)"""
+    """"ok" (every test ran), "load_error" (setup or solution raised), "timeout", "crashed" (the
+    program's process died or broke protocol before the tests finished: exit, signal, memory),
+    "sandbox_error" (the worker broke)"""
     tests: list[TestRun] = field(default_factory=list)
     error: str | None = None
     """a one-line summary when ``status`` is not "ok" """
@@ -93,6 +98,8 @@ class RunResult:
     stdout_truncated: bool = False
     stderr_truncated: bool = False
     exit_code: int | None = None
+    """the untrusted program's exit status where it had ended by the end of the job (None: it was
+    still serving calls, and was killed with the rest)"""
     signal: int | None = None
     elapsed_s: float = 0.0
     """wall time of the job inside the sandbox (fork to exit or kill)"""
@@ -103,10 +110,11 @@ class RunResult:
 
 
 def parse_reply(job: Job, reply: dict) -> RunResult:
-    """Turn the zygote's reply into a RunResult, trusting nothing the job's process wrote."""
+    """Turn the supervisor's reply into a RunResult. The result stream is the checker's (the
+    untrusted program cannot write it); it is still decoded strictly, as plain builtins only."""
     n = len(job.tests)
     runs: list[TestRun | None] = [None] * n
-    load_error = None
+    load_error = lost = None
     done = False
     for rec in decode_lines(str(reply.get("results", ""))):
         if rec is None:
@@ -116,6 +124,8 @@ def parse_reply(job: Job, reply: dict) -> RunResult:
             done = True
         elif head == "load" and len(rec) == 2:
             load_error = _text(rec[1])
+        elif head == "lost" and len(rec) == 2:
+            lost = _text(rec[1])
         elif type(head) is int and 0 <= head < n and runs[head] is None:
             runs[head] = _test_run(job.tests[head], rec)
     exit_code, sig = reply.get("exit_code"), reply.get("signal")
@@ -127,8 +137,8 @@ def parse_reply(job: Job, reply: dict) -> RunResult:
         status, error = "load_error", load_error
     elif timed_out:
         status, error = "timeout", f"timed out after {float(reply.get('elapsed_s', 0)):.2f}s"
-    elif not done or exit_code != 0:
-        status, error = "crashed", _crash_reason(reply, done)
+    elif lost is not None or not done:
+        status, error = "crashed", _crash_reason(reply, lost)
     else:
         status, error = "ok", None
     missing = "not run: " + (error or "no result")
@@ -160,13 +170,13 @@ def _text(x: Any) -> str:
     return (x if type(x) is str else repr(x))[:500]
 
 
-def _crash_reason(reply: dict, done: bool) -> str:
+def _crash_reason(reply: dict, lost: str | None) -> str:
     sig, code = reply.get("signal"), reply.get("exit_code")
     if sig:
         name = {9: "SIGKILL (memory or CPU limit?)", 24: "SIGXCPU (CPU limit)", 11: "SIGSEGV",
                 6: "SIGABRT", 25: "SIGXFSZ (file size limit)",
                 31: "SIGSYS (a syscall the seccomp filter forbids)"}.get(sig, f"signal {sig}")
         return f"process killed by {name}"
-    if not done:
+    if code is not None:
         return f"process exited (status {code}) before the tests finished"
-    return f"process exited with status {code}"
+    return lost or "the checker did not finish (killed?)"

@@ -34,7 +34,10 @@ class Sandbox:
     """Runs untrusted code with isolation; use as a context manager.
 
     Layers (each on where the kernel allows; ``layers`` reports them):
-        a pre-started worker per slot that forks one child per job; a dedicated unprivileged uid
+        a pre-started worker per slot whose zygote never holds a job: each job runs in a spare
+        process forked from it before any job existed, and its tests (asserts, check programs
+        included) run in a separate supervisor that the untrusted code cannot reach or write to;
+        a dedicated unprivileged uid
         per worker (when the trainer is root); bubblewrap with every namespace unshared, only
         /usr (+ lib links, two /etc files, a minimal /dev) read-only and a size-capped tmpfs work
         dir; seccomp (no network sockets, no io_uring, no ptrace, no new namespaces...);

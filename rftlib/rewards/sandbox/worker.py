@@ -5,7 +5,9 @@ Start-up, as the trainer (often root) runs it:
         /usr/bin/python3 -I -S -B -c <_zygote.py> <config>        (PID 1 of its own namespaces)
 The uid is dropped BEFORE bwrap runs: bwrap started by root maps back to uid 0 whatever ``--uid``
 says, and RLIMIT_NPROC does not bind root. The sandbox sees only /usr (read-only, with the
-/bin /lib /lib64 /sbin links), two files of /etc, a minimal /dev, and a size-capped tmpfs /tmp;
+/bin /lib /lib64 /sbin links), two files of /etc, a minimal /dev, its own /proc (for the
+supervisor to find a job's processes; Landlock keeps the job's code out of it), and a
+size-capped tmpfs /tmp;
 / and /dev are remounted read-only so that tmpfs writes cannot go anywhere but the capped one.
 """
 
@@ -58,7 +60,7 @@ def bwrap_argv(spec: WorkerSpec, seccomp_fd: int | None) -> list[str]:
             a += ["--ro-bind", top, top]
     for f in ETC_FILES:
         a += ["--ro-bind-try", f, f]
-    a += ["--dev", "/dev", "--size", str(spec.tmpfs_bytes), "--tmpfs", "/tmp",
+    a += ["--dev", "/dev", "--proc", "/proc", "--size", str(spec.tmpfs_bytes), "--tmpfs", "/tmp",
           "--remount-ro", "/dev", "--remount-ro", "/", "--chdir", "/tmp"]
     if seccomp_fd is not None:
         a += ["--seccomp", str(seccomp_fd)]
