@@ -1,0 +1,69 @@
+"""Issue 12 defect 8, the loop's part: each test fails on the loop as it was before the fix."""
+
+import math
+
+import pytest
+import torch
+
+import rftlib.train.loop as loop
+
+
+def digit_reward(text, ex, truncated):
+    return sum(c.isdigit() for c in text) / max(len(text), 1), {"correctness": 0.0}
+
+
+def test_importance_ess_is_taken_over_the_batch_not_one_micro_batch(tiny_cfg):
+    """micro_batch_size 1 (every seed-003 preset): a per-micro-batch ESS of one sequence is 1.0 by
+    construction. Over the batch, the second PPO epoch's moved weights give ESS < 1."""
+    tr = loop.Trainer(tiny_cfg(micro_batch_size=1, num_updates_per_rollout=2, lr=5e-2, warmup_ratio=0.0),
+                      progress=False, reward_override=digit_reward)
+    row = tr.step()
+    tr.close()
+    assert row["importance_ess"] < 0.999  # epoch 1 is exactly 1, epoch 2 below: the mean is below 1
+
+
+def test_a_skipped_non_finite_step_still_advances_the_lr_schedule(tiny_cfg):
+    poison = {"on": False}
+
+    def reward(text, ex, truncated):
+        return (float("nan") if poison["on"] else digit_reward(text, ex, truncated)[0]), {"correctness": 0.0}
+
+    tr = loop.Trainer(tiny_cfg(num_steps=4, warmup_ratio=0.0, lr=1e-2), progress=False, reward_override=reward)
+    tr.step()
+    poison["on"] = True
+    with pytest.warns(UserWarning, match="optimizer step skipped"):
+        tr.step()
+    poison["on"] = False
+    row = tr.step()
+    tr.close()
+    assert tr.scheduler.last_epoch == 3  # three optimizer steps planned, one skipped: the schedule went on
+    # cosine over 4 steps to 0.1 x lr, the 3rd step's LR (2 taken): 1e-2 x (0.1 + 0.9 x (1 + cos(pi x 2/4)) / 2)
+    assert row["lr"] == pytest.approx(1e-2 * (0.1 + 0.9 * (1 + math.cos(math.pi * 2 / 4)) / 2))
+
+
+def test_ppo_epochs_see_the_rows_in_a_fresh_order(tiny_cfg, monkeypatch):
+    seen = []
+    real = loop.grpo_loss
+
+    def spy(logp, old, adv, mask, **kw):
+        seen.append(adv.detach().clone())
+        return real(logp, old, adv, mask, **kw)
+
+    monkeypatch.setattr(loop, "grpo_loss", spy)
+    tr = loop.Trainer(tiny_cfg(num_updates_per_rollout=2, micro_batch_size=4, rollout_batch_size=4, seed=3),
+                      progress=False, reward_override=digit_reward)
+    tr.step()
+    tr.close()
+    first, second = torch.cat(seen[:4]), torch.cat(seen[4:])  # 16 rows, 4 micro-batches per epoch
+    assert torch.equal(first.sort().values, second.sort().values)  # the same rows
+    assert not torch.equal(first, second)  # in another order
+
+
+def test_float16_is_refused_on_cpu_with_what_to_use(tiny_cfg):
+    from rftlib.config import ConfigError
+
+    with pytest.raises(ConfigError, match="float16 on CPU"):
+        tiny_cfg(dtype="float16", device="cpu")
+    if not torch.cuda.is_available():  # device auto resolves to the CPU here
+        with pytest.raises(ValueError, match="float16 needs a CUDA device"):
+            loop.Trainer(tiny_cfg(dtype="float16"), progress=False)
