@@ -67,3 +67,34 @@ def test_float16_is_refused_on_cpu_with_what_to_use(tiny_cfg):
     if not torch.cuda.is_available():  # device auto resolves to the CPU here
         with pytest.raises(ValueError, match="float16 needs a CUDA device"):
             loop.Trainer(tiny_cfg(dtype="float16"), progress=False)
+
+
+def test_prompt_max_len_drops_longer_training_prompts(tiny_cfg):
+    import dataclasses
+
+    from rftlib.config import ConfigError
+    from rftlib.eval import format_prompts
+
+    tr = loop.Trainer(tiny_cfg(), progress=False)
+    pool = tr.task.train
+    n0 = len(tr.tok(format_prompts(tr.tok, pool[:1], tr.task.system_prompt)[0], add_special_tokens=False)["input_ids"])
+    long = [dataclasses.replace(e, prompt=e.prompt + " Think step by step." * 5) for e in pool[:3]]
+    tr.task.train = pool[3:] + long  # 3 prompts far over the limit
+    with pytest.warns(UserWarning, match=f"dropped 3 of {len(pool)} training prompts"):
+        tr._fit_prompts(n0 + 2)
+    assert tr.task.train == pool[3:]
+    with pytest.raises(ConfigError, match="every training prompt is longer"):
+        tr._fit_prompts(n0 - 5)
+    tr.close()
+
+
+def test_a_probe_with_eval_samples_is_evaluated_in_its_mode(tiny_cfg):
+    """seed 003 section 9: a probe at temperature 0.6 with 4 samples is sampling_pass@4, labelled so."""
+    tr = loop.Trainer(tiny_cfg(eval_temperature={"heldout": 0.6}, eval_n_samples={"heldout": 4}), progress=False)
+    summary = tr.evaluate()
+    tr.close()
+    assert "eval/heldout/sampling_pass@4" in summary and "eval/heldout/greedy_pass@1" not in summary
+    import json
+
+    res = json.loads((tr.run_dir / "eval" / "step_0_heldout.json").read_text())
+    assert res["mode"] == "sampling_pass@4" and res["n_samples"] == 4 and res["temperature"] == 0.6

@@ -30,7 +30,7 @@ from rftlib.algo.losses import grpo_loss
 from rftlib.attempts import create_attempt, read_attempt, write_json
 from rftlib.config import ConfigError, RunConfig, make_config
 from rftlib.data.tasks import build_task
-from rftlib.eval import format_prompts, greedy_eval
+from rftlib.eval import evaluate, format_prompts, greedy_eval
 from rftlib.models.loading import (Reference, apply_lora, autocast_dtype, causal_lm, is_peft, load_adapter_weights,
                                    load_model_and_tokenizer)
 from rftlib.monitor.metrics import MetricsLogger
@@ -108,6 +108,8 @@ class Trainer:
         # an engine that is not the trainer's module samples from its own numerics: the old logprobs
         # come from the trainer, and truncated IS weights correct the loss for the mismatch
         self.on_policy = self.on_policy and self.engine.shares_trainer_module
+        if cfg.prompt_max_len:
+            self._fit_prompts(cfg.prompt_max_len)
         make = getattr(self.task, "make_sampler", None)  # curriculum / weighted mixing tasks bring their own
         self.sampler = make(cfg.seed) if make else PromptSampler(len(self.task.train), cfg.seed)
         if D.rank:  # ranks sample their own completions: distinct streams (rank 0 keeps the single-process one)
@@ -122,6 +124,20 @@ class Trainer:
         if resume:
             self._resume()
 
+    def _fit_prompts(self, max_len: int) -> None:
+        """Drop training prompts longer than prompt_max_len tokens, chat template included (OpenRLHF's
+        --prompt_max_len filter), saying how many; a pool left empty is an error."""
+        prompts = format_prompts(self.tok, self.task.train, self.task.system_prompt)
+        lengths = [len(ids) for ids in self.tok(prompts, add_special_tokens=False)["input_ids"]]
+        keep = [e for e, n in zip(self.task.train, lengths) if n <= max_len]
+        if not keep:
+            raise ConfigError(f"prompt_max_len={max_len}: every training prompt is longer (shortest "
+                              f"{min(lengths)} tokens with the chat template); raise it")
+        if len(keep) < len(self.task.train) and self.dist.is_main:
+            warnings.warn(f"prompt_max_len={max_len}: dropped {len(self.task.train) - len(keep)} of "
+                          f"{len(self.task.train)} training prompts longer than that (longest {max(lengths)} tokens)")
+        self.task.train = keep
+
     @staticmethod
     def _check_world(cfg: RunConfig, world: int) -> None:
         """Every rank takes the same number of whole prompts and micro-batches per optimizer step."""
@@ -129,6 +145,11 @@ class Trainer:
         if cfg.rollout_batch_size % world or cfg.train_prompts % world:
             raise ConfigError(f"rollout_batch_size={cfg.rollout_batch_size} and train_batch_size={cfg.train_prompts} "
                               f"prompts must divide among {world} ranks (each rank takes whole prompts)")
+        sampled_probes = [p for p in cfg.eval_probes if cfg.eval_n_samples.get(p, 1) > 1
+                          or cfg.eval_temperature.get(p, 0.0) > 0]
+        if sampled_probes and world > 1:
+            raise ConfigError(f"eval probes {sampled_probes} sample (eval_temperature/eval_n_samples); the sharded "
+                              "eval of several ranks runs greedy_pass@1 only: evaluate those with `rft eval` after")
         if cfg.dynamic_sampling == "refill" and world > 1:
             raise ConfigError("dynamic_sampling 'refill' with several ranks: each rank would draw a different number "
                               "of extra prompts from the shared order; use dynamic_sampling 'mask' (TRL's) or one rank")
@@ -214,6 +235,18 @@ class Trainer:
             n_mine = len(mine)
             per_rank = -(-len(exs) // D.world_size)
             mine = mine + [exs[0]] * (per_rank - n_mine)  # equal generate calls on every rank (ZeRO-3 needs them)
+            n = self.cfg.eval_n_samples.get(probe, 1)
+            temp = self.cfg.eval_temperature.get(probe, 0.0)
+            if n > 1 or temp > 0:  # seed 003 section 9: e.g. AIME at 0.6 with 8 samples, sampling_pass@8
+                mode = f"sampling_pass@{n}" if temp > 0 else f"nondet_proxy_pass@{n}"
+                res = evaluate(self.engine, self.tok, self.task, exs, mode=mode, n=n, temperature=temp,
+                               max_new_tokens=self.cfg.max_new_tokens, batch_size=self.cfg.eval_batch_size,
+                               dataset=probe)
+                if D.is_main:
+                    write_json(self.run_dir / "eval" / f"step_{self.step_num}_{probe}.json", res)
+                summary[f"eval/{probe}/{res['mode']}"] = res[res["mode"]]
+                summary[f"eval/{probe}/pass@1"] = res["pass@1"]
+                continue
             res = greedy_eval(self.engine, self.tok, self.task, mine, max_new_tokens=self.cfg.max_new_tokens,
                               batch_size=self.cfg.eval_batch_size, dataset=probe)
             if D.distributed:
