@@ -179,8 +179,9 @@ def run_validation(cfg: RunConfig, run_dir: str | Path | None = None, *, control
     setup_s = time.time() - t0
     rss_loaded = _rss()
     model, G = trainer.model, cfg.n_samples_per_prompt
-    v = Validation(run_dir=run_dir, device=torch.cuda.get_device_name(0) if cuda else "cpu",
-                   config={k: getattr(cfg, k) for k in cfg.__dataclass_fields__})
+    dev = next(trainer.model.parameters()).device  # where the step really runs, not where it could
+    name = f"{dev} ({torch.cuda.get_device_name(dev)})" if dev.type == "cuda" else str(dev)
+    v = Validation(run_dir=run_dir, device=name, config={k: getattr(trainer.cfg, k) for k in cfg.__dataclass_fields__})
     all_params = list(model.parameters())
     trainable = [p for p in all_params if p.requires_grad]
     v.params = {"trainable": sum(p.numel() for p in trainable), "total": sum(p.numel() for p in all_params)}
