@@ -48,7 +48,7 @@ def _fake_cuda_update(agg: str, kl: str, policy_loss: str, host_leak: bool = Fal
         loss, metrics = grpo_loss(logp, logp.detach(), adv, mask, ref_logprobs=logp.detach(), beta=0.1,
                                   kl_estimator=kl, policy_loss=policy_loss, aggregation=agg, num_seqs=float(N),
                                   num_tokens=mask.sum(), norm_const=float(T), clip_low=0.2, clip_high=0.28,
-                                  dual_clip=3.0, log_ratio_clamp=20.0, entropy=ent, entropy_coef=0.01)
+                                  dual_clip=3.0 if policy_loss == "ppo_clip" else None, log_ratio_clamp=20.0, entropy=ent, entropy_coef=0.01)
         loss.backward()
         return loss, metrics, hidden.grad
 
@@ -60,7 +60,7 @@ def test_update_math_stays_on_the_device(agg):
             try:
                 loss, metrics, grad = _fake_cuda_update(agg, kl, pl)
             except ValueError as e:  # a combination the config refuses (e.g. k1 in the loss)
-                if "refuse" in str(e).lower() or "use" in str(e).lower():
+                if "k1" in str(e):
                     continue
                 raise
             assert loss.device.type == "meta" and grad.device.type == "meta"

@@ -98,3 +98,25 @@ def test_a_probe_with_eval_samples_is_evaluated_in_its_mode(tiny_cfg):
 
     res = json.loads((tr.run_dir / "eval" / "step_0_heldout.json").read_text())
     assert res["mode"] == "sampling_pass@4" and res["n_samples"] == 4 and res["temperature"] == 0.6
+
+
+def test_micro_batches_trimmed_to_their_own_lengths_give_the_same_logprobs(tiny_cfg):
+    """Issue 13: a micro-batch pays for its own padding only. Trimmed rows score every valid token as
+    the untrimmed rollout does (positions come from the mask)."""
+    from rftlib.eval import format_prompts
+    from rftlib.train.forward import completion_logprobs
+
+    tr = loop.Trainer(tiny_cfg(autocast="none"), progress=False)
+    exs = tr.task.train[:3]
+    ro = tr.engine.generate(format_prompts(tr.tok, exs) + ["hi"], group_size=2, max_new_tokens=12, temperature=1.0)
+    idx = torch.tensor([6, 7])  # the short prompt "hi": the rollout's left padding is all this pair's
+    rows = tr._rows(ro, idx)
+    assert rows["prompt_ids"].shape[1] < ro.prompt_ids.shape[1]  # trimmed
+    full = {k: getattr(ro, k)[idx] for k in ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask")}
+    with torch.no_grad():
+        a, _ = completion_logprobs(tr.model, **rows)
+        b, _ = completion_logprobs(tr.model, **full)
+    t1 = a.shape[1]
+    assert torch.allclose(tr._full_width(a, b.shape[1]), b, atol=1e-5)
+    assert (b[:, t1:] == 0).all()
+    tr.close()

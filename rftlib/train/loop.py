@@ -279,8 +279,20 @@ class Trainer:
 
     # ---- one rollout step -------------------------------------------------------------------
     def _rows(self, ro, idx: torch.Tensor) -> dict[str, torch.Tensor]:
-        return dict(prompt_ids=ro.prompt_ids[idx], prompt_mask=ro.prompt_mask[idx],
-                    completion_ids=ro.completion_ids[idx], completion_mask=ro.completion_mask[idx])
+        """The rows ``idx`` of a rollout, trimmed to their own longest prompt and completion: a
+        micro-batch pays for its own padding, not the rollout's (prompts are left-padded, so leading
+        all-pad columns go; completions right-padded, so trailing ones go). Positions come from the
+        attention mask, so the trim changes no logprob; results are (n, T') with T' <= T."""
+        pm, cm = ro.prompt_mask[idx], ro.completion_mask[idx]  # (n, P), (n, T)
+        p0 = int(pm.any(0).float().argmax())  # first prompt column any row uses
+        used = cm.any(0).nonzero()
+        t1 = int(used.max()) + 1 if used.numel() else 1  # last completion column any row uses, + 1
+        return dict(prompt_ids=ro.prompt_ids[idx][:, p0:], prompt_mask=pm[:, p0:],
+                    completion_ids=ro.completion_ids[idx][:, :t1], completion_mask=cm[:, :t1])
+
+    def _full_width(self, lp: torch.Tensor, T: int) -> torch.Tensor:
+        """(n, T') logprobs of a trimmed micro-batch -> (n, T), zero where trimmed (all masked there)."""
+        return torch.nn.functional.pad(lp, (0, T - lp.shape[1]))
 
     def _autocast(self):
         if self.amp is None:
@@ -334,7 +346,7 @@ class Trainer:
         indices = [it[3] for it in items]
         diags = [d for it in items for d in it[4]]
         rewards = batch.rewards.tolist()
-        N = ro.num_rows
+        N, T = ro.num_rows, ro.completion_ids.shape[1]
         if hasattr(self.sampler, "update"):  # a curriculum moves on the measured solve rate, the same on every rank
             correct = [float(d.get("correctness", r)) for d, r in zip(diags, rewards)]
             parts = D.gather_objects(([i for i in indices for _ in range(G)], correct))
@@ -349,10 +361,10 @@ class Trainer:
             if cfg.beta > 0:
                 with self.ref.active() as ref_model:
                     copy = None if ref_model is self.model else ref_model
-                    ref_lp = torch.cat([self._logprobs(self._rows(ro, ix), with_entropy=False, module=copy)[0]
-                                        for ix in micro])  # (N, T)
+                    ref_lp = torch.cat([self._full_width(self._logprobs(self._rows(ro, ix), with_entropy=False,
+                                                                        module=copy)[0], T) for ix in micro])  # (N, T)
             if not self.on_policy:
-                old_lp = torch.cat([self._logprobs(self._rows(ro, ix), with_entropy=False)[0]
+                old_lp = torch.cat([self._full_width(self._logprobs(self._rows(ro, ix), with_entropy=False)[0], T)
                                     for ix in micro])  # (N, T)
         timing["reference"] = time.time() - t
         # rewards the advantages see: DAPO's overlong penalty, KL in the reward; then the advantages
@@ -454,16 +466,18 @@ class Trainer:
                 for j, m0 in enumerate(range(0, len(batch), mb)):
                     ix = batch[m0:m0 + mb]
                     rows = self._rows(ro, ix)
+                    t1 = rows["completion_ids"].shape[1]  # this micro-batch's own completion width
                     bonus = cfg.entropy_coef != 0
                     with self.backend.accumulate(last=j == n_micro - 1):
                         logp, ent = self._logprobs(rows, with_entropy=epoch == 0 or bonus, entropy_grad=bonus)  # (n, T)
-                        old = logp.detach() if old_lp is None else old_lp[ix]
+                        old = logp.detach() if old_lp is None else old_lp[ix, :t1]
                         is_w = tis = None
                         if not self.engine.shares_trainer_module:  # (n, T) truncated IS weights pi_old / pi_behaviour
-                            is_w, tis = tis_weights(old, ro.behaviour_logprobs[ix], rows["completion_mask"],
+                            is_w, tis = tis_weights(old, ro.behaviour_logprobs[ix, :t1], rows["completion_mask"],
                                                     cap=cfg.tis_cap, level=cfg.tis_level)
                         loss, m = grpo_loss(
-                            logp, old, advantages[ix], lmask[ix], ref_logprobs=None if ref_lp is None else ref_lp[ix],
+                            logp, old, advantages[ix], lmask[ix, :t1],
+                            ref_logprobs=None if ref_lp is None else ref_lp[ix, :t1],
                             num_seqs=float(tb_rows * W), num_tokens=num_tokens, norm_const=norm_const, entropy=ent,
                             is_weights=is_w, **loss_kw)
                         if tis is not None:
@@ -482,7 +496,7 @@ class Trainer:
                         acc["entropy"].append(ent.detach()[valid].float().cpu())
                         # the engine's sampling logprobs against the trainer's (0 up to float noise for
                         # HF generate; a vLLM engine's numerics show up here)
-                        acc["behaviour_diff"].append((logp.detach() - ro.behaviour_logprobs[ix]).abs()[valid]
+                        acc["behaviour_diff"].append((logp.detach() - ro.behaviour_logprobs[ix, :t1]).abs()[valid]
                                                      .float().cpu())
                     acc["tok"].append(float(mask.sum()))
                     acc["metrics"].append({k: float(v) for k, v in m.items()})
