@@ -44,47 +44,6 @@ def _fsync_dir(d: Path) -> None:
         pass
 
 
-def _write_step(tmp: Path, trainable, optimizer, scheduler, trainer_state, adapter_saver) -> None:
-    torch.save(trainable, tmp / "trainable.pt")
-    torch.save(optimizer, tmp / "optimizer.pt")
-    torch.save(scheduler, tmp / "scheduler.pt")
-    torch.save(rng_state(), tmp / "rng.pt")
-    (tmp / "trainer_state.json").write_text(json.dumps(trainer_state, indent=1))
-    if adapter_saver is not None:
-        adapter_saver(tmp / "adapter")  # a peft adapter directory others can load
-    for p in tmp.rglob("*"):
-        if p.is_file():
-            with open(p, "rb") as f:
-                os.fsync(f.fileno())
-
-
-def save_checkpoint(run_dir: str | Path, step: int, *, trainable: dict[str, torch.Tensor], optimizer: dict,
-                    scheduler: dict, trainer_state: dict[str, Any], max_keep: int, adapter_saver=None) -> Path:
-    """Write training_state/step_{step}/ atomically, repoint step_latest, prune to max_keep."""
-    root = Path(run_dir) / STATE
-    root.mkdir(parents=True, exist_ok=True)
-    final = root / f"step_{step}"
-    tmp = root / f".tmp_step_{step}_{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    try:
-        _write_step(tmp, trainable, optimizer, scheduler, trainer_state, adapter_saver)
-    except BaseException:  # an error or an interrupt mid-save: drop the partial write, keep the old ones
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    if final.exists():
-        shutil.rmtree(final)
-    os.rename(tmp, final)
-    link_tmp = root / f".tmp_latest_{os.getpid()}"
-    if link_tmp.is_symlink() or link_tmp.exists():
-        link_tmp.unlink()
-    os.symlink(final.name, link_tmp)
-    os.replace(link_tmp, root / "step_latest")
-    _fsync_dir(root)
-    prune(root, max_keep)
-    return final
-
-
 def list_steps(run_dir: str | Path) -> list[int]:
     root = Path(run_dir) / STATE
     if not root.exists():
