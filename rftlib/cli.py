@@ -229,8 +229,14 @@ def cmd_preflight(args) -> int:
     cfg = make_config(args.preset, _parse_sets(args.set))
     lrs = lr_schedule_preview(cfg)
     print(f"{len(lrs)} optimizer steps; lr {cfg.lr:g}, warmup_ratio {cfg.warmup_ratio}, min_lr_ratio {cfg.min_lr_ratio}")
-    for i in sorted({0, 1, 2, len(lrs) // 4, len(lrs) // 2, 3 * len(lrs) // 4, len(lrs) - 1}):
+    print("  step k = the k-th optimizer step, as the trainer logs it (step 1 trains at the warmup's LR 0)")
+    for i in sorted(i for i in {0, 1, 2, len(lrs) // 4, len(lrs) // 2, 3 * len(lrs) // 4, len(lrs) - 1}
+                    if 0 <= i < len(lrs)):
         print(f"  step {i + 1:5d}  lr {lrs[i]:.3e}  ({100 * lrs[i] / cfg.lr:5.1f}% of target)")
+    from rftlib.workbench import lr_preflight
+
+    pre = lr_preflight(cfg)
+    print(f"  preflight: {pre.verdict.upper()} - {pre.message}")
     return 0
 
 
