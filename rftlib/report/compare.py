@@ -164,7 +164,9 @@ def difference_table(attempts: Sequence[Attempt], *, n_boot: int = 10_000, seed:
         diffs = key_differences(b.config, ref.config)
         rows.append((f"<b>{esc(b.attempt_id)}</b>", esc(pct(base)), esc(pct(final)),
                      esc("\u2014" if best is None else f"{pct(best[1])} @ {best[0]}"),
-                     _ci_cell(g, gnote, "improved", "regressed"), d_final, d_best,
+                     (f"{status_badge('n/a', 'learned nothing')}<br><small>{esc(nothing)}</small>"
+                      if (nothing := learned_nothing(b)) else _ci_cell(g, gnote, "improved", "regressed")),
+                     d_final, d_best,
                      f"{status_badge(worst)} {counts['fail']} fail, {counts['warn']} warn",
                      "<br>".join(esc(f"{k}: {x} \u2192 {y}") for k, (x, y) in diffs.items()) or "\u2014"))
         status.append(worst)
