@@ -2,6 +2,16 @@
 
 An attempt is one run directory ``<runs_root>/attempt-NN-<name>/`` holding the resolved config,
 the git SHA and dirty diff it ran from, package versions and the machine: enough to redo it.
+
+Where attempts go, the same from every entry point (a JupyterLab kernel whose working directory is
+notebooks/, papermill started from any directory, ``rft``): :func:`runs_root` resolves
+``RunConfig.runs_root``. Left at its default (``"runs"``) it is ``$RFTLIB_RUNS`` when set, else
+``<project root>/runs``; a relative path is taken from the project root, never from the working
+directory; an absolute path is used as it is. Reports go to ``reports/`` beside the runs root
+(``$RFTLIB_REPORTS`` overrides it). So there is one attempt numbering and one index.
+
+Stopping: :func:`request_stop` writes ``<run_dir>/control/stop``; the trainer checks for it after
+every step, checkpoints, records ``stop_reason`` "stopped by user" and returns.
 """
 
 from __future__ import annotations
@@ -20,15 +30,69 @@ import yaml
 from rftlib.config import RunConfig, to_dict
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_RUNS = "runs"  # RunConfig.runs_root's default: "not set", so $RFTLIB_RUNS may replace it
+RUNS_ENV, REPORTS_ENV = "RFTLIB_RUNS", "RFTLIB_REPORTS"
+STOP_FILE = Path("control") / "stop"  # <run_dir>/control/stop: the trainer stops after the step it is in
 PACKAGES = ["torch", "transformers", "peft", "accelerate", "papermill", "tokenizers", "numpy", "vllm", "deepspeed"]
+
+
+def project_root() -> Path:
+    """The directory holding rftlib/, params/ and notebooks/ (the checkout rftlib was imported from)."""
+    return REPO_ROOT
+
+
+def runs_root(value: str | Path | None = None) -> Path:
+    """The absolute runs root for a ``runs_root`` setting (see the module doc for the rule)."""
+    import os
+
+    if value is None or str(value) == DEFAULT_RUNS:
+        env = os.environ.get(RUNS_ENV)
+        if env:
+            return Path(env).expanduser().resolve()
+        value = DEFAULT_RUNS
+    p = Path(value).expanduser()
+    return (p if p.is_absolute() else project_root() / p).resolve()
+
+
+def reports_root(runs: str | Path | None = None) -> Path:
+    """Where reports go: ``$RFTLIB_REPORTS`` when set, else ``reports/`` beside the runs root."""
+    import os
+
+    env = os.environ.get(REPORTS_ENV)
+    if env:
+        return Path(env).expanduser().resolve()
+    return runs_root(runs).parent / "reports"
+
+
+def run_dir_path(path: str | Path) -> Path:
+    """An attempt directory named on a command line or in a notebook: as given when it exists from the
+    working directory (or is absolute), else under the project root (so ``runs/attempt-01-x`` works
+    from a kernel in notebooks/ too)."""
+    p = Path(path).expanduser()
+    if p.is_absolute() or p.exists():
+        return p.resolve()
+    return (project_root() / p).resolve()
+
+
+def request_stop(run_dir: str | Path, reason: str = "stopped by user") -> Path:
+    """Ask a running attempt to stop: the trainer checkpoints after its current step and returns."""
+    path = Path(run_dir) / STOP_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(reason + "\n")
+    return path
+
+
+def stop_requested(run_dir: str | Path) -> bool:
+    return (Path(run_dir) / STOP_FILE).exists()
 
 
 def slug(text: str) -> str:
     return re.sub(r"[^a-z0-9.]+", "-", text.lower()).strip("-")[:48] or "run"
 
 
-def next_attempt_id(runs_root: str | Path, name: str) -> str:
-    root = Path(runs_root)
+def next_attempt_id(root: str | Path, name: str) -> str:
+    """The next ``attempt-NN-<name>`` under ``root`` (resolved by :func:`runs_root`)."""
+    root = runs_root(root)
     nums = [int(m.group(1)) for p in root.glob("attempt-*") if (m := re.match(r"attempt-(\d+)", p.name))]
     return f"attempt-{(max(nums) + 1 if nums else 1):02d}-{slug(name)}"
 
@@ -61,7 +125,7 @@ def provenance() -> dict[str, Any]:
 
 def create_attempt(cfg: RunConfig, attempt_id: str | None = None, *, tag: bool = False) -> Path:
     """Make the run directory, write config.yaml (config + provenance) and the dirty diff if any."""
-    root = Path(cfg.runs_root)
+    root = runs_root(cfg.runs_root)
     root.mkdir(parents=True, exist_ok=True)
     attempt_id = attempt_id or next_attempt_id(root, cfg.name)
     run_dir = root / attempt_id

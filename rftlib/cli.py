@@ -12,7 +12,10 @@
     rft compare RUN_A RUN_B [...]          notebooks/compare.ipynb -> reports/compare-<A>-vs-<B>.html
     rft index [--runs runs] [--out reports] reports/index.html, rebuilt from the run directories
 
-Reports go to ``reports/`` beside the runs root unless ``--out`` says otherwise.
+Attempts go to ``<project root>/runs/`` (or ``$RFTLIB_RUNS``, or ``--set runs_root=...``; a relative
+path is from the project root), whatever the working directory: the same rule as a notebook's kernel
+(rftlib.attempts.runs_root). Reports go to ``reports/`` beside the runs root unless ``--out`` (or
+``$RFTLIB_REPORTS``) says otherwise.
 """
 
 from __future__ import annotations
@@ -27,7 +30,8 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 TRAIN_NB = REPO / "notebooks" / "train.ipynb"
-DEMO_GOAL_POINTS = 15.0
+DEMO_GOAL_POINTS = 15.0  # the demo's goal: +15 points of held-out accuracy ...
+DEMO_GOAL_MINUTES = 10.0  # ... within 10 minutes of training on the 2-core machine
 
 
 def _parse_sets(items: list[str]) -> dict[str, Any]:
@@ -54,27 +58,51 @@ def run_notebook(parameters: dict[str, Any], *, runs_root: str | None = None) ->
     """Execute notebooks/train.ipynb with papermill into the attempt's run directory."""
     import papermill as pm
 
-    from rftlib.attempts import next_attempt_id
+    from rftlib.attempts import next_attempt_id, run_dir_path, runs_root as resolve_runs
     from rftlib.config import make_config
 
     params = dict(parameters)
     params.setdefault("live_view", False)
     if params.get("resume"):
-        run_dir = Path(params["resume"])
+        run_dir = run_dir_path(params["resume"])
+        params["resume"] = str(run_dir)
         out_nb = run_dir / f"notebook-resume-{time.strftime('%Y%m%d-%H%M%S')}.ipynb"
     else:
         # resolve now (fails fast on a bad parameter, before a kernel starts) to name the run dir
         overrides = {k: v for k, v in params.items() if k not in ("preset", "attempt_id", "live_view")}
         cfg = make_config(params.get("preset", "default"), overrides)
-        root = Path(runs_root or cfg.runs_root)
+        root = resolve_runs(runs_root or cfg.runs_root)
+        params["runs_root"] = str(root)  # the kernel resolves the same root (explicit beats $RFTLIB_RUNS)
         params.setdefault("attempt_id", next_attempt_id(root, cfg.name))
         run_dir = root / params["attempt_id"]
         run_dir.mkdir(parents=True, exist_ok=False)
         out_nb = run_dir / "notebook.ipynb"
-    pm.execute_notebook(str(TRAIN_NB), str(out_nb), parameters=params, cwd=str(REPO), progress_bar=False,
-                        log_output=True, stdout_file=sys.stdout, stderr_file=sys.stderr)
+    with headless_env():
+        pm.execute_notebook(str(TRAIN_NB), str(out_nb), parameters=params, cwd=str(REPO), progress_bar=False,
+                            log_output=True, stdout_file=sys.stdout, stderr_file=sys.stderr)
     summary = json.loads((run_dir / "summary.json").read_text())
     return run_dir, summary
+
+
+def headless_env():
+    """RFTLIB_HEADLESS=1 for the kernels papermill starts from here: the notebook takes the text path
+    (one line per step, static figures) without having to guess (rftlib.workbench.headless_kernel)."""
+    import contextlib
+    import os
+
+    @contextlib.contextmanager
+    def _env():
+        old = os.environ.get("RFTLIB_HEADLESS")
+        os.environ["RFTLIB_HEADLESS"] = "1"
+        try:
+            yield
+        finally:
+            if old is None:
+                os.environ.pop("RFTLIB_HEADLESS", None)
+            else:
+                os.environ["RFTLIB_HEADLESS"] = old
+
+    return _env()
 
 
 def cmd_demo(args) -> int:
@@ -87,7 +115,9 @@ def cmd_demo(args) -> int:
     print(f"\n[rft demo] attempt {run_dir.name} ({time.time() - t:.0f} s wall in all, model load included)")
     print(f"[rft demo] executed notebook: {run_dir / 'notebook.ipynb'}")
     print(f"[rft demo] metrics: {run_dir / 'logs' / 'metrics.jsonl'}")
-    print("[rft demo] " + result_text(summary, DEMO_GOAL_POINTS))
+    print("[rft demo] " + result_text(summary, DEMO_GOAL_POINTS, DEMO_GOAL_MINUTES))
+    samples = sorted((run_dir / "logs" / "samples").glob("*.jsonl"))
+    print(f"[rft demo] sample completions: {len(samples)} file(s) in {run_dir / 'logs' / 'samples'}")
     return 0
 
 
@@ -173,14 +203,14 @@ def cmd_validate(args) -> int:
     """notebooks/validate.ipynb under papermill; the executed notebook lands in the attempt's run dir."""
     import papermill as pm
 
-    from rftlib.attempts import next_attempt_id
+    from rftlib.attempts import next_attempt_id, runs_root as resolve_runs
     from rftlib.config import make_config
     from rftlib.report import publish, register_tasks
 
     register_tasks()
     sets = _parse_sets(args.set)
     cfg = make_config(args.preset, sets)  # fails fast, before a kernel starts
-    root = Path(sets.get("runs_root") or cfg.runs_root)
+    root = resolve_runs(sets.get("runs_root") or cfg.runs_root)
     attempt_id = next_attempt_id(root, cfg.name)
     params = {"preset": args.preset, "runs_root": str(root), "attempt_id": attempt_id,
               **{k: v for k, v in sets.items() if k in ("model", "task", "num_steps", "notes")}}
@@ -189,8 +219,10 @@ def cmd_validate(args) -> int:
     (root / attempt_id).mkdir(parents=True, exist_ok=False)
     out_nb = root / attempt_id / "notebook.ipynb"
     try:
-        pm.execute_notebook(str(publish.NOTEBOOKS / "validate.ipynb"), str(out_nb), parameters=params, cwd=str(REPO),
-                            progress_bar=False, log_output=True, stdout_file=sys.stdout, stderr_file=sys.stderr)
+        with headless_env():
+            pm.execute_notebook(str(publish.NOTEBOOKS / "validate.ipynb"), str(out_nb), parameters=params,
+                                cwd=str(REPO), progress_bar=False, log_output=True, stdout_file=sys.stdout,
+                                stderr_file=sys.stderr)
     finally:
         print(f"[rft] executed notebook: {out_nb}")
     if not args.no_report:  # the executed validation notebook is this attempt's report
@@ -235,8 +267,11 @@ def cmd_index(args) -> int:
     from rftlib.report.attempt import list_attempts
     from rftlib.report.index import write_index
 
-    path = write_index(args.runs, args.out, baseline=args.baseline)
-    print(f"[rft] index of {len(list_attempts(args.runs))} attempt(s): {path}")
+    from rftlib.attempts import runs_root as resolve_runs
+
+    runs = resolve_runs(args.runs)
+    path = write_index(runs, args.out, baseline=args.baseline)
+    print(f"[rft] index of {len(list_attempts(runs))} attempt(s) in {runs}: {path}")
     return 0
 
 
@@ -247,8 +282,14 @@ def cmd_preflight(args) -> int:
     cfg = make_config(args.preset, _parse_sets(args.set))
     lrs = lr_schedule_preview(cfg)
     print(f"{len(lrs)} optimizer steps; lr {cfg.lr:g}, warmup_ratio {cfg.warmup_ratio}, min_lr_ratio {cfg.min_lr_ratio}")
-    for i in sorted({0, 1, 2, len(lrs) // 4, len(lrs) // 2, 3 * len(lrs) // 4, len(lrs) - 1}):
+    print("  step k = the k-th optimizer step, as the trainer logs it (step 1 trains at the warmup's LR 0)")
+    for i in sorted(i for i in {0, 1, 2, len(lrs) // 4, len(lrs) // 2, 3 * len(lrs) // 4, len(lrs) - 1}
+                    if 0 <= i < len(lrs)):
         print(f"  step {i + 1:5d}  lr {lrs[i]:.3e}  ({100 * lrs[i] / cfg.lr:5.1f}% of target)")
+    from rftlib.workbench import lr_preflight
+
+    pre = lr_preflight(cfg)
+    print(f"  preflight: {pre.verdict.upper()} - {pre.message}")
     return 0
 
 
@@ -291,7 +332,7 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("run_dirs", nargs="+")
     c.add_argument("--out", default=None)
     i = sub.add_parser("index", help="reports/index.html from the run directories")
-    i.add_argument("--runs", default="runs")
+    i.add_argument("--runs", default=None, help="runs root (default: $RFTLIB_RUNS, else <project root>/runs)")
     i.add_argument("--out", default=None, help="default: reports/ beside --runs")
     i.add_argument("--baseline", default=None, help="attempt id the config differences are taken against")
     args = p.parse_args(argv)

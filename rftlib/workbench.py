@@ -11,7 +11,9 @@ names the user set are non-None, and a preset is never silently overridden by a 
 
 from __future__ import annotations
 
+import contextlib
 import difflib
+import os
 import sys
 import time
 import types
@@ -27,7 +29,8 @@ NOTEBOOK_PARAMS: dict[str, tuple[Any, str]] = {
     "attempt_id": (None, "run directory name; None picks the next attempt-NN-<name>"),
     "resume": (None, "an attempt directory to continue from its step_latest (seed 001 resume)"),
     "additional_steps": (None, "with resume: train this many more steps than the attempt had"),
-    "live_view": (True, "ipywidgets panel in JupyterLab; False prints a text progress bar (headless)"),
+    "live_view": (True, "ipywidgets panel in JupyterLab (with a Stop button); False, or any headless run "
+                        "(papermill, rft), prints one text line per step"),
     "skip_preflight": (False, "launch even if the LR preflight refuses (seed 003 preflight_lr.sh)"),
 }
 _IPY_NAMES = {"In", "Out", "get_ipython", "exit", "quit", "open"}
@@ -81,8 +84,9 @@ def start(ns: dict[str, Any]) -> Run:
 
     nb, overrides = collect(ns)
     if nb["resume"]:
-        run_dir = Path(nb["resume"])
-        from rftlib.attempts import read_attempt
+        from rftlib.attempts import read_attempt, run_dir_path
+
+        run_dir = run_dir_path(nb["resume"])
 
         saved = read_attempt(run_dir)["config"]
         if nb["additional_steps"]:
@@ -131,27 +135,35 @@ def describe(run: Run) -> str:
 
 
 def train(run: Run) -> dict[str, Any]:
-    """Train the attempt to its end, with a live view (JupyterLab) or a text progress bar."""
+    """Train the attempt to its end: a live view with a Stop button in JupyterLab, else one text line
+    per step (papermill, rft, a console). Library chatter (transformers' warnings, weight-loading
+    bars) goes to ``logs/library_warnings.log`` instead of the output."""
     from rftlib.train.loop import Trainer
 
     callbacks = []
     live = None
-    if run.nb.get("live_view") and _in_notebook_frontend():
+    in_kernel = "ipykernel" in sys.modules
+    if run.nb.get("live_view") and in_kernel and not headless_kernel():
         from rftlib.report.live import LiveView
 
-        live = LiveView(run.cfg)
+        live = LiveView(run.cfg, run_dir=run.run_dir)
         callbacks.append(live.update)
-    elif "ipykernel" in sys.modules:  # headless kernel (papermill): concise lines, no widget bar
+    elif in_kernel:  # headless kernel (papermill): one line per step in the executed notebook
         from rftlib.report.live import TextView
 
-        callbacks.append(TextView(run.cfg, every=1, write=print, health=False).update)
+        callbacks.append(TextView(run.cfg, every=1, write=print, health=False, run_dir=run.run_dir).update)
     t0 = time.time()
-    trainer = Trainer(run.cfg, run.run_dir, resume=run.resume, progress=not callbacks, callbacks=callbacks)
-    t1 = time.time()
-    try:
-        summary = trainer.train()
-    finally:
-        trainer.close()
+    with quiet_libraries(run.run_dir / "logs" / "library_warnings.log"):
+        trainer = Trainer(run.cfg, run.run_dir, resume=run.resume, progress=not callbacks, callbacks=callbacks)
+        if live is not None:
+            live.use_task(trainer.task)
+        t1 = time.time()
+        try:
+            summary = trainer.train()
+        finally:
+            trainer.close()
+            if live is not None:
+                live.finish()
     summary.update(load_seconds=round(t1 - t0, 1), train_seconds=round(time.time() - t1, 1))
     from rftlib.attempts import write_json
 
@@ -160,45 +172,126 @@ def train(run: Run) -> dict[str, Any]:
     return summary
 
 
-def _in_notebook_frontend() -> bool:
+@contextlib.contextmanager
+def quiet_libraries(log_path: Path):
+    """Keep transformers' / torch's warnings and weight-loading progress bars out of the cell output
+    (they would sit in the middle of the live panel) and record them in ``log_path`` instead."""
+    import logging
+    import warnings
+
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    handler = logging.FileHandler(log_path)
+    restore = []
+    try:
+        from transformers.utils import logging as tlog
+
+        restore.append((tlog.set_verbosity, tlog.get_verbosity()))
+        tlog.set_verbosity_warning()
+        tlog.disable_default_handler()
+        tlog.add_handler(handler)
+        restore.append((lambda _: (tlog.remove_handler(handler), tlog.enable_default_handler()), None))
+        was_bars = tlog.is_progress_bar_enabled()
+        tlog.disable_progress_bar()
+        if was_bars:
+            restore.append((lambda _: tlog.enable_progress_bar(), None))
+    except ImportError:
+        pass
+    try:
+        from huggingface_hub.utils import are_progress_bars_disabled, disable_progress_bars, enable_progress_bars
+
+        if not are_progress_bars_disabled():
+            disable_progress_bars()
+            restore.append((lambda _: enable_progress_bars(), None))
+    except ImportError:
+        pass
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("default")
+        try:
+            yield
+        finally:
+            with open(log_path, "a") as f:
+                for w in caught:
+                    f.write(f"{w.category.__name__}: {w.message} ({w.filename}:{w.lineno})\n")
+            for fn, arg in reversed(restore):
+                fn(arg)
+            handler.close()
+
+
+def headless_kernel() -> bool:
+    """True when no notebook frontend is watching this kernel, so widgets would never render.
+
+    papermill does not import itself into the kernel, so the kernel cannot look for it in its
+    modules. It tells from, in order: ``RFTLIB_HEADLESS=1`` (set by ``rft`` and rftlib's report
+    runner before papermill starts the kernel); papermill's injected-parameters cell in the history
+    (its first line is exactly ``# Parameters``); the current execute_request carrying no ``cellId``
+    (JupyterLab, Notebook 7 and VS Code send one with every cell; nbclient, papermill's executor,
+    sends none). Not in a Jupyter kernel at all (a console, pytest): True.
+    """
+    if os.environ.get("RFTLIB_HEADLESS", "").strip() in ("1", "true", "yes"):
+        return True
     try:
         from IPython import get_ipython
-
-        ip = get_ipython()
-        return ip is not None and ip.__class__.__name__ == "ZMQInteractiveShell" and "papermill" not in sys.modules
     except ImportError:
-        return False
+        return True
+    ip = get_ipython()
+    if ip is None or ip.__class__.__name__ != "ZMQInteractiveShell":
+        return True
+    history = ip.user_ns.get("In") or []
+    if any(isinstance(src, str) and src.split("\n", 1)[0].strip() == "# Parameters" for src in history):
+        return True
+    parent = {}
+    kernel = getattr(ip, "kernel", None)
+    if kernel is not None and hasattr(kernel, "get_parent"):
+        parent = kernel.get_parent() or {}
+    return "cellId" not in (parent.get("metadata") or {})
 
 
-def result_text(summary: dict[str, Any], goal_points: float | None = None) -> str:
-    """Before/after held-out accuracy in words (and against a goal, for the demo)."""
+def result_text(summary: dict[str, Any], goal_points: float | None = None,
+                goal_minutes: float | None = None) -> str:
+    """Before/after held-out accuracy in words, and against a goal (the demo's: +15 points within 10
+    minutes of training). A goal is MET only when every part of it is; what was missed is named."""
     b, f = summary.get("baseline"), summary.get("final")
     if b is None or f is None:
         return "no held-out eval recorded"
     gain = 100 * (f - b)
+    minutes = summary.get("train_seconds", 0) / 60
     s = (f"held-out {summary.get('eval_mode')} on {summary.get('eval_n')} problems: before {b:.2f}, after {f:.2f} "
-         f"({gain:+.0f} points) over {summary.get('steps')} steps in {summary.get('train_seconds', 0) / 60:.1f} min "
+         f"({gain:+.0f} points) over {summary.get('steps')} steps in {minutes:.1f} min "
          f"of training (best {summary.get('best'):.2f} at step {summary.get('best_step')})")
+    if goal_points is None and goal_minutes is None:
+        return s
+    parts, missed = [], []
     if goal_points is not None:
-        s += f"; goal +{goal_points:.0f} points: {'MET' if gain >= goal_points else 'NOT MET'}"
-    return s
+        parts.append(f"+{goal_points:.0f} points")
+        if gain < goal_points:
+            missed.append(f"gain {gain:+.1f} points < +{goal_points:.0f}")
+    if goal_minutes is not None:
+        parts.append(f"within {goal_minutes:g} min of training")
+        if minutes > goal_minutes:
+            missed.append(f"training took {minutes:.1f} min > {goal_minutes:g}")
+    verdict = "MET" if not missed else "NOT MET (" + "; ".join(missed) + ")"
+    return s + f"; goal {' '.join(parts)}: {verdict}"
 
 
 def plot_run(run_dir: str | Path):
-    """Reward, response length and held-out accuracy against step (matplotlib figure)."""
-    import matplotlib
+    """Reward, response length and held-out accuracy against step.
 
-    if "matplotlib.pyplot" not in sys.modules:
-        matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    Returns a :class:`rftlib.report.plots.Plot` (a ``matplotlib.figure.Figure`` with ``_repr_png_``):
+    the notebook cell that ends with it shows the PNG, in JupyterLab and in papermill's output
+    alike. No pyplot and no backend switch: the kernel's own matplotlib backend is left alone.
+    """
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
 
     from rftlib.monitor.metrics import read_metrics
+    from rftlib.report.plots import Plot
     from rftlib.train.loop import EVAL_KEY
 
     rows = read_metrics(run_dir)
     tr = [r for r in rows if "reward_mean" in r]
     ev = [r for r in rows if EVAL_KEY in r]
-    fig, ax = plt.subplots(1, 3, figsize=(13, 3.4))
+    fig = Figure(figsize=(13, 3.4), layout="constrained")
+    ax = [fig.add_subplot(1, 3, i + 1) for i in range(3)]
     ax[0].plot([r["step"] for r in tr], [r["reward_mean"] for r in tr], marker=".")
     ax[0].set(title="training reward_mean", xlabel="step")
     ax[1].plot([r["step"] for r in tr], [r["response_length_mean"] for r in tr], marker=".", label="mean")
@@ -210,5 +303,7 @@ def plot_run(run_dir: str | Path):
         ax[2].axhline(ev[0][EVAL_KEY], ls="--", c="gray", label="step-0 baseline")
         ax[2].legend()
     ax[2].set(title="held-out greedy_pass@1", xlabel="step", ylim=(0, 1))
-    fig.tight_layout()
-    return fig
+    for a in ax:
+        a.xaxis.set_major_locator(MaxNLocator(integer=True))
+        a.ticklabel_format(axis="y", useOffset=False, style="plain")
+    return Plot(fig, "run", f"{Path(run_dir).name}: reward, response length and held-out accuracy by step")

@@ -155,3 +155,49 @@ def test_grad_spikes_escalating():
 
 def test_defaults_are_documented_once():
     assert HEALTH_DEFAULTS["max_grad_norm"] == 1.0 and HEALTH_DEFAULTS["truncation_severe"] == 0.8
+
+
+# ---- issue 15 item 4: the root cause first, its consequences folded under it -----------------------
+NOTHING_TO_LEARN = rows(  # every group had equal rewards (all 0): every advantage 0, so the gradient is 0
+    reward_mean=[0.0] * 6, reward_std=[0.0] * 6, advantage_std=[0.0] * 6, grad_norm=[0.0] * 6,
+    has_boxed=[0.95] * 6, truncated=[0.1] * 6, ppo_clip_ratio=[0.0] * 6, entropy_mean=[2.0] * 6,
+    response_length_mean=[20.0] * 6,
+)
+
+
+def test_no_learning_signal_is_named_first_and_explains_the_other_fails():
+    vs = check_health(NOTHING_TO_LEARN)
+    root = vs[0]
+    assert root.name == "learning_signal" and root.status == "fail"
+    assert root.message.startswith("every group has equal rewards: no learning signal; the task is too hard or "
+                                   "too easy for this model")
+    assert "too hard" in root.message  # reward_mean 0 at every step
+    folded = {v.name: v for v in vs if v.caused_by}
+    assert set(folded) == {"advantage_std", "grad_norm", "reward_stuck"}
+    assert [v.name for v in vs[1:4]] == [v.name for v in vs if v.caused_by]  # right under the root
+    for v in folded.values():
+        assert v.caused_by == "learning_signal" and "follows from learning_signal" in v.message
+        assert "frozen" not in v.action and "bug" not in v.action
+    text = summarize(vs).splitlines()
+    assert text[0].startswith("[FAIL] learning_signal") and all(t.startswith("    [FAIL]") for t in text[1:4])
+
+
+def test_zero_grad_with_mixed_rewards_is_still_its_own_failure():
+    # advantages non-zero (rewards varied) but the gradient is 0: that one is frozen weights, not the task
+    v = {x.name: x for x in check_health(rows(advantage_std=[0.0, 0.7, 0.8, 0.9], grad_norm=[0.0] * 4))}
+    assert v["learning_signal"].status == "pass"
+    assert v["grad_norm"].status == "fail" and not v["grad_norm"].caused_by and "frozen" in v["grad_norm"].action
+
+
+def test_divergence_verdict_names_the_eval_it_read():
+    # issue 12 defect 9: with only the held-out set evaluated, the verdict must not speak of "OOD".
+    # correctness 0.2 -> 0.6 (rolling gain >= 0.02) while held-out stays 0.5 (flat): warn
+    from rftlib.monitor.health import HELDOUT_KEY, run_verdicts
+
+    m = rows(correctness=[0.2, 0.3, 0.4, 0.5, 0.6, 0.6], advantage_std=[0.5] * 6)
+    m[0][HELDOUT_KEY], m[5][HELDOUT_KEY] = 0.5, 0.5
+    (v,) = [x for x in run_verdicts(m, {"max_grad_norm": 1.0}) if x.name == "train_eval_divergence"]
+    assert v.status == "warn" and "held-out" in v.message and "OOD" not in v.message
+    m[0]["eval/ood/greedy_pass@1"], m[5]["eval/ood/greedy_pass@1"] = 0.5, 0.5  # an OOD probe ran: then it is OOD
+    (v,) = [x for x in run_verdicts(m, {"max_grad_norm": 1.0}) if x.name == "train_eval_divergence"]
+    assert "OOD" in v.message

@@ -54,7 +54,7 @@ def test_lr_preflight_refuses_a_schedule_that_never_warms_up(tmp_path):
     from rftlib.workbench import start
 
     ns = {"preset": "tiny", "num_steps": 100, "warmup_ratio": 0.9, "runs_root": str(tmp_path)}
-    with pytest.raises(ConfigError, match=r"LR preflight refused the launch: LR at optimizer step 20 is .* \(< 30%\)"):
+    with pytest.raises(ConfigError, match=r"LR preflight refused the launch: LR after 20 optimizer steps \(the LR of step 21\) is .* \(< 30%\)"):
         start(ns)
     assert not list(tmp_path.iterdir())  # nothing created for a refused launch
     run = start({**ns, "skip_preflight": True})

@@ -67,3 +67,25 @@ def test_non_finite_input_is_refused_by_name_not_blamed_on_the_cosine(field, bad
         lr_preflight_for_steps(200, **args)
     with pytest.raises(ValueError, match=rf"{field}={bad}: must be a finite number"):
         lr_preflight(pool_size=400, n_samples_per_prompt=8, train_batch_size=16, num_episodes=1, **args)
+
+
+def test_step_numbering_is_the_trainers_everywhere():
+    # issue 15 item 5. 2 optimizer steps, warmup ratio 0.5: warmup ceil(1.0) = 1 step. The trainer's
+    # step 1 trains at lr_at(0) = 0 (warmup starts from 0), step 2 at lr_at(1) = full LR 1e-3
+    # (progress 0 -> factor 1). The message, the table, the plot and `rft preflight` all say so.
+    import io
+    from contextlib import redirect_stdout
+
+    from rftlib import cli
+
+    p = lr_preflight_for_steps(2, 0.5, 1e-3)
+    assert "best LR, at step 2," in p.message and "100.0% of target" in p.message
+    assert p.rows == [(1, 0.0, 0.0), (2, 1e-3, 1.0)]
+    assert [ln.split()[:2] for ln in p.table().splitlines() if ln.strip()[:1].isdigit()] == [["1", "0"], ["2", "0.001"]]
+    xs, ys = p.plot().axes[0].lines[0].get_data()
+    assert list(xs) == [1, 2] and list(ys) == [0.0, 1e-3]
+    buf = io.StringIO()
+    with redirect_stdout(buf):
+        cli.main(["preflight", "-p", "tiny", "--set", "num_steps=2", "--set", "warmup_ratio=0.5", "--set", "lr=1e-3"])
+    lines = [ln.split() for ln in buf.getvalue().splitlines() if ln.strip().startswith("step ") and ln.split()[1].isdigit()]
+    assert [(ln[1], ln[3]) for ln in lines[:2]] == [("1", "0.000e+00"), ("2", "1.000e-03")]

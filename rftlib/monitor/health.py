@@ -11,6 +11,16 @@ that has not run yet should not read as healthy.
 
 Thresholds are the seed's; every one can be overridden by keyword (``HEALTH_DEFAULTS`` lists them
 with their sources). An unknown keyword is an error, so a typo cannot silently disable a check.
+
+Verdicts know their dependencies (``DEPENDS``): when every advantage is 0 (every group had equal
+rewards), the policy gradient is 0 by construction, so "grad_norm = 0", "advantage_std = 0" and
+"reward stuck at 0/1" are consequences, not causes. ``check_health`` then names the root cause
+first (``learning_signal``) and folds the dependent verdicts under it (``caused_by``), rewording
+them so that nobody goes looking for frozen weights or an advantage bug.
+
+:func:`run_verdicts` is the one verdict list of a run (its config picks the rules, the eval the
+divergence rules read, the clip norm and spike threshold): the live panel, the printed lines and
+the report all show it.
 """
 
 from __future__ import annotations
@@ -61,6 +71,7 @@ class Verdict:
     value: float | None  # the number the rule judged (None when n/a)
     message: str  # what was seen, in words
     action: str = ""  # what seed 003 recommends doing about it
+    caused_by: str = ""  # the failing verdict this one follows from (folded under it when shown)
 
     def __post_init__(self):
         if self.status not in STATUSES:
@@ -68,7 +79,8 @@ class Verdict:
 
     def __str__(self) -> str:
         tail = f" -> {self.action}" if self.action and self.status in ("warn", "fail") else ""
-        return f"[{self.status.upper():4}] {self.name}: {self.message}{tail}"
+        indent = "    " if self.caused_by else ""
+        return f"{indent}[{self.status.upper():4}] {self.name}: {self.message}{tail}"
 
 
 Rule = Callable[[list[dict], dict], Verdict]
@@ -92,6 +104,30 @@ def _na(name: str, key: str, have: int, need: int) -> Verdict:
 def _rolling(values: list[float], w: int) -> list[float]:
     """Trailing means: r[i] = mean(values[max(0, i-w+1) : i+1])."""
     return [fmean(values[max(0, i - w + 1): i + 1]) for i in range(len(values))]
+
+
+NO_SIGNAL = ("every group has equal rewards: no learning signal; the task is too hard or too easy for this "
+             "model")
+
+
+@RULES.register("learning_signal")
+def learning_signal(metrics: list[dict], c: dict) -> Verdict:
+    """Root cause: every advantage 0 (advantage_std 0) at every step of the last smoke window, i.e.
+    every group of G completions had equal rewards, so the policy gradient is 0 whatever the code."""
+    name, s = "learning_signal", _series(metrics, "advantage_std")
+    if len(s) < 2:
+        return _na(name, "advantage_std", len(s), 2)
+    last = [v for _, v in s[-c["smoke_steps"]:]]
+    if all(abs(v) < 1e-8 for v in last):
+        rewards = [v for _, v in _series(metrics, "reward_mean")[-len(last):]]
+        level = (f" (reward_mean {min(rewards):.3g}..{max(rewards):.3g}: "
+                 + ("too hard" if max(rewards) <= 0.5 else "too easy") + ")") if rewards else ""
+        return Verdict(name, "fail", 0.0, f"{NO_SIGNAL}; advantage_std = 0 at all of the last {len(last)} steps"
+                       + level, "use problems this model solves sometimes (easier if reward is ~0, harder if ~1), "
+                                "a stronger model, or more samples per prompt (n_samples_per_prompt) so that "
+                                "groups mix successes and failures (seed 003 §12)")
+    mixed = sum(v > 1e-8 for v in last)
+    return Verdict(name, "pass", last[-1], f"advantage_std > 0 at {mixed} of the last {len(last)} steps")
 
 
 @RULES.register("reward_stuck")
@@ -246,7 +282,8 @@ def length_collapse(metrics: list[dict], c: dict) -> Verdict:
 
 @RULES.register("train_eval_divergence")
 def train_eval_divergence(metrics: list[dict], c: dict) -> Verdict:
-    """Training correctness (rolling mean) up since the best OOD eval while OOD is flat or down.
+    """Training correctness (rolling mean) up since the best eval of ``ood_metric`` while it is flat or
+    down (the OOD probe in seed 003; the message names whichever eval it read).
 
     Span: from the step of the best OOD eval before the latest one, to the latest eval. Train gain:
     rolling correctness at the latest eval minus at the peak's step. Warn if the gain is >= 0.02 and
@@ -266,8 +303,9 @@ def train_eval_divergence(metrics: list[dict], c: dict) -> Verdict:
     peak_step, peak = max(ev[:-1], key=lambda p: (p[1], -p[0]))
     last_step, last = ev[-1]
     gain, change = train_at(last_step) - train_at(peak_step), last - peak
-    msg = (f"since the best OOD eval (step {peak_step}: {peak:.3g}) training correctness {gain:+.3g}, "
-           f"OOD {change:+.3g} (step {last_step}: {last:.3g})")
+    label = eval_label(key)  # "OOD" only when the OOD probe is what ran (defect 9)
+    msg = (f"since the best {label} eval (step {peak_step}: {peak:.3g}) training correctness {gain:+.3g}, "
+           f"{label} {change:+.3g} (step {last_step}: {last:.3g})")
     action = ("train/eval divergence, the primary signal to stop (seed 003 §12): keep the checkpoint of step "
               f"{peak_step}; if the run continues, check reward hacking and lower the LR")
     if gain >= c["divergence_train_gain"] and change < -c["eval_tol"]:
@@ -342,8 +380,36 @@ def grad_spikes_escalating(metrics: list[dict], c: dict) -> Verdict:
     return Verdict(name, "pass", maxima[-1], f"max grad_norm per {d} steps: {text}")
 
 
+# dependent rule -> (root rule, does this verdict follow from a failing root?)
+DEPENDS: dict[str, tuple[str, Callable[[Verdict], bool]]] = {
+    "advantage_std": ("learning_signal", lambda v: True),  # all advantages 0 is exactly what the root says
+    "grad_norm": ("learning_signal", lambda v: v.value == 0.0),  # zero gradient, not a spike: A = 0 -> loss 0
+    "reward_stuck": ("learning_signal", lambda v: True),  # reward 0 (or 1) everywhere: the root's "why"
+}
+
+
+def _fold(verdicts: list[Verdict]) -> list[Verdict]:
+    """Mark the verdicts that follow from a failing root (caused_by) and put each root first,
+    its consequences right after it; the rest keep their order."""
+    by = {v.name: v for v in verdicts}
+    out: dict[str, Verdict] = {}
+    for v in verdicts:
+        dep = DEPENDS.get(v.name)
+        root = by.get(dep[0]) if dep else None
+        if root is not None and root.status == "fail" and v.status in ("warn", "fail") and dep[1](v):
+            v = Verdict(v.name, v.status, v.value, f"{v.message}: follows from {root.name} (no learning signal)",
+                        f"nothing to fix here; see {root.name}", caused_by=root.name)
+        out[v.name] = v
+    roots = [v for v in out.values() if not v.caused_by and any(d.caused_by == v.name for d in out.values())]
+    ordered = []
+    for r in roots:
+        ordered += [r] + [d for d in out.values() if d.caused_by == r.name]
+    return ordered + [v for v in out.values() if v not in ordered]
+
+
 def check_health(metrics: Iterable[dict], rules: Iterable[str] | None = None, **cfg) -> list[Verdict]:
-    """Run the named rules (all of ``RULES`` by default) over metrics rows; returns one Verdict each.
+    """Run the named rules (all of ``RULES`` by default) over metrics rows; returns one Verdict each,
+    a failing root cause first with the verdicts that follow from it folded under it (``DEPENDS``).
 
     ``cfg`` overrides ``HEALTH_DEFAULTS`` (e.g. ``max_grad_norm=1.0`` from the run config); an
     unknown key raises ValueError naming the valid ones.
@@ -353,10 +419,54 @@ def check_health(metrics: Iterable[dict], rules: Iterable[str] | None = None, **
         raise ValueError(f"unknown health setting(s) {bad}; valid: {', '.join(HEALTH_DEFAULTS)}")
     c = {**HEALTH_DEFAULTS, **cfg}
     rows = list(metrics)
-    return [RULES.get(name)(rows, c) for name in (rules if rules is not None else RULES.names())]
+    return _fold([RULES.get(name)(rows, c) for name in (rules if rules is not None else RULES.names())])
+
+
+def eval_metric_for(config: dict, metrics: list[dict]) -> str:
+    """The eval the early-stop / divergence rules read: the early-stop probe, else the OOD probe when
+    one was logged (seed 003's primary signal), else the held-out set."""
+    probe = config.get("early_stop_probe")
+    if probe:
+        return f"eval/{probe}/greedy_pass@1"
+    if any("eval/ood/greedy_pass@1" in r for r in metrics):
+        return "eval/ood/greedy_pass@1"
+    return HELDOUT_KEY
+
+
+HELDOUT_KEY = "eval/heldout/greedy_pass@1"
+
+
+def run_verdicts(metrics: list[dict], config, skip: Iterable[str] = ()) -> list[Verdict]:
+    """A run's verdicts: ``config`` (a RunConfig or its dict) gives the clip norm, the spike
+    threshold and the eval to read; ``skip`` the rules its task opts out of (``Task.health_skip``)."""
+    c = config if isinstance(config, dict) else {k: getattr(config, k) for k in
+                                                 ("max_grad_norm", "spike_grad_norm", "early_stop_probe")}
+    rows = list(metrics)
+    return check_health(rows, rules=[r for r in RULES.names() if r not in set(skip)],
+                        max_grad_norm=float(c.get("max_grad_norm") or 1.0),
+                        spike_threshold=float(c.get("spike_grad_norm") or 50.0),
+                        ood_metric=eval_metric_for(c, rows))
+
+
+def display_order(verdicts: list[Verdict], order: tuple[str, ...] = ("fail", "warn", "n/a", "pass")) -> list[Verdict]:
+    """The order every view shows verdicts in: each root cause first with its consequences right
+    under it, then the others by status (``order``)."""
+    folded = [v for v in verdicts if v.caused_by]
+    roots = {v.caused_by for v in folded}
+    head: list[Verdict] = []
+    for r in [v for v in verdicts if v.name in roots]:
+        head += [r] + [v for v in folded if v.caused_by == r.name]
+    rank = {s: i for i, s in enumerate(order)}
+    return head + sorted((v for v in verdicts if v not in head), key=lambda v: rank[v.status])
 
 
 def summarize(verdicts: list[Verdict]) -> str:
-    """One line per verdict, failures first."""
-    order = {"fail": 0, "warn": 1, "n/a": 2, "pass": 3}
-    return "\n".join(str(v) for v in sorted(verdicts, key=lambda v: order[v.status]))
+    """One line per verdict in :func:`display_order` (consequences indented under their root)."""
+    return "\n".join(str(v) for v in display_order(verdicts))
+
+
+def eval_label(key: str) -> str:
+    """How a verdict names an eval key: 'OOD' only for the OOD probe (eval/ood/...), 'held-out' for
+    the held-out set, else the probe's name."""
+    probe = key.split("/")[1] if key.startswith("eval/") and key.count("/") >= 2 else key
+    return {"ood": "OOD", "heldout": "held-out"}.get(probe, f"'{probe}' probe")

@@ -35,6 +35,13 @@ the formula would be off by a factor of ``n_samples_per_prompt``. So for a28:
 
 For rftlib's own trainer, which counts its own steps, call :func:`lr_preflight_for_steps` with the
 trainer's total optimizer steps.
+
+Step numbering: what is shown (the message, :meth:`LRPreflight.table`, :meth:`LRPreflight.plot`,
+``rft preflight``) uses the trainer's numbering: optimizer step ``k`` = 1, 2, ... is the k-th
+``optimizer.step()``, trained at ``lr_at(k - 1)`` (so step 1 is at LR 0 when there is a warmup),
+the same ``step`` and ``lr`` a metrics row logs. The seed's check "LR@step20" is the scheduler's
+``lr_at(20)``, the LR after 20 optimizer steps, which optimizer step 21 trains at; ``check_step``
+keeps the scheduler's count (steps taken) and the message says both.
 """
 
 from __future__ import annotations
@@ -81,12 +88,12 @@ class LRPreflight:
     warmup_steps: int  # ceil(total_steps * warmup_ratio)
     lr: float  # target (peak) LR
     min_lr_ratio: float  # floor as a fraction of lr
-    check_step: int  # the optimizer step whose LR is checked
+    check_step: int  # optimizer steps taken when the LR is checked (that LR trains step check_step + 1)
     lr_at_check: float  # LR at check_step (or the best LR of a run shorter than check_step)
     min_fraction: float  # refuse below this fraction of lr
     verdict: str  # "ok" | "refuse"
     message: str  # the verdict in words
-    rows: list[tuple[int, float, float]] = field(default_factory=list)  # (optimizer step, lr, lr / target)
+    rows: list[tuple[int, float, float]] = field(default_factory=list)  # (optimizer step k, its lr, lr / target)
     steps_per_rollout: int | None = None  # optimizer steps per logged (rollout) step, when known
     inputs: dict = field(default_factory=dict)  # what the preflight was given, for the report
 
@@ -100,7 +107,8 @@ class LRPreflight:
 
     def table(self) -> str:
         """Printable report: inputs, the schedule at useful steps, the verdict."""
-        lines = ["LR preflight (OpenRLHF cosine_with_min_lr: linear warmup from 0, cosine to min_lr)"]
+        lines = ["LR preflight (OpenRLHF cosine_with_min_lr: linear warmup from 0, cosine to min_lr); "
+                 "step k = the k-th optimizer step, as the trainer logs it"]
         if self.inputs:
             lines.append("  " + ", ".join(f"{k}={v}" for k, v in self.inputs.items()))
         lines.append(f"  total_steps={self.total_steps} optimizer steps, warmup_steps={self.warmup_steps}, "
@@ -109,8 +117,8 @@ class LRPreflight:
         head = f"  {'opt step':>8}" + (f" {'rollout':>8}" if k else "") + f" {'lr':>11} {'of target':>10}"
         lines += [head, "  " + "-" * (len(head) - 2)]
         for step, lr, frac in self.rows:
-            roll = (f" {step / k:>8.3g}" if k else "")
-            mark = "  <- check" if step == self.check_step else ""
+            roll = (f" {math.ceil(step / k):>8d}" if k else "")  # rollout r holds optimizer steps (r-1)k+1 .. rk
+            mark = "  <- check" if step == self.check_step + 1 else ""
             lines.append(f"  {step:>8d}{roll} {lr:>11.4g} {frac:>9.1%}{mark}")
         lines.append(f"  verdict: {self.verdict.upper()} - {self.message}")
         return "\n".join(lines)
@@ -119,7 +127,8 @@ class LRPreflight:
         return self.table()
 
     def plot(self, ax=None):
-        """LR against optimizer step, with warmup end, check step and the refusal threshold marked."""
+        """LR against optimizer step (the trainer's numbering: step k trains at lr_at(k - 1)), with the
+        first full-LR step, the check step and the refusal threshold marked."""
         if ax is None:  # a bare Figure: no pyplot state, works headless and is shown inline by Jupyter
             from matplotlib.figure import Figure
 
@@ -128,15 +137,15 @@ class LRPreflight:
         else:
             fig = ax.figure
         n = max(self.total_steps, 1)
-        steps = list(range(n + 1))
-        lrs = [lr_at(s, total_steps=self.total_steps, warmup_steps=self.warmup_steps, lr=self.lr,
-                     min_lr_ratio=self.min_lr_ratio) for s in steps]
-        ax.plot(steps, lrs, label="lr")
+        steps = list(range(1, n + 1))  # optimizer step k trains at lr_at(k - 1)
+        lrs = [lr_at(k - 1, total_steps=self.total_steps, warmup_steps=self.warmup_steps, lr=self.lr,
+                     min_lr_ratio=self.min_lr_ratio) for k in steps]
+        ax.plot(steps, lrs, marker="." if n <= 50 else None, label="lr")
         ax.axhline(self.lr * self.min_fraction, color="grey", ls=":", label=f"{self.min_fraction:.0%} of target")
         if self.warmup_steps:
-            ax.axvline(self.warmup_steps, color="grey", ls="--", lw=0.8, label="end of warmup")
+            ax.axvline(self.warmup_steps + 1, color="grey", ls="--", lw=0.8, label="first step at full LR")
         color = "tab:green" if self.ok else "tab:red"
-        ax.plot([self.check_step], [self.lr_at_check], "o", color=color, label=f"check: {self.verdict}")
+        ax.plot([self.check_step + 1], [self.lr_at_check], "o", color=color, label=f"check: {self.verdict}")
         ax.set_xlabel("optimizer step")
         ax.set_ylabel("learning rate")
         ax.set_title(f"LR schedule: {self.total_steps} steps, warmup {self.warmup_steps}")
@@ -145,11 +154,12 @@ class LRPreflight:
 
 
 def _useful_steps(total: int, warmup: int, check: int, k: int | None) -> list[int]:
-    """First step, warmup midpoint/end, check step, quarters, last step (and rollout multiples if k)."""
-    pts = {0, 1, warmup // 2, warmup, check, total // 4, total // 2, 3 * total // 4, max(total - 1, 0), total}
+    """Optimizer steps (1-based, the trainer's) worth a table row: the first two, the warmup's middle,
+    its last step and the first at full LR, the checked step, quarters, the last (and rollout ends if k)."""
+    pts = {1, 2, warmup // 2 + 1, warmup, warmup + 1, check + 1, total // 4, total // 2, 3 * total // 4, total}
     if k:
         pts |= {k, check * k}
-    return sorted(p for p in pts if 0 <= p <= total)
+    return sorted(p for p in pts if 1 <= p <= total)
 
 
 def lr_preflight_for_steps(
@@ -179,14 +189,14 @@ def lr_preflight_for_steps(
                            [], steps_per_rollout, inputs or {})
     if check_step < total_steps:
         at_check = lr_at(check_step, **sched)
-        where = f"LR at optimizer step {check_step}"
+        where = f"LR after {check_step} optimizer steps (the LR of step {check_step + 1})"
     else:  # the run ends first: judge the best LR it ever trains at
-        best = max(range(total_steps), key=lambda s: lr_at(s, **sched))
+        best = max(range(total_steps), key=lambda s: lr_at(s, **sched))  # steps taken before the best step
         at_check, check_step = lr_at(best, **sched), best
-        where = f"run is only {total_steps} steps (< check step); its best LR, at step {best},"
+        where = f"run is only {total_steps} steps (< check step); its best LR, at step {best + 1},"
     frac = at_check / lr
-    rows = [(s, lr_at(s, **sched), lr_at(s, **sched) / lr) for s in _useful_steps(total_steps, warmup, check_step,
-                                                                                    steps_per_rollout)]
+    rows = [(k, lr_at(k - 1, **sched), lr_at(k - 1, **sched) / lr)
+            for k in _useful_steps(total_steps, warmup, check_step, steps_per_rollout)]
     verdict = "ok" if frac >= min_fraction else "refuse"
     cmp = ">=" if verdict == "ok" else "<"
     message = f"{where} is {at_check:.3g} = {frac:.1%} of target ({cmp} {min_fraction:.0%})"
@@ -240,6 +250,6 @@ def lr_preflight(
         s = check_step * k
         f = lr_at(s, total_steps=total, warmup_steps=result.warmup_steps, lr=lr, min_lr_ratio=min_lr_ratio) / lr
         result.message += (f". Note: {k} optimizer steps per logged (rollout) step, so the run is "
-                           f"{total / k:.3g} rollout steps and logged step {check_step} is optimizer step {s}, "
-                           f"where the LR is {f:.1%} of target")
+                           f"{total / k:.3g} rollout steps and logged step {check_step} ends at optimizer step {s}, "
+                           f"after which the LR is {f:.1%} of target")
     return result

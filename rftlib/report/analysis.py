@@ -46,10 +46,11 @@ def notes_block(notes: str) -> str:
 
 def verdict_table(a: Attempt) -> Html:
     """check_health's verdicts, one coloured row each, failures first, with the seed's action."""
-    order = {"fail": 0, "warn": 1, "pass": 2, "n/a": 3}
-    vs = sorted(a.verdicts, key=lambda v: order[v.status])
-    rows = [(status_badge(v.status), esc(v.name), esc(fmt(v.value)), esc(v.message), esc(v.action if v.status in ("warn", "fail") else ""))
-            for v in vs]
+    from rftlib.monitor.health import display_order
+
+    vs = display_order(a.verdicts, ("fail", "warn", "pass", "n/a"))
+    rows = [(status_badge(v.status), ("&nbsp;&nbsp;&#8627; " if v.caused_by else "") + esc(v.name), esc(fmt(v.value)),
+             esc(v.message), esc(v.action if v.status in ("warn", "fail") else "")) for v in vs]
     return table(["status", "check", "value", "what was seen", "action (seed 003)"], rows,
                  row_status=[v.status for v in vs], raw=(0, 1, 2, 3, 4), cls="rft-verdicts")
 

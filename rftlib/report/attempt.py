@@ -142,24 +142,22 @@ class Attempt:
     def verdicts(self):
         """check_health over the metrics with this attempt's clip norm and spike threshold. The
         early-stop / divergence rules read the held-out eval (the trainer's only eval signal)."""
-        from rftlib.monitor.health import RULES, check_health
+        from rftlib.monitor.health import RULES, run_verdicts
 
-        c = self.config
         saved = _read_json(self.run_dir / "logs" / "health.json")  # the trainer's rule set (task-aware)
-        rules = [v["name"] for v in saved if v.get("name") in RULES] if isinstance(saved, list) and saved else None
-        return check_health(self.metrics, rules=rules, max_grad_norm=float(c.get("max_grad_norm", 1.0)),
-                            spike_threshold=float(c.get("spike_grad_norm", 50.0)), ood_metric=self.stop_metric)
+        skip = ()
+        if isinstance(saved, list) and saved:
+            ran = {v.get("name") for v in saved}
+            skip = tuple(r for r in RULES.names() if r not in ran and r != "learning_signal")
+        return run_verdicts(self.metrics, self.config, skip)
 
     @property
     def stop_metric(self) -> str:
         """The eval the early-stop / divergence verdicts read: the early-stop probe, else the OOD
         probe when logged (seed 003's primary signal), else the held-out set."""
-        probe = self.config.get("early_stop_probe")
-        if probe:
-            return f"eval/{probe}/greedy_pass@1"
-        if any("eval/ood/greedy_pass@1" in r for r in self.metrics):
-            return "eval/ood/greedy_pass@1"
-        return EVAL_KEY
+        from rftlib.monitor.health import eval_metric_for
+
+        return eval_metric_for(self.config, self.metrics)
 
     def probe_keys(self) -> list[str]:
         """Every eval/<probe>/greedy_pass@1 key in the metrics (heldout first)."""
@@ -169,7 +167,8 @@ class Attempt:
     def verdict_counts(self) -> dict[str, int]:
         out = {"pass": 0, "warn": 0, "fail": 0, "n/a": 0}
         for v in self.verdicts:
-            out[v.status] += 1
+            if not v.caused_by:  # a consequence folded under its root cause is not counted twice
+                out[v.status] += 1
         return out
 
     @property
@@ -184,7 +183,9 @@ class Attempt:
 
 def load_attempt(run_dir: str | Path) -> Attempt:
     """Read an attempt's run directory; raises FileNotFoundError naming what is missing."""
-    run_dir = Path(run_dir)
+    from rftlib.attempts import run_dir_path
+
+    run_dir = run_dir_path(run_dir)
     if not (run_dir / "config.yaml").exists():
         raise FileNotFoundError(f"{run_dir}: not an attempt directory (no config.yaml)")
     doc = read_attempt(run_dir)
@@ -196,7 +197,9 @@ def load_attempt(run_dir: str | Path) -> Attempt:
 
 def list_attempts(runs_root: str | Path) -> list[Attempt]:
     """Every attempt directory directly under runs_root, in attempt-number order."""
-    root = Path(runs_root)
+    from rftlib.attempts import runs_root as resolve_runs
+
+    root = resolve_runs(runs_root)
     dirs = [p for p in root.iterdir() if p.is_dir() and (p / "config.yaml").exists()] if root.is_dir() else []
     return [load_attempt(p) for p in sorted(dirs, key=lambda p: attempt_number(p.name))]
 

@@ -47,15 +47,24 @@ def _same_settings(doc: dict[str, Any], *, limit: int | None, max_new_tokens: in
             and doc.get("limit") == limit)
 
 
-def eval_checkpoints(run_dir: str | Path, *, limit: int | None = None, max_new_tokens: int | None = None,
-                     batch_size: int | None = None, recompute: bool = False, reuse_training_evals: bool = True,
-                     log: Callable[[str], None] = print) -> dict[int, dict[str, Any]]:
+def eval_checkpoints(run_dir: str | Path, **kw) -> dict[int, dict[str, Any]]:
     """Evaluate each training_state/step_N; returns {step: result} for all checkpoints (cached ones
     included). ``limit``: only the first ``limit`` held-out problems (seed 001's --subset-frac);
-    ``max_new_tokens``/``batch_size``: default to the attempt's config."""
+    ``max_new_tokens``/``batch_size``: default to the attempt's config. transformers' warnings and
+    weight-loading bars go to ``logs/library_warnings.log``, not into the notebook."""
+    from rftlib.attempts import run_dir_path
+    from rftlib.workbench import quiet_libraries
+
+    run_dir = run_dir_path(run_dir)
+    with quiet_libraries(run_dir / "logs" / "library_warnings.log"):
+        return _eval_checkpoints(run_dir, **kw)
+
+
+def _eval_checkpoints(run_dir: Path, *, limit: int | None = None, max_new_tokens: int | None = None,
+                      batch_size: int | None = None, recompute: bool = False, reuse_training_evals: bool = True,
+                      log: Callable[[str], None] = print) -> dict[int, dict[str, Any]]:
     import json
 
-    run_dir = Path(run_dir)
     cfg = read_attempt(run_dir)["config"]
     steps = checkpoint_steps(run_dir)
     mnt = int(max_new_tokens or cfg["max_new_tokens"])

@@ -7,6 +7,10 @@ difference ``d_i = correct_B(i) - correct_A(i)`` is resampled (problems drawn wi
 of the accuracy difference. Pairing removes the between-problem variance that dominates small
 eval sets (18 AIME problems: one problem = 5.6 points). Problems are matched by id; evals of
 different modes are refused (seed 003: never compare across modes).
+
+A comparison between attempts that both learned nothing (every advantage 0 at every step: every
+group had equal rewards, so no update moved the policy) is void: their eval difference is sampling
+noise of two unchanged models, and the table says so instead of reporting "no significant difference".
 """
 
 from __future__ import annotations
@@ -106,6 +110,26 @@ def gain_ci(a: Attempt, **kw) -> tuple[BootstrapCI | None, str]:
     return paired_bootstrap([p0[i] for i in common], [p1[i] for i in common], **kw), f"step 0 -> {e1[0]}"
 
 
+def learned_nothing(a: Attempt) -> str:
+    """Why an attempt cannot have learned anything ("" when it could have): every advantage was 0 at
+    every training step (no group with mixed rewards), so the policy gradient was 0 throughout."""
+    adv = [r.get("advantage_std") for r in a.train_rows if isinstance(r.get("advantage_std"), (int, float))]
+    if adv and all(abs(v) < 1e-8 for v in adv):
+        rew = [r.get("reward_mean") for r in a.train_rows if isinstance(r.get("reward_mean"), (int, float))]
+        level = f", reward_mean {min(rew):.3g}..{max(rew):.3g}" if rew else ""
+        return f"every advantage was 0 at all {len(adv)} steps (every group had equal rewards{level})"
+    return ""
+
+
+def void_reason(a: Attempt, b: Attempt) -> str:
+    """Why the A/B of ``a`` and ``b`` is void ("" when it is not): both learned nothing."""
+    ra, rb = learned_nothing(a), learned_nothing(b)
+    if ra and rb:
+        return (f"comparison void: neither attempt learned anything ({a.attempt_id}: {ra}; {b.attempt_id}: {rb}); "
+                "any eval difference is sampling noise, not an effect of the config difference")
+    return ""
+
+
 def _ci_cell(ci: BootstrapCI | None, note: str, better: str = "B better", worse: str = "B worse") -> str:
     if ci is None:
         return f"<i>{esc(note)}</i>"
@@ -126,8 +150,11 @@ def difference_table(attempts: Sequence[Attempt], *, n_boot: int = 10_000, seed:
     for b in attempts:
         base, best, final = b.baseline_best_final()
         g, gnote = gain_ci(b, n_boot=n_boot, seed=seed)
+        void = "" if b is ref else void_reason(ref, b)
         if b is ref:
             d_final, d_best = "(reference A)", ""
+        elif void:
+            d_final = d_best = f"{status_badge('n/a', 'void')}<br><small>{esc(void)}</small>"
         else:
             ci_f, nf = paired_eval_diff(ref, b, "final", n_boot=n_boot, seed=seed)
             ci_b, nb = paired_eval_diff(ref, b, "best", n_boot=n_boot, seed=seed)
@@ -137,13 +164,22 @@ def difference_table(attempts: Sequence[Attempt], *, n_boot: int = 10_000, seed:
         diffs = key_differences(b.config, ref.config)
         rows.append((f"<b>{esc(b.attempt_id)}</b>", esc(pct(base)), esc(pct(final)),
                      esc("\u2014" if best is None else f"{pct(best[1])} @ {best[0]}"),
-                     _ci_cell(g, gnote, "improved", "regressed"), d_final, d_best,
+                     (f"{status_badge('n/a', 'learned nothing')}<br><small>{esc(nothing)}</small>"
+                      if (nothing := learned_nothing(b)) else _ci_cell(g, gnote, "improved", "regressed")),
+                     d_final, d_best,
                      f"{status_badge(worst)} {counts['fail']} fail, {counts['warn']} warn",
                      "<br>".join(esc(f"{k}: {x} \u2192 {y}") for k, (x, y) in diffs.items()) or "\u2014"))
         status.append(worst)
-    return table(["attempt", "baseline", "final", "best", "own gain (final - step 0), 95% CI",
+    body = table(["attempt", "baseline", "final", "best", "own gain (final - step 0), 95% CI",
                   "final: B - A, 95% CI", "best: B - A, 95% CI", "health", f"config vs {ref.attempt_id}"],
                  rows, raw=tuple(range(9)), cls="rft-compare")
+    if len(attempts) > 1 and all(learned_nothing(a) for a in attempts):
+        why = "; ".join(f"{a.attempt_id}: {learned_nothing(a)}" for a in attempts)
+        return join('<p class="rft-void" style="color:#7f1d1d;border-left:4px solid #b91c1c;padding:4px 8px">'
+                    "<b>This comparison is void: none of the attempts learned anything</b> (" + esc(why) + "). "
+                    "Their differences below are noise between unchanged models; fix the learning signal "
+                    "(health: learning_signal) before comparing configs.</p>", body)
+    return body
 
 
 def config_diff_table(attempts: Sequence[Attempt]) -> Html:
@@ -183,6 +219,9 @@ def summary_text(attempts: Sequence[Attempt], **kw) -> str:
     """One line per attempt B against A, for the CLI."""
     lines = []
     for b in attempts[1:]:
+        if void := void_reason(attempts[0], b):
+            lines.append(f"{b.attempt_id} - {attempts[0].attempt_id}: {void}")
+            continue
         ci, note = paired_eval_diff(attempts[0], b, "final", **kw)
         lines.append(f"{b.attempt_id} - {attempts[0].attempt_id}: " + (str(ci) if ci else note))
     return "\n".join(lines)

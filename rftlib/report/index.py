@@ -45,7 +45,7 @@ def _eval_cell(a: Attempt) -> str:
 
 def _verdict_cell(a: Attempt) -> str:
     c = a.verdict_counts()
-    bad = [v for v in a.verdicts if v.status in ("fail", "warn")]
+    bad = [v for v in a.verdicts if v.status in ("fail", "warn") and not v.caused_by]  # root causes, not echoes
     head = " ".join(f"{status_badge(s)}&nbsp;{n}" for s in ("fail", "warn", "pass") if (n := c[s]))
     names = "<br>".join(f"<small>{esc(v.status)}: {esc(v.name)}</small>" for v in bad[:4])
     return head + ("<br>" + names if names else "")
@@ -67,7 +67,10 @@ def build_index(runs_root: str | Path, out_dir: str | Path, *, baseline: str | N
                 title: str = "rftlib attempts") -> Html:
     """The index page's HTML. ``baseline``: the attempt id the config differences are taken
     against (default: the first attempt). Report links point to ``<out_dir>/<attempt-id>.html``."""
+    from rftlib.attempts import runs_root as resolve_runs
+
     out_dir = Path(out_dir)
+    runs_root = resolve_runs(runs_root)
     attempts = list_attempts(runs_root)
     base = None
     if attempts:
@@ -104,9 +107,12 @@ def write_index(runs_root: str | Path, out_dir: str | Path | None = None, **kw) 
     return path
 
 
-def reports_dir_for(runs_root: str | Path) -> Path:
-    """Where reports go by default: ``reports/`` beside the runs root (runs/ -> reports/)."""
-    return Path(runs_root).resolve().parent / "reports"
+def reports_dir_for(runs_root: str | Path | None = None) -> Path:
+    """Where reports go by default: ``reports/`` beside the runs root (runs/ -> reports/), or
+    ``$RFTLIB_REPORTS`` (rftlib.attempts.reports_root)."""
+    from rftlib.attempts import reports_root
+
+    return reports_root(runs_root)
 
 
 def index_ids(html: str) -> Sequence[str]:

@@ -19,6 +19,30 @@ from matplotlib.ticker import MaxNLocator
 from rftlib.report.attempt import EVAL_KEY, Attempt
 
 COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf"]
+# per attempt in overlays: a curve drawn exactly on top of another still shows (hollow marker of
+# another shape, another dash pattern)
+MARKERS = ["o", "s", "^", "D", "v", "P", "X", "*"]
+LINESTYLES = ["-", "--", ":", "-."]
+
+
+def style(i: int) -> dict[str, Any]:
+    """Line style of the i-th attempt in an overlay: colour, marker shape, dash pattern; markers of
+    later attempts hollow and larger so that identical curves stay visible one over the other."""
+    return {"color": COLORS[i % len(COLORS)], "marker": MARKERS[i % len(MARKERS)], "ls": LINESTYLES[i % len(LINESTYLES)],
+            "markersize": 4 + 2 * min(i, 3), "markerfacecolor": COLORS[i % len(COLORS)] if i == 0 else "none",
+            "lw": 1.4, "alpha": 0.9}
+
+
+def honest_axis(ax, min_rel_span: float = 0.02, min_abs_span: float = 1e-3) -> None:
+    """Plain tick labels (no "+5.877" offset, no scientific multiplier) and a y-range (once
+    everything is drawn) of at least ``min_rel_span`` x |level|, or ``min_abs_span`` near 0: noise of
+    1e-4 on a value of 5.88 is drawn flat, not stretched over the whole axis to look like a trend."""
+    ax.ticklabel_format(axis="y", useOffset=False, style="plain")
+    lo, hi = ax.get_ylim()
+    mid = (lo + hi) / 2
+    need = max(min_rel_span * abs(mid), min_abs_span)
+    if hi - lo < need:
+        ax.set_ylim(mid - need / 2, mid + need / 2)
 
 
 @dataclass
@@ -88,6 +112,7 @@ def _panel(ax, rows, key: str, title: str, *, refs: Sequence[tuple[float, str]] 
     ax.set_xlabel("step", fontsize=8)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.tick_params(labelsize=8)
+    honest_axis(ax)
     if extra or band:
         ax.legend(fontsize=7)
 
@@ -211,8 +236,10 @@ def overlay(attempts: Sequence[Attempt]) -> Plot:
             xs, ys = _series(a.train_rows, key)
             if xs:
                 k = 100.0 if percent else 1.0
-                axis.plot(xs, [k * y for y in ys], marker=".", color=COLORS[i % len(COLORS)], label=labels[i])
+                axis.plot(xs, [k * y for y in ys], label=labels[i], **style(i))
                 drawn = True
+        if drawn:
+            honest_axis(axis)
         axis.xaxis.set_major_locator(MaxNLocator(integer=True))
         axis.tick_params(labelsize=8)
         if not drawn:
@@ -231,7 +258,7 @@ def overlay_eval(attempts: Sequence[Attempt]) -> Plot:
         pts = a.eval_points()
         col = COLORS[i % len(COLORS)]
         if pts:
-            ax.plot([s for s, _ in pts], [100 * v for _, v in pts], marker="o", color=col, label=_short(a, attempts))
+            ax.plot([s for s, _ in pts], [100 * v for _, v in pts], label=_short(a, attempts), **style(i))
             if pts[0][0] == 0:
                 ax.axhline(100 * pts[0][1], ls="--", lw=1, color=col)
         labels.add(a.eval_label())

@@ -66,7 +66,9 @@ def write_report(run_dir: str | Path, reports_dir: str | Path | None = None, *, 
     """Execute analysis.ipynb for one attempt and write ``<reports>/<attempt-id>.html`` (+ the index)."""
     from rftlib.report.attempt import load_attempt
 
-    run_dir = Path(run_dir).resolve()
+    from rftlib.attempts import run_dir_path
+
+    run_dir = run_dir_path(run_dir)
     a = load_attempt(run_dir)  # fails here, with the path, before a kernel starts
     out = _reports_dir(run_dir, reports_dir)
     params = {"run_dir": str(run_dir), "baseline_attempt": str(Path(baseline_attempt).resolve()) if baseline_attempt else ""}
@@ -84,7 +86,9 @@ def write_compare(run_dirs: Sequence[str | Path], reports_dir: str | Path | None
     """Execute compare.ipynb for two or more attempts; write ``<reports>/compare-<A>-vs-<B>.html``."""
     from rftlib.report.compare import compare_name, load_all
 
-    dirs = [Path(p).resolve() for p in run_dirs]
+    from rftlib.attempts import run_dir_path
+
+    dirs = [run_dir_path(p) for p in run_dirs]
     load_all(dirs)  # fail fast on a missing attempt
     out = _reports_dir(dirs[0], reports_dir)
     name = compare_name(dirs)

@@ -45,11 +45,15 @@ def train_notebook() -> nbformat.NotebookNode:
     cells = [
         md("# GRPO attempt\n\nOne attempt: resolve the config (preset + parameters), train, "
            "evaluate on the held-out set, plot. Run headless with\n"
-           "`papermill notebooks/train.ipynb out.ipynb -p eps_clip 0.1` or `-f params/<preset>.yaml`."),
+           "`papermill notebooks/train.ipynb out.ipynb -p eps_clip 0.1` or `-f params/<preset>.yaml`.\n\n"
+           "The attempt goes to `<project root>/runs/attempt-NN-<name>/` (or `$RFTLIB_RUNS`), whatever the "
+           "kernel's working directory, and its report to `reports/`. In JupyterLab the live view's **Stop** "
+           "button checkpoints after the current step and stops; *Kernel > Interrupt* stops mid-step and keeps "
+           "only the last checkpoint (`training_state/step_latest`)."),
         _params(parameters_cell()),
         code("from rftlib import workbench as wb\n\nrun = wb.start(globals())\nprint(wb.describe(run))"),
         code("summary = wb.train(run)\nprint(wb.result_text(summary))"),
-        code("fig = wb.plot_run(run.run_dir)"),
+        code("wb.plot_run(run.run_dir)  # the last expression of the cell: shown as a PNG, here and in papermill's output"),
         md("## Every checkpoint, the final one included\n\n`training_state/step_N` evaluated greedily on the "
            "held-out set into `eval/ckpt_step_N.json` (resumable; a state the trainer already evaluated is "
            "reused). Then the attempt's report, `reports/<attempt-id>.html`, and the index are (re)written."),

@@ -1,0 +1,123 @@
+"""Screenshots of the workbench in a real JupyterLab (issue 15): the live view of a tiny-preset
+attempt with its Stop button and a group of samples (then Stop clicked), and the notebook papermill
+executed for another tiny attempt, reopened in JupyterLab.
+
+    python scripts/lab_screenshots.py [--out /tmp/rft_artefacts] [--playwright DIR]
+
+Needs Debian's /usr/bin/chromium (scripts/setup_browser.sh) and the npm package playwright-core
+in DIR/node_modules (``npm install playwright-core`` in DIR; no browser download: Chromium is
+launched by path). Everything happens in a scratch directory: JupyterLab's root holds a copy of
+notebooks/train.ipynb set to the tiny preset, and RFTLIB_RUNS points at its runs/ (so the
+committed notebook and the project's runs/ are never touched). Prints what it checked; exit 1 if a
+check failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import secrets
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+import nbformat
+
+REPO = Path(__file__).resolve().parent.parent
+VENV_BIN = Path(sys.executable).parent
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _tiny_notebook(dst: Path, num_steps: int) -> None:
+    nb = nbformat.read(REPO / "notebooks" / "train.ipynb", as_version=4)
+    for c in nb.cells:
+        if "parameters" in c.metadata.get("tags", []):
+            c.source = c.source.replace("preset = 'default'", "preset = 'tiny'").replace(
+                "num_steps = None", f"num_steps = {num_steps}").replace("eval_steps = None", "eval_steps = 50")
+    nbformat.write(nb, dst)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default="/tmp/rft_artefacts")
+    ap.add_argument("--playwright", default=os.environ.get("RFT_PLAYWRIGHT_DIR", "/tmp/rft_pw"))
+    ap.add_argument("--steps", type=int, default=200)  # long enough to click Stop while it runs
+    args = ap.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    pw = Path(args.playwright)
+    if not (pw / "node_modules" / "playwright-core").is_dir() or not shutil.which("node"):
+        print(f"need node and {pw}/node_modules/playwright-core (npm install playwright-core)", file=sys.stderr)
+        return 2
+    shutil.copy(REPO / "scripts" / "lab_screenshots.mjs", pw / "lab_screenshots.mjs")
+    root = Path(tempfile.mkdtemp(prefix="rft_lab_"))
+    (root / "notebooks").mkdir()
+    _tiny_notebook(root / "notebooks" / "train_tiny.ipynb", args.steps)
+    env = {**os.environ, "PYTHONPATH": f"{REPO}:{os.environ.get('PYTHONPATH', '')}", "RFTLIB_RUNS": str(root / "runs"),
+           "OMP_NUM_THREADS": "1"}
+    env.pop("RFTLIB_HEADLESS", None)
+    checks: list[tuple[str, bool]] = []
+
+    # 1) the headless attempt first (papermill through rft), reopened later in the browser
+    t = time.time()
+    subprocess.run([str(VENV_BIN / "rft"), "train", "-p", "tiny", "--set", "num_steps=3", "--set", "name=papermill"],
+                   env=env, cwd=root, check=True, stdout=subprocess.DEVNULL)
+    (pm_run,) = [p for p in (root / "runs").iterdir() if p.name.endswith("papermill")]
+    print(f"[lab_screenshots] papermill attempt {pm_run.name} in {time.time() - t:.0f} s")
+
+    port, token = _free_port(), secrets.token_hex(16)
+    lab = subprocess.Popen([str(VENV_BIN / "jupyter"), "lab", "--no-browser", "--ip=127.0.0.1", f"--port={port}",
+                            f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={root}",
+                            "--allow-root", "--LabApp.expose_app_in_browser=True"], env=env, cwd=root,
+                           stdout=open(out / "jupyterlab.log", "w"), stderr=subprocess.STDOUT)
+    try:
+        base = f"http://127.0.0.1:{port}"
+        for _ in range(120):
+            try:
+                urllib.request.urlopen(f"{base}/api/status?token={token}", timeout=2)
+                break
+            except OSError:
+                time.sleep(1)
+        node = lambda *a: subprocess.run(["node", "lab_screenshots.mjs", *a], cwd=pw, env=env, timeout=1500)
+        # 2) the executed notebook, reopened
+        rel = pm_run.relative_to(root) / "notebook.ipynb"
+        node("view", f"{base}/lab/workspaces/view/tree/{rel}?reset&token={token}", str(out))
+        # 3) the live view: run every cell of the tiny notebook, capture, click Stop
+        node("live", f"{base}/lab/workspaces/live/tree/notebooks/train_tiny.ipynb?reset&token={token}", str(out))
+    finally:
+        lab.terminate()
+        lab.wait(30)
+    live = [p for p in (root / "runs").iterdir() if not p.name.endswith("papermill")]
+    checks.append(("live attempt in RFTLIB_RUNS, none under notebooks/", len(live) == 1
+                   and not (root / "notebooks" / "runs").exists() and not (root / "notebooks" / "reports").exists()))
+    if live:
+        checks.append(("Stop wrote control/stop", (live[0] / "control" / "stop").exists()))
+        s = live[0] / "summary.json"
+        summary = json.loads(s.read_text()) if s.exists() else {}
+        checks.append((f"trainer stop_reason: {summary.get('stop_reason')!r}, steps {summary.get('steps')}", True))
+    nb = nbformat.read(pm_run / "notebook.ipynb", as_version=4)
+    outs = [o for c in nb.cells for o in c.get("outputs", [])]
+    checks.append(("executed notebook has per-step text lines",
+                   any("[rft] step 1/3" in o.get("text", "") for o in outs)))
+    checks.append(("executed notebook has a PNG", any("image/png" in o.get("data", {}) for o in outs)))
+    for name in ("live_view.png", "live_view_panel.png", "live_view_stopping.png", "executed_top.png", "executed_plot.png"):
+        checks.append((f"{out / name} written", (out / name).exists()))
+    for what, ok in checks:
+        print(f"[lab_screenshots] {'ok ' if ok else 'FAIL'} {what}")
+    print(f"[lab_screenshots] scratch root: {root}")
+    return 0 if all(ok for _, ok in checks) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
