@@ -32,6 +32,7 @@ NOTEBOOK_PARAMS: dict[str, tuple[Any, str]] = {
     "live_view": (True, "ipywidgets panel in JupyterLab (with a Stop button); False, or any headless run "
                         "(papermill, rft), prints one text line per step"),
     "skip_preflight": (False, "launch even if the LR preflight refuses (seed 003 preflight_lr.sh)"),
+    "nproc": (1, "ranks on this machine; > 1 starts them with torchrun (backend ddp or deepspeed) and streams their lines"),
 }
 _IPY_NAMES = {"In", "Out", "get_ipython", "exit", "quit", "open"}
 
@@ -140,6 +141,8 @@ def train(run: Run) -> dict[str, Any]:
     bars) goes to ``logs/library_warnings.log`` instead of the output."""
     from rftlib.train.loop import Trainer
 
+    if int(run.nb.get("nproc") or 1) > 1:
+        return _train_ranks(run, int(run.nb["nproc"]))
     callbacks = []
     live = None
     in_kernel = "ipykernel" in sys.modules
@@ -170,6 +173,20 @@ def train(run: Run) -> dict[str, Any]:
     write_json(run.run_dir / "summary.json", summary)
     run.summary = summary
     return summary
+
+
+def _train_ranks(run: Run, nproc: int) -> dict[str, Any]:
+    """The attempt on ``nproc`` ranks under torchrun (rank 0 writes the run dir); their lines stream here."""
+    import json
+
+    from rftlib.train.launch import run_ranks
+
+    code = run_ranks(run.run_dir, nproc, resume=run.resume)
+    if code != 0:
+        raise RuntimeError(f"the {nproc} ranks of {run.run_dir.name} exited with code {code} (lines above); "
+                           "the last checkpoint is intact for a resume")
+    run.summary = json.loads((run.run_dir / "summary.json").read_text())
+    return run.summary
 
 
 @contextlib.contextmanager

@@ -190,3 +190,20 @@ def test_torchrun_command_for_one_and_two_nodes():
                         "--rdzv-endpoint=10.0.0.1:29400", "--rdzv-id=rftlib"]
     with pytest.raises(ValueError, match="rdzv_endpoint"):
         torchrun_command(8, ["train"], nnodes=2)
+
+
+def test_train_notebook_with_nproc_2_runs_ranks_under_torchrun(tmp_path):
+    """train.ipynb under papermill with nproc=2: the kernel starts torchrun and streams the ranks' lines."""
+    import json
+
+    import papermill as pm
+
+    out = tmp_path / "out.ipynb"
+    pm.execute_notebook(str(REPO / "notebooks" / "train.ipynb"), str(out), cwd=str(REPO), progress_bar=False,
+                        parameters={"preset": "tiny", "nproc": 2, "backend": "ddp", "num_steps": 2,
+                                    "runs_root": str(tmp_path / "runs"), "live_view": False})
+    (run_dir,) = (tmp_path / "runs").glob("attempt-*")
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["world_size"] == 2 and summary["steps"] == 2
+    text = out.read_text()
+    assert "[rft] step 2/2" in text  # the ranks' lines are in the executed notebook
