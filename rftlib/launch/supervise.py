@@ -37,7 +37,7 @@ from rftlib.attempts import write_json
 from rftlib.launch.plan import LaunchPlan, check_plan, format_plan, make_plan
 from rftlib.train.launch import rank_env
 
-TAIL_LINES = 30
+TAIL_LINES = 60
 RUNNING = "running"
 
 
@@ -76,6 +76,18 @@ def _tail(path: Path, n: int = TAIL_LINES) -> str:
             return "".join(deque(f, maxlen=n))
     except FileNotFoundError:
         return ""
+
+
+def first_error(log_text: str) -> str:
+    """The first ``SomeError: message`` line of a log (a failing rank's exception, not torchrun's
+    ChildFailedError wrapper), or ""."""
+    import re
+
+    for line in log_text.splitlines():
+        m = re.search(r"\b([A-Za-z_.]*(?:Error|Exception|Interrupt)): (.+)", line)
+        if m and "ChildFailedError" not in m.group(1):
+            return f"{m.group(1).rsplit('.', 1)[-1]}: {m.group(2).strip()}"
+    return ""
 
 
 def launch(preset: str = "default", overrides: dict[str, Any] | None = None, *, resume: str | Path | None = None,
@@ -209,10 +221,11 @@ def supervise(run_dir: str | Path, node: int = 0, poll: float = 0.5) -> int:
                                                              "step(s)", exit_code=0, process=name)
         return 0
     tail = _tail(logs[name])
+    error = first_error(_tail(logs[name], 2000))
     reason = f"{name} exited with code {code}" + ("" if name == trainer else " (a rollout engine died)") + \
-             (f"; stopped {', '.join(rest)}" if rest else "")
-    _write_status(run_dir, state="crashed", reason=reason, process=name, exit_code=code, log=str(logs[name]),
-                  log_tail=tail)
+        (f" ({error})" if error else "") + (f"; stopped {', '.join(rest)}" if rest else "")
+    _write_status(run_dir, state="crashed", reason=reason, process=name, exit_code=code, error=error,
+                  log=str(logs[name]), log_tail=tail)
     print(f"[supervisor] crashed: {reason}\n{tail}", flush=True)
     return 1
 
