@@ -175,8 +175,9 @@ def terminate(procs: dict[str, subprocess.Popen | int], grace: float = 20.0) -> 
         _killpg(pid, signal.SIGKILL)
 
 
-def supervise(run_dir: str | Path, node: int = 0, poll: float = 0.5) -> int:
-    """The supervisor's body: start node ``node``'s processes, wait, stop all when one ends."""
+def supervise(run_dir: str | Path, node: int = 0, poll: float = 0.5, handle_signals: bool = False) -> int:
+    """The supervisor's body: start node ``node``'s processes, wait, stop all when one ends.
+    ``handle_signals`` (the detached supervisor process): SIGTERM/SIGINT terminate every process."""
     run_dir = Path(run_dir)
     plan = LaunchPlan.from_json(json.loads((run_dir / "plan.json").read_text()))
     procs: dict[str, subprocess.Popen] = {}
@@ -186,8 +187,9 @@ def supervise(run_dir: str | Path, node: int = 0, poll: float = 0.5) -> int:
     def on_signal(signum, _frame):
         stopping["signal"] = signal.Signals(signum).name
 
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    if handle_signals:
+        signal.signal(signal.SIGTERM, on_signal)
+        signal.signal(signal.SIGINT, on_signal)
     base = rank_env()
     for p in plan.on_node(node):
         logs[p.name] = run_dir / p.log
@@ -270,7 +272,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("run_dir")
     ap.add_argument("--node", type=int, default=0, help="which node's processes of plan.json to run")
     a = ap.parse_args(argv)
-    return supervise(a.run_dir, node=a.node)
+    return supervise(a.run_dir, node=a.node, handle_signals=True)
 
 
 if __name__ == "__main__":
