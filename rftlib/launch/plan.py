@@ -243,7 +243,8 @@ def memory_checks(plan: LaunchPlan, cfg: RunConfig) -> list[tuple[str, Any]]:
     return out
 
 
-def check_plan(plan: LaunchPlan, cfg: RunConfig, *, dry_run: bool = False, machine_gpus: int | None = None) -> list[str]:
+def check_plan(plan: LaunchPlan, cfg: RunConfig, *, dry_run: bool = False,
+               machine_gpus: int | None = None) -> list[str]:
     """Hold the plan against this machine; the notes (also kept in ``plan.checks``), or LaunchError.
 
     Checks: each node has the GPUs the layout names (``machine_gpus`` overrides the detection, for
@@ -305,7 +306,8 @@ def gpu_map(plan: LaunchPlan) -> str:
 
 def commands_sh(plan: LaunchPlan) -> str:
     """A shell script of the plan, node by node (what ``rft launch`` ran on node 0)."""
-    out = ["#!/usr/bin/env bash", f"# launch plan of {plan.run_dir} (preset {plan.preset or '-'}); written by rft launch",
+    out = ["#!/usr/bin/env bash",
+           f"# launch plan of {plan.run_dir} (preset {plan.preset or '-'}); written by rft launch",
            "# each line runs in the background on its node; logs under the run directory", "set -euo pipefail"]
     for node in range(plan.nnodes):
         out.append(f"\n# ---- node {node}: {plan.hosts[node]} ----")

@@ -90,7 +90,8 @@ def gpu_table() -> str:
         parts = [x.strip() for x in line.split(",")]
         if len(parts) == 4:
             i, used, total, util = parts
-            lines.append(f"{i:>3}  {used:>8} / {total:<8} ({100 * float(used) / max(float(total), 1):3.0f}%)  {util:>3}%")
+            pct = 100 * float(used) / max(float(total), 1)
+            lines.append(f"{i:>3}  {used:>8} / {total:<8} ({pct:3.0f}%)  {util:>3}%")
     return "\n".join(lines)
 
 

@@ -158,9 +158,22 @@ def _killpg(pid: int, sig: int) -> None:
         pass
 
 
+def _descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (torchrun starts each rank in a session of its own, so killing
+    torchrun's process group alone can leave ranks behind)."""
+    try:
+        import psutil
+
+        return [c.pid for c in psutil.Process(pid).children(recursive=True)]
+    except Exception:  # psutil missing or the process already gone
+        return []
+
+
 def terminate(procs: dict[str, subprocess.Popen | int], grace: float = 20.0) -> None:
-    """SIGTERM every process group, then SIGKILL whatever is left after ``grace`` seconds."""
+    """SIGTERM every process group (torchrun passes it on to its ranks, vLLM to its workers), then
+    SIGKILL whatever is left of them and of their descendants after ``grace`` seconds."""
     pids = {n: (p.pid if isinstance(p, subprocess.Popen) else int(p)) for n, p in procs.items()}
+    family = {d for pid in pids.values() for d in _descendants(pid)}
     for pid in pids.values():
         _killpg(pid, signal.SIGTERM)
     deadline = time.time() + grace
@@ -168,11 +181,16 @@ def terminate(procs: dict[str, subprocess.Popen | int], grace: float = 20.0) -> 
         for p in procs.values():
             if isinstance(p, subprocess.Popen):
                 p.poll()
-        if not any(pid_alive(pid) for pid in pids.values()):
+        if not any(pid_alive(pid) for pid in [*pids.values(), *family]):
             return
         time.sleep(0.2)
     for pid in pids.values():
         _killpg(pid, signal.SIGKILL)
+    for pid in family:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
 
 
 def supervise(run_dir: str | Path, node: int = 0, poll: float = 0.5, handle_signals: bool = False) -> int:
