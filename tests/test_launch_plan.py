@@ -57,6 +57,7 @@ def test_a28b_matches_seed003_allocation():
         assert "--tensor-parallel-size 2 --gpu-memory-utilization 0.85" in eng and "--enable-lora" in eng
         assert f"--port {8000 + k}" in eng
     assert "dry run on a machine without the GPUs" in out and "nothing was started" in out
+    assert "REFUSED (a launch would stop here): rollout_batch_size=16 and train_batch_size=2" in out
 
 
 def test_120b_adds_cpu_offload_on_the_same_gpus():
@@ -104,7 +105,13 @@ def test_refusals_say_what_to_change():
     cfg = make_config("seed003-gpt-oss-20b-a28b")
     with pytest.raises(LaunchError, match=r"this machine shows 4 GPU\(s\).*change train_gpus / rollout_gpus"):
         check_plan(make_plan(cfg, "r"), cfg, machine_gpus=4)
-    check_plan(make_plan(cfg, "r"), cfg, machine_gpus=8)  # the seed's 8 GPUs: accepted
+    # on the seed's 8 GPUs: train_batch_size 16 samples = 2 prompts cannot be split into whole prompts
+    # over 4 ranks (OpenRLHF splits samples; rftlib's trainer shards whole prompts), refused before a start
+    with pytest.raises(LaunchError, match=r"train_batch_size=2 prompts must divide among 4 ranks.*change the "
+                                          r"trainer ranks"):
+        check_plan(make_plan(cfg, "r"), cfg, machine_gpus=8)
+    ok = make_config("seed001-drgrpo-overnight")  # 32 prompts over 2 ranks, 2 GPUs: accepted
+    assert "GPUs: the plan uses [0, 1]; this machine shows 2" in check_plan(make_plan(ok, "r"), ok, machine_gpus=2)
     small = make_config("seed003-gpt-oss-120b", {"offload_params": False, "offload_optimizer": False,
                                                  "launch_gpu_type": "A100-40GB"})
     # 117B bf16 / 4 ranks = 58 GB of weights per GPU > 42.9 GB: the memory preflight refuses

@@ -248,9 +248,11 @@ def check_plan(plan: LaunchPlan, cfg: RunConfig, *, dry_run: bool = False,
     """Hold the plan against this machine; the notes (also kept in ``plan.checks``), or LaunchError.
 
     Checks: each node has the GPUs the layout names (``machine_gpus`` overrides the detection, for
-    tests), and the memory preflight of a trainer GPU and an engine GPU does not say OOM. With
-    ``dry_run`` a machine without the GPUs is a note ("dry run on a machine without the GPUs"),
-    not a refusal, so a plan for an 8xH100 node can be printed on a laptop.
+    tests), the trainer's ranks can share the batch (whole prompts per rank, the trainer's own
+    rule), and the memory preflight of a trainer GPU and an engine GPU does not say OOM. With
+    ``dry_run`` nothing raises: a machine without the GPUs is a note ("dry run on a machine without
+    the GPUs"), so a plan for an 8xH100 node can be printed on a laptop, and what a launch would
+    refuse is listed as "REFUSED (a launch would stop here): ..." under the plan.
     """
     notes: list[str] = []
     problems: list[str] = []
@@ -270,6 +272,13 @@ def check_plan(plan: LaunchPlan, cfg: RunConfig, *, dry_run: bool = False,
             notes.append(f"GPUs: the plan uses {used}; this machine shows {have}")
     else:
         notes.append(f"CPU plan: {plan.train_ranks_per_node} trainer rank(s) per node, no GPU")
+    try:  # the trainer's own rule for sharding prompts over ranks, checked before anything starts
+        from rftlib.config import ConfigError
+        from rftlib.train.loop import Trainer
+
+        Trainer._check_world(cfg, plan.world_size)
+    except ConfigError as e:
+        problems.append(f"{e}: change the trainer ranks (train_gpus / train_ranks / nnodes) or the batch sizes")
     for role, est in memory_checks(plan, cfg):
         notes.append(f"memory preflight, {role}: {est.verdict} ({est.total_gb:.1f} of {est.capacity_gb:.1f} GB, "
                      f"dominant term {est.dominant})")
@@ -279,8 +288,8 @@ def check_plan(plan: LaunchPlan, cfg: RunConfig, *, dry_run: bool = False,
                    "raise vllm_tensor_parallel_size or vllm_gpu_memory_utilization")
             problems.append(f"the {role} GPUs would run out of memory: {est.problem or est.dominant + ' dominates'}; "
                             f"{fix}\n{est.table()}")
-    plan.checks = notes + [f"REFUSED: {p}" for p in problems]
-    if problems:
+    plan.checks = notes + [f"REFUSED{' (a launch would stop here)' if dry_run else ''}: {p}" for p in problems]
+    if problems and not dry_run:
         raise LaunchError("the launch plan does not fit:\n- " + "\n- ".join(problems))
     return notes
 

@@ -84,6 +84,8 @@ def first_error(log_text: str) -> str:
     import re
 
     for line in log_text.splitlines():
+        if line.startswith("rft: error: "):  # rftlib.cli's own refusal (a ConfigError, ValueError, ...)
+            return line[len("rft: "):].strip()
         m = re.search(r"\b([A-Za-z_.]*(?:Error|Exception|Interrupt)): (.+)", line)
         if m and "ChildFailedError" not in m.group(1):
             return f"{m.group(1).rsplit('.', 1)[-1]}: {m.group(2).strip()}"
