@@ -165,3 +165,13 @@ def test_supervisor_stops_the_engines_when_the_trainer_dies(tmp_path):
         engine = json.loads((tmp_path / "control" / "pids.json").read_text()).get("vllm_engine_0")
         if engine and pid_alive(engine):
             os.kill(engine, signal.SIGKILL)
+
+
+def test_first_error_names_the_failing_ranks_exception():
+    from rftlib.launch.supervise import first_error
+
+    log = ("[rank1]: Traceback (most recent call last):\n[rank1]: RuntimeError: planted crash: rank 1\n"
+           "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: \n")
+    assert first_error(log) == "RuntimeError: planted crash: rank 1"  # not torchrun's ChildFailedError wrapper
+    assert first_error("loading\nrft: error: micro_batch_size=3 must divide\n") == "error: micro_batch_size=3 must divide"
+    assert first_error("all fine\n") == ""
