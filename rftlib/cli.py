@@ -11,6 +11,11 @@
     rft report RUN_DIR [--baseline DIR]    notebooks/analysis.ipynb for the attempt -> reports/<id>.html
     rft compare RUN_A RUN_B [...]          notebooks/compare.ipynb -> reports/compare-<A>-vs-<B>.html
     rft index [--runs runs] [--out reports] reports/index.html, rebuilt from the run directories
+    rft launch -p P [--set k=v] [--dry-run]   a detached multi-process attempt (trainer ranks + vLLM engines)
+    rft launch --resume RUN_DIR            relaunch a stopped/crashed attempt from its step_latest
+    rft attach RUN_DIR                     stream a launched attempt's progress (Ctrl-C detaches)
+    rft stop RUN_DIR [--timeout S]         checkpoint and stop it (terminates what is left after S)
+    rft status [--runs runs]               attempts with step, reward, held-out, health, state; GPUs
 
 Attempts go to ``<project root>/runs/`` (or ``$RFTLIB_RUNS``, or ``--set runs_root=...``; a relative
 path is from the project root), whatever the working directory: the same rule as a notebook's kernel
@@ -293,6 +298,40 @@ def cmd_preflight(args) -> int:
     return 0
 
 
+def cmd_launch(args) -> int:
+    from rftlib.launch.plan import LaunchError
+    from rftlib.launch.supervise import launch
+
+    try:
+        launch(args.preset, _parse_sets(args.set), resume=args.resume, dry_run=args.dry_run,
+               machine_gpus=args.machine_gpus)
+    except LaunchError as e:
+        print(f"rft launch: refused: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def cmd_attach(args) -> int:
+    from rftlib.launch.status import attach
+
+    st = attach(args.run_dir, timeout=args.timeout)
+    return 1 if st.get("state") in ("crashed", "killed") else 0
+
+
+def cmd_stop(args) -> int:
+    from rftlib.launch.supervise import stop
+
+    st = stop(args.run_dir, timeout=args.timeout)
+    return 0 if st.get("state") in ("stopped", "finished") else 1
+
+
+def cmd_status(args) -> int:
+    from rftlib.launch.status import status_text
+
+    print(status_text(args.runs))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="rft", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -335,12 +374,27 @@ def main(argv: list[str] | None = None) -> int:
     i.add_argument("--runs", default=None, help="runs root (default: $RFTLIB_RUNS, else <project root>/runs)")
     i.add_argument("--out", default=None, help="default: reports/ beside --runs")
     i.add_argument("--baseline", default=None, help="attempt id the config differences are taken against")
+    la = sub.add_parser("launch", help="start an attempt detached: trainer ranks and vLLM engines (plan.json)")
+    la.add_argument("-p", "--preset", default="default")
+    la.add_argument("--set", action="append", default=[], metavar="NAME=VALUE")
+    la.add_argument("--resume", default=None, metavar="RUN_DIR", help="relaunch this attempt from its step_latest")
+    la.add_argument("--dry-run", action="store_true", help="print the GPU map and the commands; start nothing")
+    la.add_argument("--machine-gpus", type=int, default=None, help="GPUs to assume on this machine (default: detect)")
+    at = sub.add_parser("attach", help="stream a launched attempt's progress; Ctrl-C detaches, never stops")
+    at.add_argument("run_dir")
+    at.add_argument("--timeout", type=float, default=None, help="detach after this many seconds")
+    so = sub.add_parser("stop", help="stop a launched attempt cleanly (checkpoint first)")
+    so.add_argument("run_dir")
+    so.add_argument("--timeout", type=float, default=300.0, help="seconds to wait before terminating what is left")
+    st = sub.add_parser("status", help="running and finished attempts at a glance, and the GPUs")
+    st.add_argument("--runs", default="runs")
     args = p.parse_args(argv)
     from rftlib.config import ConfigError
 
     verbs = {"demo": cmd_demo, "train": cmd_train, "resume": cmd_resume, "preflight": cmd_preflight,
              "validate": cmd_validate, "eval": cmd_eval, "report": cmd_report, "compare": cmd_compare,
-             "index": cmd_index}
+             "index": cmd_index, "launch": cmd_launch, "attach": cmd_attach, "stop": cmd_stop,
+             "status": cmd_status}
     try:
         return verbs[args.cmd](args)
     except (ConfigError, FileNotFoundError, ValueError) as e:

@@ -269,6 +269,35 @@ class RunConfig:
     tis_level: str = "token"
     """token | sequence: truncated IS weights per token or one per sequence"""
 
+    # ---- launch layout ---------------------------------------------------------------------------
+    # How `rft launch` / notebooks/launch.ipynb place the processes of an attempt (rftlib.launch.plan).
+    # The same layout is used on every node of a multi-node launch.
+    train_gpus: list[int] | None = None
+    """GPU indices (on each node) the trainer ranks use, one rank per GPU (seed 003: [4, 5, 6, 7];
+    seed 001: [0, 1]); None: every GPU of the node that serves no rollouts"""
+    train_ranks: int = 0
+    """trainer ranks per node; 0 means one per train_gpus entry (set it for CPU ranks, which have no GPUs)"""
+    rollout_gpus: list[int] | None = None
+    """GPU indices (on each node) of the vLLM server engines, vllm_tensor_parallel_size consecutive
+    ones per engine (seed 003: [0, 1, 2, 3] = 2 engines x TP 2); None: the first engines x TP GPUs"""
+    gpus_per_node: int = 0
+    """GPUs of each node the plan may use; 0: as many as this machine shows (torch / nvidia-smi)"""
+    nnodes: int = 1
+    """nodes of the launch (torchrun --nnodes); > 1 needs hosts"""
+    hosts: list[str] = field(default_factory=list)
+    """the nodes' host names, node 0 first (a hostfile's order); engines are addressed as http://HOST:PORT"""
+    rdzv_endpoint: str | None = None
+    """torchrun rendezvous HOST:PORT for a multi-node launch; None: hosts[0]:29400"""
+    vllm_base_port: int = 8000
+    """first vLLM server port on each node; engine K listens on vllm_base_port + K"""
+    vllm_urls: list[str] = field(default_factory=list)
+    """OpenAI-compatible base URLs of vLLM engines already running elsewhere: the launch starts no
+    engine and the trainer uses these (the plan also writes here the URLs of the engines it starts)"""
+    nccl_env: dict[str, str] = field(default_factory=dict)
+    """extra environment for every process of the launch (NCCL_*, e.g. NCCL_SOCKET_IFNAME for multi-node)"""
+    launch_gpu_type: str = "H100-80GB"
+    """the GPU model of the nodes, for the memory preflight of each role (a name in rftlib.preflight.memory.GPUS)"""
+
     @property
     def train_prompts(self) -> int:
         """Prompts per optimizer step (train_batch_size, or the whole rollout)."""
@@ -667,6 +696,33 @@ def _validate_scale(cfg: RunConfig, bad) -> None:
         bad(f"tis_cap={cfg.tis_cap}: the truncated-IS cap must be >= 1 (verl and TRL use 2)")
     if cfg.tis_level not in ("token", "sequence"):
         bad(f"tis_level='{cfg.tis_level}': choose token or sequence")
+    _validate_launch(cfg, bad)
+
+
+def _validate_launch(cfg: RunConfig, bad) -> None:
+    """The launch layout fields (rftlib.launch.plan checks them against the machine)."""
+    for name in ("train_gpus", "rollout_gpus"):
+        gpus = getattr(cfg, name)
+        if gpus is not None and (any(g < 0 for g in gpus) or len(set(gpus)) != len(gpus)):
+            bad(f"{name}={gpus}: GPU indices must be distinct and >= 0")
+    if cfg.train_gpus and cfg.rollout_gpus and set(cfg.train_gpus) & set(cfg.rollout_gpus):
+        bad(f"train_gpus={cfg.train_gpus} and rollout_gpus={cfg.rollout_gpus} share GPUs "
+            f"{sorted(set(cfg.train_gpus) & set(cfg.rollout_gpus))}: give each GPU one role")
+    if cfg.train_ranks < 0 or cfg.gpus_per_node < 0:
+        bad("train_ranks and gpus_per_node must be >= 0 (0 = derived)")
+    if cfg.train_gpus and cfg.train_ranks and cfg.train_ranks != len(cfg.train_gpus):
+        bad(f"train_ranks={cfg.train_ranks} disagrees with train_gpus={cfg.train_gpus} (one rank per GPU)")
+    if cfg.nnodes < 1:
+        bad(f"nnodes={cfg.nnodes}: must be at least 1")
+    if cfg.nnodes > 1 and len(cfg.hosts) != cfg.nnodes:
+        bad(f"nnodes={cfg.nnodes} needs hosts with one name per node, node 0 first (got {cfg.hosts})")
+    if cfg.rdzv_endpoint is not None and ":" not in cfg.rdzv_endpoint:
+        bad(f"rdzv_endpoint='{cfg.rdzv_endpoint}': write HOST:PORT")
+    if not 1 <= cfg.vllm_base_port <= 65535:
+        bad(f"vllm_base_port={cfg.vllm_base_port}: not a TCP port")
+    for u in cfg.vllm_urls:
+        if not u.startswith(("http://", "https://")):
+            bad(f"vllm_urls entry '{u}': write http://HOST:PORT")
 
 
 def _validate_algo(cfg: RunConfig, bad) -> None:

@@ -1,0 +1,342 @@
+"""The launch plan of an attempt: which process runs where, with which environment and command.
+
+Seed 003 ran its 8xH100 layout from a shell script under ``tee`` (actor ranks on GPUs 4-7 under
+DeepSpeed ZeRO-3, two vLLM engines x TP 2 on GPUs 0-3) and lost track of which command ran. A
+:class:`LaunchPlan` is that layout written down from a preset's launch-layout fields
+(``train_gpus``, ``rollout_gpus``, ``nnodes``, ``hosts``, ...): one :class:`Process` per trainer node
+(torchrun) and per vLLM server engine, each with its GPUs, ``CUDA_VISIBLE_DEVICES``, environment,
+command line and log file. :func:`check_plan` holds it against the machine (enough GPUs, the memory
+preflight of each role) and refuses with a message that says what to change; :func:`format_plan`
+prints the GPU map and the commands (``dry_run``). The same layout repeats on every node of a
+multi-node plan: torchrun's c10d rendezvous joins the trainer ranks, each node's engines are
+addressed by ``http://HOST:PORT``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shlex
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rftlib.config import RunConfig
+from rftlib.train.launch import torchrun_command
+
+DEFAULT_RDZV_PORT = 29400
+NCCL_DEFAULTS = {"NCCL_DEBUG": "WARN", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1"}
+
+
+class LaunchError(RuntimeError):
+    """The plan does not fit the machine (or the config); the message says what to change."""
+
+
+@dataclass
+class Process:
+    """One process of the attempt: the trainer's torchrun on a node, or one vLLM server engine."""
+
+    name: str  # "trainer" (node 0), "trainer_node1", "vllm_engine_0", ...
+    role: str  # "trainer" | "vllm"
+    node: int
+    host: str
+    gpus: list[int]  # physical GPU indices on that node ([] on CPU)
+    cmd: list[str]
+    env: dict[str, str]  # only what the plan sets on top of the inherited environment
+    log: str  # relative to the run directory
+    url: str | None = None  # vLLM engines: the OpenAI-compatible base URL
+    port: int | None = None
+
+    def shell(self) -> str:
+        """The command as one shell line, its environment in front."""
+        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in self.env.items())
+        return (env + " " if env else "") + shlex.join(self.cmd)
+
+
+@dataclass
+class LaunchPlan:
+    """Every process of an attempt across its nodes, and what the check of the machine said."""
+
+    run_dir: str
+    preset: str
+    nnodes: int
+    hosts: list[str]
+    gpus_per_node: int  # the GPUs the layout assumes on each node (0 on a CPU plan)
+    train_ranks_per_node: int
+    backend: str
+    zero_stage: int | None  # None unless backend deepspeed
+    offload: dict[str, bool]
+    engine_urls: list[str]  # the trainer's rollout engines (started here or given by vllm_urls)
+    processes: list[Process] = field(default_factory=list)
+    checks: list[str] = field(default_factory=list)  # what check_plan found (notes and memory verdicts)
+
+    @property
+    def world_size(self) -> int:
+        return self.nnodes * self.train_ranks_per_node
+
+    def on_node(self, node: int) -> list[Process]:
+        return [p for p in self.processes if p.node == node]
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> LaunchPlan:
+        d = dict(d)
+        d["processes"] = [Process(**p) for p in d["processes"]]
+        return cls(**d)
+
+    def save(self, run_dir: str | Path) -> None:
+        """plan.json (what the supervisor reads) and commands.sh (what a person can re-run by hand)."""
+        run_dir = Path(run_dir)
+        (run_dir / "plan.json").write_text(json.dumps(self.to_json(), indent=1))
+        (run_dir / "commands.sh").write_text(commands_sh(self))
+
+
+def detect_gpus() -> int:
+    """GPUs this machine shows: torch.cuda.device_count(), else nvidia-smi's list, else 0."""
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            return torch.cuda.device_count()
+    except Exception:  # a broken CUDA install counts as no GPU, the check then says so
+        pass
+    if shutil.which("nvidia-smi"):
+        try:
+            out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=20).stdout
+            return sum(1 for line in out.splitlines() if line.startswith("GPU "))
+        except (OSError, subprocess.SubprocessError):
+            return 0
+    return 0
+
+
+def _uses_gpus(cfg: RunConfig) -> bool:
+    return cfg.device != "cpu" and (cfg.device.startswith("cuda") or bool(cfg.train_gpus or cfg.rollout_gpus)
+                                    or cfg.rollout_engine == "vllm" and cfg.vllm_placement == "server")
+
+
+def _server_engines(cfg: RunConfig) -> int:
+    """vLLM server engines this launch starts per node (none when vllm_urls name engines elsewhere)."""
+    if cfg.rollout_engine != "vllm" or cfg.vllm_placement != "server" or cfg.vllm_urls:
+        return 0
+    return cfg.vllm_num_engines
+
+
+def make_plan(cfg: RunConfig, run_dir: str | Path, *, preset: str = "", resume: bool = False,
+              gpus_per_node: int | None = None, python: str = sys.executable) -> LaunchPlan:
+    """The launch plan of ``cfg`` for the attempt at ``run_dir`` (no check against the machine).
+
+    ``gpus_per_node`` (tests, or a plan for other machines) overrides ``cfg.gpus_per_node`` and the
+    detection; it only matters when ``train_gpus`` is None (the trainer takes the GPUs left over).
+    """
+    gpu = _uses_gpus(cfg)
+    n_gpu = gpus_per_node if gpus_per_node is not None else (cfg.gpus_per_node or (detect_gpus() if gpu else 0))
+    tp, n_eng = cfg.vllm_tensor_parallel_size, _server_engines(cfg)
+    rollout = list(cfg.rollout_gpus) if cfg.rollout_gpus is not None else list(range(n_eng * tp))
+    if n_eng and len(rollout) != n_eng * tp:
+        raise LaunchError(f"rollout_gpus={rollout} holds {len(rollout)} GPU(s), but vllm_num_engines={n_eng} x "
+                          f"vllm_tensor_parallel_size={tp} needs {n_eng * tp}: change one of them")
+    if not n_eng:
+        rollout = []
+    if cfg.train_gpus is not None:
+        train = list(cfg.train_gpus)
+    elif gpu:
+        train = [g for g in range(n_gpu) if g not in rollout]
+    else:
+        train = []
+    ranks = cfg.train_ranks or len(train) or 1
+    if train and ranks != len(train):
+        raise LaunchError(f"train_ranks={ranks} but train_gpus={train}: one trainer rank per GPU")
+    if ranks > 1 and cfg.backend == "single":
+        raise LaunchError(f"{ranks} trainer ranks with backend 'single': set backend ddp or deepspeed "
+                          "(or train_ranks 1 / one train GPU)")
+    hosts = list(cfg.hosts) or ["localhost"]
+    if cfg.nnodes > 1 and len(hosts) != cfg.nnodes:
+        raise LaunchError(f"nnodes={cfg.nnodes} needs one host per node in hosts (got {hosts})")
+    rdzv = cfg.rdzv_endpoint or (f"{hosts[0]}:{DEFAULT_RDZV_PORT}" if cfg.nnodes > 1 else None)
+    run_dir = str(run_dir)
+
+    procs: list[Process] = []
+    urls: list[str] = list(cfg.vllm_urls)
+    max_len = _max_len(cfg)
+    for node in range(cfg.nnodes):
+        host = hosts[node]
+        for k in range(n_eng):
+            gpus = rollout[k * tp:(k + 1) * tp]
+            port = cfg.vllm_base_port + k
+            cmd = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", cfg.model,
+                   "--tensor-parallel-size", str(tp), "--gpu-memory-utilization", str(cfg.vllm_gpu_memory_utilization),
+                   "--host", "0.0.0.0", "--port", str(port), "--max-model-len", str(max_len), "--dtype",
+                   cfg.dtype if cfg.dtype != "float32" else "auto", "--seed", str(cfg.seed + k)]
+            if cfg.lora_rank:
+                cmd += ["--enable-lora", "--max-lora-rank", str(cfg.lora_rank), "--max-loras", "1"]
+            if cfg.vllm_enforce_eager:
+                cmd.append("--enforce-eager")
+            name = f"vllm_engine_{k}" + (f"_node{node}" if node else "")
+            url = f"http://{host}:{port}/v1"
+            urls.append(url)
+            procs.append(Process(name, "vllm", node, host, gpus, cmd,
+                                 {"CUDA_VISIBLE_DEVICES": ",".join(map(str, gpus)), **NCCL_DEFAULTS, **cfg.nccl_env},
+                                 f"logs/{name}.log", url=url, port=port))
+    for node in range(cfg.nnodes):
+        args = ["train", "--run-dir", run_dir] + (["--resume"] if resume else [])
+        cmd = torchrun_command(ranks, args, nnodes=cfg.nnodes, node_rank=node, rdzv_endpoint=rdzv, python=python)
+        env = {"CUDA_VISIBLE_DEVICES": ",".join(map(str, train))} if gpu else {"CUDA_VISIBLE_DEVICES": ""}
+        if gpu or cfg.nnodes > 1:
+            env.update(NCCL_DEFAULTS)
+        env.update(cfg.nccl_env)
+        name = "trainer" + (f"_node{node}" if node else "")
+        procs.insert(node, Process(name, "trainer", node, hosts[node], train, cmd, env, f"logs/{name}.log"))
+    return LaunchPlan(run_dir=run_dir, preset=preset, nnodes=cfg.nnodes, hosts=hosts, gpus_per_node=n_gpu,
+                      train_ranks_per_node=ranks, backend=cfg.backend,
+                      zero_stage=cfg.zero_stage if cfg.backend == "deepspeed" else None,
+                      offload={"params": cfg.offload_params, "optimizer": cfg.offload_optimizer},
+                      engine_urls=urls, processes=procs)
+
+
+def _max_len(cfg: RunConfig) -> int:
+    """Tokens per sequence: vllm_max_model_len, else prompt_max_len (1024 when unset) + max_new_tokens."""
+    return cfg.vllm_max_model_len or (cfg.prompt_max_len or 1024) + cfg.max_new_tokens
+
+
+def _shape_name(model: str) -> str | None:
+    """The memory preflight's shape for a model id ("openai/gpt-oss-20b" -> "gpt-oss-20b"), or None."""
+    from rftlib.preflight.memory import MODELS
+
+    tail = model.rsplit("/", 1)[-1].lower()
+    for name in MODELS:
+        if name.lower() == tail:
+            return name
+    return None
+
+
+def memory_checks(plan: LaunchPlan, cfg: RunConfig) -> list[tuple[str, Any]]:
+    """(role, MemoryEstimate) for one trainer GPU and one engine GPU of the plan (rftlib.preflight.memory)."""
+    from rftlib.preflight.memory import estimate_rollout_memory, estimate_train_memory
+
+    shape = _shape_name(cfg.model)
+    if shape is None or not any(p.gpus for p in plan.processes):
+        return []
+    out = []
+    trainer = plan.processes[0]
+    if trainer.gpus:
+        ds = cfg.backend == "deepspeed"
+        out.append(("trainer", estimate_train_memory(
+            shape, gpu=cfg.launch_gpu_type, finetune="lora" if cfg.lora_rank else "full", lora_rank=cfg.lora_rank or 32,
+            sequences=cfg.micro_batch_size, seq_len=_max_len(cfg),
+            gradient_checkpointing=cfg.gradient_checkpointing, logits="chunked",
+            zero_stage=cfg.zero_stage if ds else 0, world_size=plan.world_size,
+            offload=ds and cfg.offload_params, adam_offload=ds and cfg.offload_optimizer,
+            title=f"trainer rank GPU ({cfg.launch_gpu_type}, {plan.backend}"
+                  f"{f' ZeRO-{plan.zero_stage}' if ds else ''} x {plan.world_size})")))
+    eng = [p for p in plan.processes if p.role == "vllm"]
+    if eng:
+        out.append(("vllm", estimate_rollout_memory(
+            shape, gpu=cfg.launch_gpu_type, gpu_memory_utilization=cfg.vllm_gpu_memory_utilization,
+            tensor_parallel=cfg.vllm_tensor_parallel_size, weight_dtype="mxfp4" if "gpt-oss" in shape else "bf16",
+            max_model_len=_max_len(cfg),
+            title=f"vLLM engine GPU ({cfg.launch_gpu_type}, TP {cfg.vllm_tensor_parallel_size})")))
+    return out
+
+
+def check_plan(plan: LaunchPlan, cfg: RunConfig, *, dry_run: bool = False,
+               machine_gpus: int | None = None) -> list[str]:
+    """Hold the plan against this machine; the notes (also kept in ``plan.checks``), or LaunchError.
+
+    Checks: each node has the GPUs the layout names (``machine_gpus`` overrides the detection, for
+    tests), the trainer's ranks can share the batch (whole prompts per rank, the trainer's own
+    rule), and the memory preflight of a trainer GPU and an engine GPU does not say OOM. With
+    ``dry_run`` nothing raises: a machine without the GPUs is a note ("dry run on a machine without
+    the GPUs"), so a plan for an 8xH100 node can be printed on a laptop, and what a launch would
+    refuse is listed as "REFUSED (a launch would stop here): ..." under the plan.
+    """
+    notes: list[str] = []
+    problems: list[str] = []
+    used = sorted({g for p in plan.on_node(0) for g in p.gpus})
+    have = detect_gpus() if machine_gpus is None else machine_gpus
+    if used:
+        need = max(used) + 1
+        if have < need:
+            msg = (f"the plan uses GPUs {used} on each node (up to index {need - 1}) but this machine shows {have} "
+                   f"GPU(s)")
+            if dry_run:
+                notes.append(f"dry run on a machine without the GPUs: {msg}; nothing was started")
+            else:
+                problems.append(msg + ": run it on a machine with them, or change train_gpus / rollout_gpus / "
+                                      "vllm_num_engines / vllm_tensor_parallel_size")
+        else:
+            notes.append(f"GPUs: the plan uses {used}; this machine shows {have}")
+    else:
+        notes.append(f"CPU plan: {plan.train_ranks_per_node} trainer rank(s) per node, no GPU")
+    try:  # the trainer's own rule for sharding prompts over ranks, checked before anything starts
+        from rftlib.config import ConfigError
+        from rftlib.train.loop import Trainer
+
+        Trainer._check_world(cfg, plan.world_size)
+    except ConfigError as e:
+        problems.append(f"{e}: change the trainer ranks (train_gpus / train_ranks / nnodes) or the batch sizes")
+    for role, est in memory_checks(plan, cfg):
+        notes.append(f"memory preflight, {role}: {est.verdict} ({est.total_gb:.1f} of {est.capacity_gb:.1f} GB, "
+                     f"dominant term {est.dominant})")
+        if est.verdict == "OOM":
+            fix = ("set offload_params/offload_optimizer (backend deepspeed, zero_stage 3), add train_gpus, or lower "
+                   "micro_batch_size / max_new_tokens" if role == "trainer" else
+                   "raise vllm_tensor_parallel_size or vllm_gpu_memory_utilization")
+            problems.append(f"the {role} GPUs would run out of memory: {est.problem or est.dominant + ' dominates'}; "
+                            f"{fix}\n{est.table()}")
+    plan.checks = notes + [f"REFUSED{' (a launch would stop here)' if dry_run else ''}: {p}" for p in problems]
+    if problems and not dry_run:
+        raise LaunchError("the launch plan does not fit:\n- " + "\n- ".join(problems))
+    return notes
+
+
+def gpu_map(plan: LaunchPlan) -> str:
+    """One line per GPU of node 0 (the layout repeats on every node): its role and process."""
+    lines = []
+    owner: dict[int, str] = {}
+    for p in plan.on_node(0):
+        for i, g in enumerate(p.gpus):
+            if p.role == "trainer":
+                z = f"ZeRO-{plan.zero_stage}" if plan.zero_stage else plan.backend
+                off = [k for k, v in plan.offload.items() if v]
+                owner[g] = f"trainer rank {i} (local) - {z}" + (f" + CPU offload ({', '.join(off)})" if off else "")
+            else:
+                owner[g] = f"{p.name} TP rank {i} of {len(p.gpus)} - port {p.port}"
+    for g in range(max(list(owner) + [plan.gpus_per_node - 1]) + 1):
+        lines.append(f"  GPU {g}: {owner.get(g, 'idle')}")
+    if not owner:
+        lines.append(f"  (CPU) trainer: {plan.train_ranks_per_node} rank(s), backend {plan.backend}")
+    return "\n".join(lines)
+
+
+def commands_sh(plan: LaunchPlan) -> str:
+    """A shell script of the plan, node by node (what ``rft launch`` ran on node 0)."""
+    out = ["#!/usr/bin/env bash",
+           f"# launch plan of {plan.run_dir} (preset {plan.preset or '-'}); written by rft launch",
+           "# each line runs in the background on its node; logs under the run directory", "set -euo pipefail"]
+    for node in range(plan.nnodes):
+        out.append(f"\n# ---- node {node}: {plan.hosts[node]} ----")
+        for p in plan.on_node(node):
+            out.append(f"{p.shell()} > {shlex.quote(str(Path(plan.run_dir) / p.log))} 2>&1 &")
+    out.append("wait")
+    return "\n".join(out) + "\n"
+
+
+def format_plan(plan: LaunchPlan) -> str:
+    """The GPU map, the engines' URLs, the per-process commands and the check's notes, as printed by dry_run."""
+    z = f", ZeRO-{plan.zero_stage}" if plan.zero_stage else ""
+    lines = [f"launch plan: {plan.nnodes} node(s) {plan.hosts}, {plan.world_size} trainer rank(s) "
+             f"({plan.train_ranks_per_node} per node, backend {plan.backend}{z}), "
+             f"{len([p for p in plan.processes if p.role == 'vllm'])} vLLM server engine(s)",
+             "GPU map (every node):", gpu_map(plan)]
+    if plan.engine_urls:
+        lines.append("rollout engines: " + ", ".join(plan.engine_urls))
+    for node in range(plan.nnodes):
+        lines.append(f"commands on node {node} ({plan.hosts[node]}):")
+        lines += [f"  [{p.name}] {p.shell()}" for p in plan.on_node(node)]
+    lines += [f"check: {c}" for c in plan.checks]
+    return "\n".join(lines)

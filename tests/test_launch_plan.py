@@ -1,0 +1,138 @@
+"""Launch plans (rftlib.launch.plan) against the seeds' own layouts, two nodes, refusals, papermill dry run.
+
+The expected numbers are written from the seeds' text, not from the presets:
+- seed 003 section 5 (20B): "Actor (training) | GPU 4, 5, 6, 7 | DeepSpeed ZeRO-3, NO CPU offload";
+  "vLLM (rollout) | GPU 0, 1, 2, 3 | 2 engines x TP=2"; "--vllm_tensor_parallel_size 2",
+  "--vllm_gpu_memory_utilization 0.85".
+- seed 003 section 5 (120B): the same GPUs, "DeepSpeed ZeRO-3 + CPU offload (--offload --adam_offload)".
+- seed 001: "torchrun --nproc_per_node=2 ... rl_runner.py" with "DDP: Multi-GPU distributed training".
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rftlib.config import ConfigError, make_config
+from rftlib.launch.plan import LaunchError, check_plan, commands_sh, format_plan, make_plan
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def dry(preset: str, **overrides) -> str:
+    cfg = make_config(preset, overrides)
+    plan = make_plan(cfg, "runs/ATTEMPT", preset=preset)
+    check_plan(plan, cfg, dry_run=True, machine_gpus=0)
+    return format_plan(plan)
+
+
+def gpu_roles(text: str) -> dict[int, str]:
+    return {int(g): role for g, role in re.findall(r"^  GPU (\d+): (.+)$", text, re.M)}
+
+
+def command(text: str, name: str) -> str:
+    (line,) = [ln for ln in text.splitlines() if ln.startswith(f"  [{name}] ")]
+    return line
+
+
+def test_a28b_matches_seed003_allocation():
+    out = dry("seed003-gpt-oss-20b-a28b")
+    roles = gpu_roles(out)
+    # seed: GPUs 4-7 actor (ZeRO-3, no offload), 0-1 and 2-3 one TP-2 engine each
+    assert [g for g, r in roles.items() if r.startswith("trainer")] == [4, 5, 6, 7]
+    assert all(r.endswith("ZeRO-3") for g, r in roles.items() if g >= 4)  # no "+ CPU offload"
+    assert [g for g, r in roles.items() if r.startswith("vllm_engine_0")] == [0, 1]
+    assert [g for g, r in roles.items() if r.startswith("vllm_engine_1")] == [2, 3]
+    trainer = command(out, "trainer")
+    assert trainer.startswith("  [trainer] CUDA_VISIBLE_DEVICES=4,5,6,7 ")
+    assert "--nproc_per_node=4 --standalone -m rftlib.cli train --run-dir runs/ATTEMPT" in trainer
+    for k, gpus in ((0, "0,1"), (1, "2,3")):
+        eng = command(out, f"vllm_engine_{k}")
+        assert f"CUDA_VISIBLE_DEVICES={gpus} " in eng
+        assert "-m vllm.entrypoints.openai.api_server --model openai/gpt-oss-20b" in eng
+        assert "--tensor-parallel-size 2 --gpu-memory-utilization 0.85" in eng and "--enable-lora" in eng
+        assert f"--port {8000 + k}" in eng
+    assert "dry run on a machine without the GPUs" in out and "nothing was started" in out
+    assert "REFUSED (a launch would stop here): rollout_batch_size=16 and train_batch_size=2" in out
+
+
+def test_120b_adds_cpu_offload_on_the_same_gpus():
+    out = dry("seed003-gpt-oss-120b")
+    roles = gpu_roles(out)
+    assert [g for g, r in roles.items() if r.startswith("trainer")] == [4, 5, 6, 7]
+    # seed: ZeRO-3 + CPU offload (--offload = parameters, --adam_offload = optimizer)
+    assert all(r.endswith("ZeRO-3 + CPU offload (params, optimizer)") for g, r in roles.items() if g >= 4)
+    assert len([ln for ln in out.splitlines() if "--tensor-parallel-size 2 --gpu-memory-utilization 0.85" in ln]) == 2
+    assert "--model openai/gpt-oss-120b" in out
+
+
+def test_seed001_two_gpu_ddp():
+    out = dry("seed001-drgrpo-overnight")
+    assert gpu_roles(out) == {0: "trainer rank 0 (local) - ddp", 1: "trainer rank 1 (local) - ddp"}
+    trainer = command(out, "trainer")
+    assert "CUDA_VISIBLE_DEVICES=0,1 " in trainer and "--nproc_per_node=2 --standalone" in trainer
+    assert "vllm" not in out.split("commands on node 0")[1]  # HF rollouts in the trainer: no engine process
+
+
+def test_two_nodes_span_hosts():
+    cfg = make_config("seed003-gpt-oss-20b-a28b", {"nnodes": 2, "hosts": ["gpu-a", "gpu-b"]})
+    plan = make_plan(cfg, "/r/A")
+    assert plan.world_size == 8  # 4 trainer GPUs on each of 2 nodes
+    t0, t1 = (p for p in plan.processes if p.role == "trainer")
+    assert (t0.node, t0.host, t1.node, t1.host) == (0, "gpu-a", 1, "gpu-b")
+    for node, t in ((0, t0), (1, t1)):
+        assert f"--nnodes=2 --node_rank={node} --rdzv-backend=c10d --rdzv-endpoint=gpu-a:29400" in " ".join(t.cmd)
+        assert "--standalone" not in t.cmd
+    # each node serves its own two engines, addressed by host
+    assert plan.engine_urls == ["http://gpu-a:8000/v1", "http://gpu-a:8001/v1",
+                                "http://gpu-b:8000/v1", "http://gpu-b:8001/v1"]
+    sh = commands_sh(plan)
+    assert "# ---- node 0: gpu-a ----" in sh and "# ---- node 1: gpu-b ----" in sh
+    assert sh.count("--node_rank=1") == 1 and "/r/A/logs/trainer_node1.log" in sh
+
+
+def test_engines_elsewhere_start_no_engine_process():
+    cfg = make_config("seed003-gpt-oss-20b-a28b", {"vllm_urls": ["http://infer:8000/v1"], "rollout_gpus": None})
+    plan = make_plan(cfg, "r", gpus_per_node=8)
+    assert [p.role for p in plan.processes] == ["trainer"] and plan.engine_urls == ["http://infer:8000/v1"]
+
+
+def test_refusals_say_what_to_change():
+    cfg = make_config("seed003-gpt-oss-20b-a28b")
+    with pytest.raises(LaunchError, match=r"this machine shows 4 GPU\(s\).*change train_gpus / rollout_gpus"):
+        check_plan(make_plan(cfg, "r"), cfg, machine_gpus=4)
+    # on the seed's 8 GPUs: train_batch_size 16 samples = 2 prompts cannot be split into whole prompts
+    # over 4 ranks (OpenRLHF splits samples; rftlib's trainer shards whole prompts), refused before a start
+    with pytest.raises(LaunchError, match=r"train_batch_size=2 prompts must divide among 4 ranks.*change the "
+                                          r"trainer ranks"):
+        check_plan(make_plan(cfg, "r"), cfg, machine_gpus=8)
+    ok = make_config("seed001-drgrpo-overnight")  # 32 prompts over 2 ranks, 2 GPUs: accepted
+    assert "GPUs: the plan uses [0, 1]; this machine shows 2" in check_plan(make_plan(ok, "r"), ok, machine_gpus=2)
+    small = make_config("seed003-gpt-oss-120b", {"offload_params": False, "offload_optimizer": False,
+                                                 "launch_gpu_type": "A100-40GB"})
+    # 117B bf16 / 4 ranks = 58 GB of weights per GPU > 42.9 GB: the memory preflight refuses
+    with pytest.raises(LaunchError, match=r"trainer GPUs would run out of memory.*set offload_params"):
+        check_plan(make_plan(small, "r"), small, machine_gpus=8)
+    with pytest.raises(LaunchError, match=r"rollout_gpus=\[0, 1\] holds 2 GPU\(s\).*needs 4"):
+        make_plan(make_config("seed003-gpt-oss-20b-a28b", {"rollout_gpus": [0, 1]}), "r")
+    with pytest.raises(ConfigError, match=r"train_gpus=\[1, 4\] and rollout_gpus=\[0, 1, 2, 3\] share GPUs \[1\]"):
+        make_config("seed003-gpt-oss-20b-a28b", {"train_gpus": [1, 4]})
+    with pytest.raises(ConfigError, match=r"nnodes=2 needs hosts"):
+        make_config("tiny", {"nnodes": 2})
+
+
+def test_papermill_dry_run_headless(tmp_path):
+    """The issue's command: papermill notebooks/launch.ipynb out.ipynb -p preset ...a28b -p dry_run True."""
+    out = tmp_path / "out.ipynb"
+    p = subprocess.run([sys.executable, "-m", "papermill", str(REPO / "notebooks" / "launch.ipynb"), str(out),
+                        "-p", "preset", "seed003-gpt-oss-20b-a28b", "-p", "dry_run", "True", "--cwd", str(tmp_path),
+                        "-k", "python3"], capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    text = out.read_text()
+    assert "GPU 4: trainer rank 0 (local) - ZeRO-3" in text
+    assert "dry run on a machine without the GPUs" in text
+    assert not (tmp_path / "runs").exists()  # nothing launched
