@@ -176,8 +176,14 @@ def compare_notebook() -> nbformat.NotebookNode:
     return _notebook("compare", cells)
 
 
+def _launch_notebook():
+    from rftlib.launch.notebook import launch_notebook  # its builder lives with the launch code
+
+    return launch_notebook()
+
+
 TEMPLATES = {"train.ipynb": train_notebook, "validate.ipynb": validate_notebook,
-             "analysis.ipynb": analysis_notebook, "compare.ipynb": compare_notebook}
+             "analysis.ipynb": analysis_notebook, "compare.ipynb": compare_notebook, "launch.ipynb": _launch_notebook}
 
 
 def write_all() -> list[Path]:
