@@ -33,6 +33,12 @@ class PerPromptSeededEngine:
     def __init__(self, inner):
         self.inner, self.calls = inner, 0
 
+    def sync_weights(self, model) -> dict:
+        return self.inner.sync_weights(model)
+
+    def close(self) -> None:
+        self.inner.close()
+
     def generate(self, prompts, *, group_size, max_new_tokens, temperature, top_p=1.0, greedy=False):
         from rftlib.rollout.base import Rollout
 

@@ -207,3 +207,14 @@ def test_train_notebook_with_nproc_2_runs_ranks_under_torchrun(tmp_path):
     assert summary["world_size"] == 2 and summary["steps"] == 2
     text = out.read_text()
     assert "[rft] step 2/2" in text  # the ranks' lines are in the executed notebook
+
+
+def test_optimizer_batches_split_groups_across_ranks_as_openrlhf_counts_samples(tmp_path):
+    """seed 003 a28: 16 samples (2 prompts) per optimizer step over 4 ranks. Here: 4 samples (1 prompt of
+    G = 4) over 2 ranks, so each rank steps on half a group; advantages were taken over whole groups."""
+    res = run_worker(tmp_path, "--backend", "ddp", "--steps", "2", "--set", "train_batch_size=1", nproc=2)
+    rows = _train_rows(res)
+    assert len(rows) == 2
+    for r in rows:
+        assert r["advantage_std"] > 0 and math.isfinite(r["loss"]) and r["grad_norm_max"] > 0
+    assert res["adam"] and all(int(s["step"]) == 8 for s in res["adam"].values())  # 2 rollouts x 4 optimizer steps

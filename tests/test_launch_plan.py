@@ -57,7 +57,8 @@ def test_a28b_matches_seed003_allocation():
         assert "--tensor-parallel-size 2 --gpu-memory-utilization 0.85" in eng and "--enable-lora" in eng
         assert f"--port {8000 + k}" in eng
     assert "dry run on a machine without the GPUs" in out and "nothing was started" in out
-    assert "REFUSED (a launch would stop here): rollout_batch_size=16 and train_batch_size=2" in out
+    # 16 samples (2 prompts) per optimizer step over 4 ranks: 4 samples each, as OpenRLHF splits them
+    assert "REFUSED" not in out
 
 
 def test_120b_adds_cpu_offload_on_the_same_gpus():
@@ -105,11 +106,12 @@ def test_refusals_say_what_to_change():
     cfg = make_config("seed003-gpt-oss-20b-a28b")
     with pytest.raises(LaunchError, match=r"this machine shows 4 GPU\(s\).*change train_gpus / rollout_gpus"):
         check_plan(make_plan(cfg, "r"), cfg, machine_gpus=4)
-    # on the seed's 8 GPUs: train_batch_size 16 samples = 2 prompts cannot be split into whole prompts
-    # over 4 ranks (OpenRLHF splits samples; rftlib's trainer shards whole prompts), refused before a start
-    with pytest.raises(LaunchError, match=r"train_batch_size=2 prompts must divide among 4 ranks.*change the "
+    # on the seed's 8 GPUs the seed's batches split over 4 ranks (16 samples: 4 each); 6 prompts would not
+    assert "GPUs: the plan uses [0, 1, 2, 3, 4, 5, 6, 7]; this machine shows 8" in check_plan(make_plan(cfg, "r"), cfg, machine_gpus=8)
+    odd = make_config("seed003-gpt-oss-20b-a28b", {"rollout_batch_size": 6, "train_batch_size_samples": 48})
+    with pytest.raises(LaunchError, match=r"rollout_batch_size=6 prompts must divide among 4 ranks.*change the "
                                           r"trainer ranks"):
-        check_plan(make_plan(cfg, "r"), cfg, machine_gpus=8)
+        check_plan(make_plan(odd, "r"), odd, machine_gpus=8)
     ok = make_config("seed001-drgrpo-overnight")  # 32 prompts over 2 ranks, 2 GPUs: accepted
     assert "GPUs: the plan uses [0, 1]; this machine shows 2" in check_plan(make_plan(ok, "r"), ok, machine_gpus=2)
     small = make_config("seed003-gpt-oss-120b", {"offload_params": False, "offload_optimizer": False,

@@ -229,6 +229,13 @@ def test_server_placement_generate_lora_sync_and_dead_engine(tmp_path):
         info = eng.sync_weights(model)  # /v1/load_lora_adapter under a fresh name, probe passes
         print(f"server LoRA sync: before {stale:.3g}, {info}")
         assert stale > STALE_MIN and info["probe_max_diff"] < MATCH_TOL
+        # an engine started by someone else (rft launch): reached by vllm_urls, synced, never stopped here
+        remote = make_engine(_cfg(tmp_path, lora_rank=16, vllm_placement="server",
+                                  vllm_urls=[eng.servers[0].url + "/v1"]), model, tok, tmp_path / "run2")
+        assert remote.servers[0].proc is None and remote.initial_sync["probe_max_diff"] < MATCH_TOL
+        _check_contract(remote.generate(PROMPTS, group_size=2, max_new_tokens=6, temperature=1.0), tok, 2, 6)
+        remote.close()
+        assert eng.servers[0].proc.poll() is None  # still running: its launcher stops it
         srv = eng.servers[0]
         os.killpg(srv.proc.pid, signal.SIGKILL)  # the engine dies mid-run
         srv.proc.wait(30)

@@ -73,6 +73,7 @@ class VLLMSettings:
     probe_tol: float
     seed: int
     on_gpu: bool
+    urls: tuple = ()  # server placement: engines already running (rft launch starts them), reached here
 
     @classmethod
     def from_config(cls, cfg, model, run_dir) -> "VLLMSettings":
@@ -87,12 +88,13 @@ class VLLMSettings:
                 base.save_pretrained(model_dir)
         max_len = cfg.vllm_max_model_len or min(int(getattr(base.config, "max_position_embeddings", 4096)), 4096)
         on_gpu = str(cfg.device).startswith("cuda") or (cfg.device == "auto" and torch.cuda.is_available())
-        return cls(model_dir=str(model_dir), dtype=cfg.dtype, lora_rank=cfg.lora_rank if is_peft(model) else 0,
+        dtype = str(next(base.parameters()).dtype).removeprefix("torch.")  # the trainer's weights, not "auto"
+        return cls(model_dir=str(model_dir), dtype=dtype, lora_rank=cfg.lora_rank if is_peft(model) else 0,
                    max_model_len=max_len, kv_cache_gib=cfg.vllm_kv_cache_gib,
                    gpu_memory_utilization=cfg.vllm_gpu_memory_utilization, enforce_eager=cfg.vllm_enforce_eager,
                    tensor_parallel_size=cfg.vllm_tensor_parallel_size, num_engines=cfg.vllm_num_engines,
                    sleep_mode=cfg.vllm_sleep_mode and on_gpu, probe_tol=cfg.vllm_sync_probe_tol, seed=cfg.seed,
-                   on_gpu=on_gpu)
+                   on_gpu=on_gpu, urls=tuple(cfg.vllm_urls))
 
     @property
     def max_lora_rank(self) -> int:

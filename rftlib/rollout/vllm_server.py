@@ -149,6 +149,52 @@ class _Server:
             pass
 
 
+class _RemoteServer(_Server):
+    """An engine someone else started (``rft launch``'s supervisor, another host): reached by URL,
+    never stopped here. Adapters and weights are handed over as paths, so the engine must see the
+    run directory (the same machine, or a shared filesystem)."""
+
+    def __init__(self, k: int, url: str):
+        self.k, self.url = k, url.rstrip("/").removesuffix("/v1")
+        self.proc = None
+        self.log = Path("(the engine's own log: logs/vllm_engine_K.log of the launch)")
+
+    def died(self, what: str) -> EngineDiedError:
+        return EngineDiedError(f"vLLM engine {self.k} at {self.url} did not answer while {what}; is it running? "
+                               f"(rft status / the launch's logs/vllm_engine_{self.k}.log)")
+
+    def wait_healthy(self, timeout: float) -> None:
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            try:
+                with urllib.request.urlopen(self.url + "/health", timeout=5) as r:
+                    if r.status == 200:
+                        return
+            except (urllib.error.URLError, OSError):
+                pass
+            time.sleep(1.0)
+        raise self.died(f"connecting: no /health within {timeout:.0f} s")
+
+    def post(self, route: str, body: dict, what: str) -> dict:
+        req = urllib.request.Request(self.url + route, data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=REQUEST_TIMEOUT_S) as r:
+                text = r.read().decode()
+        except urllib.error.HTTPError as e:
+            raise RuntimeError(f"vLLM engine {self.k} refused {route} while {what}: HTTP {e.code} "
+                               f"{e.read().decode(errors='replace')[:2000]}") from None
+        except (urllib.error.URLError, OSError):
+            raise self.died(what) from None
+        try:
+            return json.loads(text) if text else {}
+        except json.JSONDecodeError:
+            return {"text": text}
+
+    def stop(self, grace: float = 20.0) -> None:
+        pass  # its launcher stops it
+
+
 class VLLMServerEngine(_VLLMBase):
     """N vLLM server processes (server placement)."""
 
@@ -160,7 +206,9 @@ class VLLMServerEngine(_VLLMBase):
         t = time.time()
         self.servers: list[_Server] = []
         try:
-            for k in range(settings.num_engines):
+            if settings.urls:  # engines already running: connect, start nothing
+                self.servers = [_RemoteServer(k, u) for k, u in enumerate(settings.urls)]
+            for k in range(0 if settings.urls else settings.num_engines):
                 self.servers.append(_Server(k, settings, log_dir))
             for srv in self.servers:
                 srv.wait_healthy(START_TIMEOUT_S)

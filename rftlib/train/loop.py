@@ -140,11 +140,18 @@ class Trainer:
 
     @staticmethod
     def _check_world(cfg: RunConfig, world: int) -> None:
-        """Every rank takes the same number of whole prompts and micro-batches per optimizer step."""
+        """Every rank generates whole prompts (a group's advantages need all its G samples) and takes the
+        same number of samples and micro-batches per optimizer step. An optimizer batch is counted in
+        samples, as OpenRLHF counts it: a rank's share may be part of a group (seed 003 a28: 16 samples
+        = 2 prompts over 4 ranks, 4 samples each), the advantages having been taken over whole groups."""
         G = cfg.n_samples_per_prompt
-        if cfg.rollout_batch_size % world or cfg.train_prompts % world:
-            raise ConfigError(f"rollout_batch_size={cfg.rollout_batch_size} and train_batch_size={cfg.train_prompts} "
-                              f"prompts must divide among {world} ranks (each rank takes whole prompts)")
+        rows = cfg.train_prompts * G
+        if cfg.rollout_batch_size % world:
+            raise ConfigError(f"rollout_batch_size={cfg.rollout_batch_size} prompts must divide among {world} ranks "
+                              "(each rank generates whole groups)")
+        if rows % world:
+            raise ConfigError(f"an optimizer batch of {cfg.train_prompts} prompts x {G} = {rows} samples must divide "
+                              f"among {world} ranks")
         sampled_probes = [p for p in cfg.eval_probes if cfg.eval_n_samples.get(p, 1) > 1
                           or cfg.eval_temperature.get(p, 0.0) > 0]
         if sampled_probes and world > 1:
@@ -153,10 +160,9 @@ class Trainer:
         if cfg.dynamic_sampling == "refill" and world > 1:
             raise ConfigError("dynamic_sampling 'refill' with several ranks: each rank would draw a different number "
                               "of extra prompts from the shared order; use dynamic_sampling 'mask' (TRL's) or one rank")
-        if (cfg.train_prompts // world * G) % cfg.micro_batch_size:
+        if (rows // world) % cfg.micro_batch_size:
             raise ConfigError(f"micro_batch_size={cfg.micro_batch_size} must divide each rank's share of an optimizer "
-                              f"batch, {cfg.train_prompts}//{world} prompts x {G} = {cfg.train_prompts // world * G} "
-                              "sequences")
+                              f"batch, {rows} samples / {world} ranks = {rows // world}")
 
     # the optimizer state lives in the backend (DeepSpeed partitions it)
     @property
