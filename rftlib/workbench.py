@@ -301,7 +301,7 @@ def plot_run(run_dir: str | Path):
     from matplotlib.ticker import MaxNLocator
 
     from rftlib.monitor.metrics import read_metrics
-    from rftlib.report.plots import Plot
+    from rftlib.report.plots import Plot, honest_axis
     from rftlib.train.loop import EVAL_KEY
 
     rows = read_metrics(run_dir)
@@ -322,5 +322,6 @@ def plot_run(run_dir: str | Path):
     ax[2].set(title="held-out greedy_pass@1", xlabel="step", ylim=(0, 1))
     for a in ax:
         a.xaxis.set_major_locator(MaxNLocator(integer=True))
-        a.ticklabel_format(axis="y", useOffset=False, style="plain")
+    for a in ax[:2]:
+        honest_axis(a)
     return Plot(fig, "run", f"{Path(run_dir).name}: reward, response length and held-out accuracy by step")

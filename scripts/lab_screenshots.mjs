@@ -21,34 +21,36 @@ if (mode === "live") {
   await page.waitForTimeout(8000);
   await page.evaluate(() => window.jupyterapp.commands.execute("notebook:run-all-cells"));
   log("run all cells");
-  const stop = page.locator("button", { hasText: "Stop (checkpoint first)" });
-  try {
-    await stop.waitFor({ timeout: 300000 });
-    await page.locator(".rft-group").first().waitFor({ timeout: 300000 });
-  } catch (e) {
-    await page.screenshot({ path: `${out}/live_debug.png` });
-    throw e;
+  // poll the DOM (a busy page can starve Playwright's locator waits): the Stop button and a group
+  let ready = false;
+  for (let i = 0; i < 120 && !ready; i++) {
+    await page.waitForTimeout(3000);
+    ready = await page.evaluate(() => !!document.querySelector(".rft-group") &&
+      [...document.querySelectorAll("button")].some(b => b.textContent.includes("Stop (checkpoint first)")));
   }
-  await page.waitForTimeout(1500);
-  const panel = page.locator(".widget-vbox", { has: stop }).first();
-  await panel.scrollIntoViewIfNeeded();
-  await page.screenshot({ path: `${out}/live_view.png`, fullPage: false });
-  await panel.screenshot({ path: `${out}/live_view_panel.png` });
-  log("live view captured; clicking Stop");
-  await stop.click();
-  await page.locator("button.widget-button", { hasText: "Stopping after this step" })
-    .waitFor({ timeout: 120000 }).then(() => log("Stop acknowledged while the cell runs"))
-    .catch(() => log("Stop not acknowledged within 120 s"));
-  await panel.screenshot({ path: `${out}/live_view_stopping.png` });
-  // the trainer of this branch may not check control/stop yet: interrupt the kernel to end the demo
-  await page.waitForTimeout(5000);
-  await page.evaluate(() => window.jupyterapp.commands.execute("notebook:interrupt-kernel"));
+  log(`live view ready: ${ready}`);
+  await page.evaluate(() => document.querySelector(".rft-group")?.closest(".widget-vbox")?.scrollIntoView());
+  await page.waitForTimeout(1000);
+  const panel = page.locator(".widget-vbox", { has: page.locator(".rft-group") }).first();
+  await page.screenshot({ path: `${out}/live_view.png` });
+  await panel.screenshot({ path: `${out}/live_view_panel.png`, timeout: 60000 }).catch(e => log(`panel: ${e.message}`));
+  const clicked = await page.evaluate(() => {
+    const b = [...document.querySelectorAll("button")].find(b => b.textContent.includes("Stop (checkpoint first)"));
+    if (b) b.click();
+    return !!b;
+  });
+  log(`Stop clicked: ${clicked}`);
+  let acked = false;
+  for (let i = 0; i < 40 && !acked; i++) {
+    await page.waitForTimeout(1500);
+    acked = await page.evaluate(() => [...document.querySelectorAll("button")].some(b => b.textContent.includes("Stopping after this step")));
+  }
+  log(`Stop acknowledged while the cell runs: ${acked}`);
+  await panel.screenshot({ path: `${out}/live_view_stopping.png`, timeout: 60000 }).catch(e => log(`panel: ${e.message}`));
+  // this branch's trainer may not check control/stop yet: interrupt the kernel to end the demo
+  await page.evaluate(() => window.jupyterapp.commands.execute("kernelmenu:interrupt"));
   log("kernel interrupted");
-  // let the run end (the cell's idle prompt) before closing
-  await page.waitForFunction(() => !document.querySelector(".jp-InputArea-prompt") ||
-    ![...document.querySelectorAll(".jp-InputArea-prompt")].some(e => e.textContent.includes("[*]")),
-    null, { timeout: 600000 }).catch(() => log("cells still running at timeout"));
-  await panel.screenshot({ path: `${out}/live_view_end.png` });
+  await page.waitForTimeout(5000);
 } else {
   await page.waitForTimeout(2000);
   await page.screenshot({ path: `${out}/executed_top.png` });

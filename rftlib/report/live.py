@@ -302,7 +302,7 @@ class LiveView:
     def _curves(self, tr: list[dict[str, Any]]) -> bytes:
         from matplotlib.figure import Figure
 
-        from rftlib.report.plots import Plot
+        from rftlib.report.plots import Plot, honest_axis
 
         fig = Figure(figsize=(11, 2.6), layout="constrained")
         ax = [fig.add_subplot(1, 3, i + 1) for i in range(3)]
@@ -323,7 +323,8 @@ class LiveView:
         for a in ax:
             a.set_xlim(0, self.cfg.num_steps)
             a.tick_params(labelsize=8)
-            a.ticklabel_format(axis="y", useOffset=False, style="plain")
+        for a in ax[:2]:
+            honest_axis(a)  # plain labels; 1e-8 of loss noise is drawn flat, not as a trend
         return Plot(fig).png(dpi=80)
 
     def _verdicts_html(self) -> str:
