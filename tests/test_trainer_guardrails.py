@@ -42,9 +42,10 @@ def test_health_verdicts_written_and_abort(tiny_cfg, capsys):
     verdicts = {v["name"]: v for v in json.loads((tr.run_dir / "logs" / "health.json").read_text())}
     assert verdicts["grad_norm"]["status"] == "fail" and verdicts["grad_norm"]["value"] == 0.0
     assert "has_boxed" not in verdicts  # the arithmetic task opts out: its answers are never boxed
-    assert summary["stop_reason"].startswith("health verdict grad_norm failed")
+    # the root cause is named first (issue 15 item 4): all rewards equal, so no signal; grad 0 follows from it
+    assert summary["stop_reason"].startswith("health verdict learning_signal failed")
     assert summary["steps"] == 2
-    assert "FAIL grad_norm" in capsys.readouterr().out
+    assert "FAIL learning_signal" in capsys.readouterr().out
     assert ckpt.list_steps(tr.run_dir) == [2]  # checkpointed before stopping
 
 

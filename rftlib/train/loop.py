@@ -539,7 +539,7 @@ class Trainer:
         or, with ``health_abort``, when a health verdict fails, or when a stop is requested; each
         way it checkpoints first and records why in summary.json.
         """
-        from rftlib.monitor.health import RULES, check_health
+        from rftlib.monitor.health import run_verdicts
 
         cfg, main = self.cfg, self.dist.is_main
         start = self.step_num
@@ -553,10 +553,6 @@ class Trainer:
             bar = tqdm(total=cfg.num_steps, initial=start, desc=self.run_dir.name, unit="step")
         rows = [r for r in _read_rows(self.run_dir / "logs" / "metrics.jsonl")] if main else []
         rows = self.dist.broadcast_object(rows)
-        health_cfg = {"max_grad_norm": cfg.max_grad_norm}
-        if cfg.early_stop_probe:
-            health_cfg["ood_metric"] = f"eval/{cfg.early_stop_probe}/greedy_pass@1"
-        rules = [r for r in RULES.names() if r not in self.task.health_skip]
         self.stop_reason = None
         seen_bad: set[tuple[str, str]] = set()
         while self.step_num < end:
@@ -568,7 +564,8 @@ class Trainer:
                 self.stop_reason = self.early_stop_reason()
             self._emit(row)
             rows.append(row)
-            verdicts = check_health(rows, rules=rules, **health_cfg)  # the same rows, so the same verdicts, on every rank
+            # the live panel's and the report's verdicts (one list everywhere); the same rows on every rank
+            verdicts = run_verdicts(rows, cfg, self.task.health_skip)
             if main:
                 write_json(self.run_dir / "logs" / "health.json", [v.__dict__ for v in verdicts])
             for v in verdicts:
