@@ -3,12 +3,16 @@
 //   node lab_screenshots.mjs live  URL OUT_DIR   run every cell of a training notebook, screenshot the
 //                                                live view with its group of samples, click Stop
 //   node lab_screenshots.mjs view  URL OUT_DIR   screenshot an executed notebook, reopened
+//   node lab_screenshots.mjs runall URL OUT_DIR NAME DONE_TEXT [MID_NAME]
+//                                                run every cell (scripts/lab_launch_screenshots.py), wait for
+//                                                DONE_TEXT in the outputs, screenshot OUT_DIR/NAME.png; with
+//                                                MID_NAME also OUT_DIR/MID_NAME.png once 2 step lines streamed
 import { chromium } from "playwright-core";
 
-const [mode, url, out] = process.argv.slice(2);
+const [mode, url, out, name, doneText, midName] = process.argv.slice(2);
 const browser = await chromium.launch({ executablePath: process.env.CHROMIUM || "/usr/bin/chromium",
   args: ["--no-sandbox", "--disable-gpu"] });
-const page = await browser.newPage({ viewport: { width: 1400, height: 1100 } });
+const page = await browser.newPage({ viewport: mode === "runall" ? { width: 1500, height: 1300 } : { width: 1400, height: 1100 } });
 const log = (m) => console.log(`[lab_screenshots] ${m}`);
 await page.goto(url, { waitUntil: "domcontentloaded", timeout: 180000 });
 await page.waitForSelector(".jp-Notebook", { timeout: 180000 });
@@ -51,6 +55,44 @@ if (mode === "live") {
   await page.evaluate(() => window.jupyterapp.commands.execute("kernelmenu:interrupt"));
   log("kernel interrupted");
   await page.waitForTimeout(5000);
+} else if (mode === "runall") {
+  await page.waitForFunction(() => window.jupyterapp && document.querySelector(".jp-Notebook-ExecutionIndicator, .jp-Toolbar"),
+    null, { timeout: 180000 });
+  await page.waitForTimeout(8000);
+  // not awaited in the page: execute()'s promise resolves only when every cell has run
+  await page.evaluate(() => { window.jupyterapp.commands.execute("notebook:run-all-cells"); });
+  log("run all cells");
+  const outText = () => page.evaluate(() => [...document.querySelectorAll(".jp-OutputArea-output")].map(o => o.innerText).join("\n"));
+  // the output of the launch cell (the third cell), scrolled to its last line
+  const showRunOutput = () => page.evaluate(() => {
+    const outs = document.querySelectorAll(".jp-Cell")[2]?.querySelectorAll(".jp-OutputArea-output");
+    if (outs && outs.length) outs[outs.length - 1].scrollIntoView({ block: "end" });
+  });
+  // JupyterLab's "get notified about news?" toast would cover the outputs
+  const noNews = () => page.evaluate(() => [...document.querySelectorAll(".jp-toast-button, button")]
+    .find(b => b.textContent.trim() === "No")?.click());
+  let done = false, mid = !midName;
+  for (let i = 0; i < 200 && !done; i++) {
+    await page.waitForTimeout(2000);
+    const text = await outText();
+    done = text.includes(doneText);
+    if (midName) log(`poll ${i}: ${(text.match(/\[rft\] step \d+/g) || []).length} step lines`);
+    await noNews();
+    if (!mid && (text.match(/\[rft\] step \d+/g) || []).length >= 2) {
+      await showRunOutput();
+      await page.waitForTimeout(500);
+      await page.screenshot({ path: `${out}/${midName}.png` });
+      log(`${midName}.png: ${(text.match(/\[rft\] step \d+/g) || []).length} step lines so far`);
+      mid = true;
+    }
+  }
+  log(`"${doneText}" in the outputs: ${done}`);
+  await page.waitForTimeout(1500);
+  // the end of the launch cell's output and the status cell below it
+  await page.evaluate(() => document.querySelectorAll(".jp-Cell")[4]?.scrollIntoView({ block: "end" }));
+  await page.waitForTimeout(800);
+  await page.screenshot({ path: `${out}/${name}.png` });
+  log(`${name}.png written; outputs:\n${await outText()}`);
 } else {
   await page.waitForTimeout(2000);
   await page.screenshot({ path: `${out}/executed_top.png` });
