@@ -387,7 +387,7 @@ def main(argv: list[str] | None = None) -> int:
     so.add_argument("run_dir")
     so.add_argument("--timeout", type=float, default=300.0, help="seconds to wait before terminating what is left")
     st = sub.add_parser("status", help="running and finished attempts at a glance, and the GPUs")
-    st.add_argument("--runs", default="runs")
+    st.add_argument("--runs", default=None, help="runs root (default: $RFTLIB_RUNS, else <project root>/runs)")
     args = p.parse_args(argv)
     from rftlib.config import ConfigError
 

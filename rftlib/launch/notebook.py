@@ -42,7 +42,7 @@ attempt = run(preset=preset, overrides=overrides, dry_run=dry_run, machine_gpus=
 STATUS = '''\
 from rftlib.launch.status import status_text
 
-print(status_text(overrides.get("runs_root", "runs")))
+print(status_text(overrides.get("runs_root")))
 '''
 
 

@@ -99,9 +99,12 @@ def _fmt(x: Any, spec: str = ".3f") -> str:
     return "-" if x is None else format(x, spec)
 
 
-def status_text(runs_root: str | Path = "runs") -> str:
-    """``rft status``: every attempt under ``runs_root`` (launched or not), newest last, then the GPUs."""
-    root = Path(runs_root)
+def status_text(runs_root: str | Path | None = None) -> str:
+    """``rft status``: every attempt under ``runs_root`` (launched or not), newest last, then the GPUs.
+    The root resolves as everywhere else (rftlib.attempts.runs_root: RFTLIB_RUNS, else <project>/runs)."""
+    from rftlib.attempts import runs_root as resolve_root
+
+    root = resolve_root(runs_root)
     dirs = sorted(d for d in root.glob("*") if (d / "config.yaml").exists()) if root.is_dir() else []
     lines = [f"{'attempt':<34} {'state':<11} {'step':>5} {'reward':>7} {'held-out':>8}  health / reason"]
     for d in dirs:
