@@ -103,7 +103,7 @@ class _Server:
     def wait_healthy(self, timeout: float) -> None:
         deadline = time.time() + timeout
         while time.time() < deadline:
-            if self.proc.poll() is not None:
+            if self.proc is not None and self.proc.poll() is not None:
                 raise self.died("starting")
             try:
                 with urllib.request.urlopen(self.url + "/health", timeout=5) as r:
@@ -115,7 +115,7 @@ class _Server:
         raise self.died(f"starting: no /health within {timeout:.0f} s (RFTLIB_VLLM_START_TIMEOUT)")
 
     def post(self, route: str, body: dict, what: str) -> dict:
-        if self.proc.poll() is not None:
+        if self.proc is not None and self.proc.poll() is not None:
             raise self.died(what)
         req = urllib.request.Request(self.url + route, data=json.dumps(body).encode(),
                                      headers={"Content-Type": "application/json"})
@@ -127,7 +127,7 @@ class _Server:
                                f"{e.read().decode(errors='replace')[:2000]}") from None
         except (urllib.error.URLError, OSError) as e:  # no answer: is the process gone?
             time.sleep(0.5)  # let a crashing process finish exiting
-            if self.proc.poll() is not None:
+            if self.proc is None or self.proc.poll() is not None:
                 raise self.died(what) from None
             raise EngineDiedError(f"vLLM engine {self.k} ({self.url}) did not answer {route} while {what}: {e}; "
                                   f"last lines of {self.log}:\n{log_tail(self.log)}") from None
@@ -157,39 +157,11 @@ class _RemoteServer(_Server):
     def __init__(self, k: int, url: str):
         self.k, self.url = k, url.rstrip("/").removesuffix("/v1")
         self.proc = None
-        self.log = Path("(the engine's own log: logs/vllm_engine_K.log of the launch)")
+        self.log = None  # the engine keeps its own log (the launch's logs/vllm_engine_K.log)
 
     def died(self, what: str) -> EngineDiedError:
         return EngineDiedError(f"vLLM engine {self.k} at {self.url} did not answer while {what}; is it running? "
                                f"(rft status / the launch's logs/vllm_engine_{self.k}.log)")
-
-    def wait_healthy(self, timeout: float) -> None:
-        deadline = time.time() + timeout
-        while time.time() < deadline:
-            try:
-                with urllib.request.urlopen(self.url + "/health", timeout=5) as r:
-                    if r.status == 200:
-                        return
-            except (urllib.error.URLError, OSError):
-                pass
-            time.sleep(1.0)
-        raise self.died(f"connecting: no /health within {timeout:.0f} s")
-
-    def post(self, route: str, body: dict, what: str) -> dict:
-        req = urllib.request.Request(self.url + route, data=json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"})
-        try:
-            with urllib.request.urlopen(req, timeout=REQUEST_TIMEOUT_S) as r:
-                text = r.read().decode()
-        except urllib.error.HTTPError as e:
-            raise RuntimeError(f"vLLM engine {self.k} refused {route} while {what}: HTTP {e.code} "
-                               f"{e.read().decode(errors='replace')[:2000]}") from None
-        except (urllib.error.URLError, OSError):
-            raise self.died(what) from None
-        try:
-            return json.loads(text) if text else {}
-        except json.JSONDecodeError:
-            return {"text": text}
 
     def stop(self, grace: float = 20.0) -> None:
         pass  # its launcher stops it
