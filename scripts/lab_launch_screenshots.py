@@ -19,7 +19,6 @@ import json
 import os
 import re
 import secrets
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -30,7 +29,7 @@ from pathlib import Path
 import nbformat
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from lab_screenshots import REPO, VENV_BIN, _free_port  # noqa: E402
+from lab_screenshots import REPO, VENV_BIN, _free_port, prepare_playwright  # noqa: E402
 
 
 def _launch_notebook(dst: Path, **params) -> None:
@@ -62,11 +61,9 @@ def main() -> int:
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    pw = Path(args.playwright)
-    if not (pw / "node_modules" / "playwright-core").is_dir() or not shutil.which("node"):
-        print(f"need node and {pw}/node_modules/playwright-core (npm install playwright-core)", file=sys.stderr)
+    pw = prepare_playwright(Path(args.playwright))
+    if pw is None:
         return 2
-    shutil.copy(REPO / "scripts" / "lab_screenshots.mjs", pw / "lab_screenshots.mjs")
     root = Path(tempfile.mkdtemp(prefix="rft_lab_launch_"))
     runs = root / "runs"
     env = {**os.environ, "PYTHONPATH": f"{REPO}:{os.environ.get('PYTHONPATH', '')}", "RFTLIB_RUNS": str(runs),

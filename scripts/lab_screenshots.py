@@ -48,6 +48,15 @@ def _tiny_notebook(dst: Path, num_steps: int) -> None:
     nbformat.write(nb, dst)
 
 
+def prepare_playwright(pw: Path) -> Path | None:
+    """The playwright-core install to drive Chromium from (the driver script copied in), or None, said why."""
+    if not (pw / "node_modules" / "playwright-core").is_dir() or not shutil.which("node"):
+        print(f"need node and {pw}/node_modules/playwright-core (npm install playwright-core)", file=sys.stderr)
+        return None
+    shutil.copy(REPO / "scripts" / "lab_screenshots.mjs", pw / "lab_screenshots.mjs")
+    return pw
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="/tmp/rft_artefacts")
@@ -57,11 +66,9 @@ def main() -> int:
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    pw = Path(args.playwright)
-    if not (pw / "node_modules" / "playwright-core").is_dir() or not shutil.which("node"):
-        print(f"need node and {pw}/node_modules/playwright-core (npm install playwright-core)", file=sys.stderr)
+    pw = prepare_playwright(Path(args.playwright))
+    if pw is None:
         return 2
-    shutil.copy(REPO / "scripts" / "lab_screenshots.mjs", pw / "lab_screenshots.mjs")
     root = Path(tempfile.mkdtemp(prefix="rft_lab_"))
     (root / "notebooks").mkdir()
     _tiny_notebook(root / "notebooks" / "train_tiny.ipynb", args.steps)
