@@ -1,8 +1,8 @@
 """Peak memory of per-token log-probs (+ backward): full (N, T, V) logits vs chunked LM head.
 
-Each variant runs in a fresh Python process and reports its peak resident set size (ru_maxrss)
-above a baseline taken after the inputs exist and the code path is warmed up, so the numbers are
-comparable within one run. Two allocator settings are shown:
+Each variant runs in a fresh Python process and reports how far its resident set size peaks (VmHWM)
+above the resident size once the inputs exist and the code path is warmed up (the peak is reset there,
+so import-time spikes do not hide it); the numbers are comparable within one run. Two allocator settings are shown:
   glibc default        what a plain CPU run gets; glibc's *dynamic* mmap threshold lets freed
                        blocks of tens of MiB stay on the heap, so RSS also counts retained garbage
   mmap threshold 64K   MALLOC_MMAP_THRESHOLD_=65536: every large tensor is its own mmap, returned
@@ -27,22 +27,46 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
+def _status_mb(field: str) -> float | None:
+    """A ``/proc/self/status`` memory field (VmRSS, VmHWM) in MiB; None where there is no procfs."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) / 1024.0  # kB -> MiB
+    except OSError:
+        pass
+    return None
+
+
+def _reset_peak_rss() -> bool:
+    """Reset this process's peak RSS (Linux >= 4.0: writing 5 to clear_refs resets VmHWM).
+
+    Without it the peak is a lifetime high-water mark: an import-time spike (torch, transformers)
+    of ~740 MiB hides any computation that peaks below it, which made the comparison flaky.
+    """
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+        return True
+    except OSError:
+        return False
+
+
 def _peak_rss_mb() -> float:
+    hwm = _status_mb("VmHWM")
+    if hwm is not None:
+        return hwm
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # Linux: KiB -> MiB
 
 
 def worker(variant: str, tokens: int, vocab: int, hidden_size: int, chunk_size: int) -> dict:
     """Forward + backward of the log-probs of ``tokens`` tokens; peak RSS growth in MiB.
 
-    ``variant`` "chunked-then-full" runs both in one process (one torch start-up instead of two;
-    used by the test): ru_maxrss only rises, so the chunked peak is read first, then the full one.
-    Valid only when freed tensors return to the OS (MMAP_ENV), so chunked leaves no high-water mark.
+    ``variant`` "chunked-then-full" runs both in one process (one torch start-up instead of two);
+    the peak is reset before each measured call, so both deltas are valid in one process.
     """
     if variant == "chunked-then-full":
         chunked = worker("chunked", tokens, vocab, hidden_size, chunk_size)
         full = worker("full", tokens, vocab, hidden_size, chunk_size)
-        full["baseline_mb"] = chunked["baseline_mb"]  # same process: the same baseline
-        full["delta_mb"] = full["peak_mb"] - full["baseline_mb"]
         return {"chunked": chunked, "full": full}
     sys.path.insert(0, str(REPO_ROOT))
     import torch
@@ -67,7 +91,11 @@ def worker(variant: str, tokens: int, vocab: int, hidden_size: int, chunk_size: 
     # for checkpoint's first use), a one-off cost that is not the memory being compared.
     forward_backward(hidden[:1, :8].detach().requires_grad_(), weight, targets[:1, :8])
     weight.grad = None
-    baseline = _peak_rss_mb()
+    # Baseline = what is resident now, with the peak reset to it; falls back to the lifetime peak
+    # (the old, weaker measure) where clear_refs is not available.
+    baseline = _status_mb("VmRSS") if _reset_peak_rss() else None
+    if baseline is None:
+        baseline = _peak_rss_mb()
 
     start = time.perf_counter()
     forward_backward(hidden, weight, targets)
@@ -80,7 +108,7 @@ MMAP_ENV = {"MALLOC_MMAP_THRESHOLD_": "65536"}  # glibc: fixed threshold, large 
 
 
 def measure(variant: str, tokens: int, vocab: int, hidden_size: int, chunk_size: int, env: dict | None = None) -> dict:
-    """Run ``worker`` in a fresh interpreter (ru_maxrss never goes down) and return its report."""
+    """Run ``worker`` in a fresh interpreter (same imports for every variant) and return its report."""
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", variant, "--tokens", str(tokens),
            "--vocab", str(vocab), "--hidden", str(hidden_size), "--chunk-size", str(chunk_size)]
     out = subprocess.run(cmd, capture_output=True, text=True, check=True, cwd=REPO_ROOT, env={**os.environ, **(env or {})})
