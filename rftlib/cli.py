@@ -10,6 +10,7 @@
     rft eval RUN_DIR [--limit N]           every checkpoint of an attempt, "final" included (resumable)
     rft report RUN_DIR [--baseline DIR]    notebooks/analysis.ipynb for the attempt -> reports/<id>.html
     rft compare RUN_A RUN_B [...]          notebooks/compare.ipynb -> reports/compare-<A>-vs-<B>.html
+    rft ab -p P --vary policy_loss=ppo_clip,gspo,cispo [--set k=v]   one attempt per value, then compare
     rft index [--runs runs] [--out reports] reports/index.html, rebuilt from the run directories
     rft launch -p P [--set k=v] [--dry-run]   a detached multi-process attempt (trainer ranks + vLLM engines)
     rft launch --resume RUN_DIR            relaunch a stopped/crashed attempt from its step_latest
@@ -268,6 +269,29 @@ def cmd_compare(args) -> int:
     return 0
 
 
+def cmd_ab(args) -> int:
+    """One attempt per variant (same preset, same seed), then the compare notebook over them."""
+    from rftlib.ab import parse_vary, run_ab
+    from rftlib.report.compare import load_all, summary_text
+    from rftlib.report.publish import write_compare
+    from rftlib.workbench import result_text
+
+    def train(params: dict[str, Any]) -> Path:
+        run_dir, summary = run_notebook(params)
+        print(f"[rft ab] {run_dir}: " + result_text(summary), flush=True)
+        return run_dir
+
+    def compare(run_dirs: list) -> Path:
+        print(summary_text(load_all(run_dirs)))
+        html = write_compare(run_dirs, args.out)
+        print(f"[rft ab] comparison: {html}")
+        return html
+
+    _, html, failed = run_ab(args.preset, _parse_sets(args.set), parse_vary(args.vary), train=train,
+                             compare=compare, write=lambda s: print(s, flush=True))
+    return 0 if html is not None and not failed else 1
+
+
 def cmd_index(args) -> int:
     from rftlib.report.attempt import list_attempts
     from rftlib.report.index import write_index
@@ -370,6 +394,12 @@ def main(argv: list[str] | None = None) -> int:
     c = sub.add_parser("compare", help="A/B report of two or more attempts via notebooks/compare.ipynb")
     c.add_argument("run_dirs", nargs="+")
     c.add_argument("--out", default=None)
+    ab = sub.add_parser("ab", help="A/B of variants: one attempt per --vary value, then the compare report")
+    ab.add_argument("-p", "--preset", default="default")
+    ab.add_argument("--vary", action="append", default=[], metavar="NAME=V1,V2[,...]",
+                    help="a RunConfig field and its values (baseline first); several --vary take the product")
+    ab.add_argument("--set", action="append", default=[], metavar="NAME=VALUE", help="the same for every variant")
+    ab.add_argument("--out", default=None, help="reports directory (default: reports/ beside the runs root)")
     i = sub.add_parser("index", help="reports/index.html from the run directories")
     i.add_argument("--runs", default=None, help="runs root (default: $RFTLIB_RUNS, else <project root>/runs)")
     i.add_argument("--out", default=None, help="default: reports/ beside --runs")
@@ -393,6 +423,7 @@ def main(argv: list[str] | None = None) -> int:
 
     verbs = {"demo": cmd_demo, "train": cmd_train, "resume": cmd_resume, "preflight": cmd_preflight,
              "validate": cmd_validate, "eval": cmd_eval, "report": cmd_report, "compare": cmd_compare,
+             "ab": cmd_ab,
              "index": cmd_index, "launch": cmd_launch, "attach": cmd_attach, "stop": cmd_stop,
              "status": cmd_status}
     try:
