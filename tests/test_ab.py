@@ -61,6 +61,20 @@ def test_a_crashed_arm_keeps_the_others_and_is_reported():
     assert res is None and failed == ["policy_loss=gspo"]
 
 
+def test_an_on_policy_loss_ab_is_flagged_as_unable_to_differ():
+    from rftlib.ab import on_policy_warning
+
+    # default preset: 8 prompts per rollout, one optimizer step on all of them: ratio == 1 throughout
+    on = plan_variants("default", {}, parse_vary(["policy_loss=ppo_clip,gspo,cispo"]))
+    assert "exactly 1" in on_policy_warning(on) and "train_batch_size" in on_policy_warning(on)
+    # 8 / 4 = two optimizer steps per rollout: the second is off-policy, the losses can differ
+    off = plan_variants("default", {"train_batch_size": 4}, parse_vary(["policy_loss=ppo_clip,gspo,cispo"]))
+    assert on_policy_warning(off) == ""
+    # a field that changes the gradient even on-policy (the advantages) is a real A/B
+    adv = plan_variants("default", {}, parse_vary(["advantage_estimator=grpo,rloo"]))
+    assert on_policy_warning(adv) == ""
+
+
 # Each family variant (issue 14) as the researcher sets it: it must show in the report's config diff
 VARIANTS = {"policy_loss": "gspo", "advantage_estimator": "rloo", "scale_rewards": "batch",
             "dynamic_sampling": "refill", "mask_truncated_completions": True, "overlong_buffer_len": 8,
