@@ -202,7 +202,8 @@ def worker_trl(args) -> None:
     ds = Dataset.from_dict({"prompt": texts, "ex_idx": list(range(n_prompts))})
 
     def reward(prompts, completions, ex_idx, **kw):  # the task's own reward, as rftlib scores it
-        return [float(task.reward(c, task.train[i], False)[0]) for c, i in zip(completions, ex_idx)]
+        # truncated=True: forced to max_new_tokens, no completion ends in EOS (rftlib's engine says the same)
+        return [float(task.reward(c, task.train[i], True)[0]) for c, i in zip(completions, ex_idx)]
 
     targs = GRPOConfig(
         output_dir=tempfile.mkdtemp(prefix="bench-trl-"), use_cpu=True, bf16=False, fp16=False,
