@@ -18,3 +18,4 @@ bench: setup
 	$(PY) -m pip install -q -e ".[bench]" 2>&1 | grep -v "is ignored" || true
 	for f in bench/bench_logprobs.py bench/bench_math_reward.py bench/bench_sandbox.py \
 	         bench/memory_vs_estimate.py bench/check_gold.py; do echo "== $$f"; $(PY) $$f || exit 1; done
+	echo "== bench/grpo_step.py"; $(PY) bench/grpo_step.py && $(PY) bench/grpo_step.py --mode update
