@@ -142,3 +142,28 @@ def test_recompute_auto_only_checkpoints_several_chunks(monkeypatch):
         torch.testing.assert_close(g, grads[("auto", 6)])
     with pytest.raises(ValueError, match="checkpoint_chunks"):
         chunked_logprobs_entropy(h, w, tg, checkpoint_chunks="sometimes")
+
+
+def test_a_reward_with_a_batch_form_scores_the_rollout_in_one_call(tiny_cfg):
+    calls = []
+
+    def reward(text, ex, truncated):  # row by row: must not be called when the batch form exists
+        raise AssertionError("the trainer scored row by row although the reward has a batch form")
+
+    def batch(texts, examples, truncated):
+        calls.append((list(texts), [e.prompt for e in examples], list(truncated)))
+        return [(float(len(t) % 2), {"correctness": 0.0}) for t in texts]  # varies with the completion
+
+    reward.batch = batch
+    tr = loop.Trainer(tiny_cfg(), progress=False)
+    tr.task.reward = reward
+    try:
+        row = tr.step()
+    finally:
+        tr.close()
+    assert len(calls) == 1  # one call for the rollout's 4 prompts x 4 completions
+    texts, prompts, trunc = calls[0]
+    assert len(texts) == len(prompts) == len(trunc) == 16
+    assert prompts[0] == prompts[3] != prompts[4]  # prompt-major: rows 0-3 share a prompt
+    # reward_mean is the mean of len % 2 over the 16 texts the batch form was handed
+    assert row["reward_mean"] == pytest.approx(sum(len(t) % 2 for t in texts) / 16)

@@ -329,11 +329,19 @@ class Trainer:
                                   top_p=cfg.top_p).to(self.dist.device)
         self._timing["generate"] = self._timing.get("generate", 0.0) + time.time() - t
         t = time.time()
-        rewards, diags = [], []
-        for i, text in enumerate(ro.texts):
-            r, d = self.task.reward(text, examples[i // G], bool(ro.truncated[i]))
-            rewards.append(float(r))
-            diags.append(d)
+        rows = [examples[i // G] for i in range(len(ro.texts))]
+        trunc = [bool(cut) for cut in ro.truncated.tolist()]
+        # a reward with a ``batch`` form scores the whole rollout in one call (the code sandbox's
+        # workers run rows side by side; row by row, the second worker idles)
+        batch_reward = getattr(self.task.reward, "batch", None)
+        if batch_reward is not None:
+            scored = batch_reward(list(ro.texts), rows, trunc)
+            if len(scored) != len(rows):
+                raise ValueError(f"task {self.task.name}: reward.batch returned {len(scored)} results for {len(rows)} rows")
+        else:
+            scored = [self.task.reward(text, ex, cut) for text, ex, cut in zip(ro.texts, rows, trunc)]
+        rewards = [float(r) for r, _ in scored]
+        diags = [d for _, d in scored]
         self._timing["reward"] = self._timing.get("reward", 0.0) + time.time() - t
         items = [(ro, g, ex, idx, diags[g * G:(g + 1) * G]) for g, (ex, idx) in enumerate(zip(examples, indices))]
         return steps.Groups(items, torch.tensor(rewards))  # rewards (n*G,) host
