@@ -173,6 +173,19 @@ class RunConfig:
     """clip the global grad norm to this; the logged grad_norm is before clipping"""
     logprob_chunk_size: int = 1024
     """tokens per chunk when computing logprobs from hidden states ((N,T,V) never whole)"""
+    logprob_recompute: str = "auto"
+    """the chunked LM head in backward: always (recompute each chunk's logits: least memory, one more
+    LM-head matmul per chunk), never (keep every chunk's logits: ~chunk_size x V x 4 bytes each),
+    auto (recompute only when a micro-batch spans several chunks; with one chunk its logits live
+    through the backbone's backward either way, so the recompute would save no peak memory)"""
+    skip_zero_advantage_rows: bool = True
+    """leave rows whose advantage is exactly 0 (or that the loss mask empties) out of the update's
+    forward/backward when no loss term reads them (KL in the loss, entropy bonus, gns_probe, one
+    rank only); the normalisers still count them, so the gradient is unchanged. The update's
+    ratio/entropy diagnostics are then over the rows that were run"""
+    sort_micro_batches_by_length: bool = True
+    """cut an optimizer batch's micro-batches from its rows sorted by length (prompt + completion),
+    so short rows share padding with short ones; the gradient is the same sum in another order"""
 
     # ---- evaluation, logging, checkpoints -----------------------------------------------------
     eval_steps: int = 10
@@ -531,6 +544,8 @@ def validate(cfg: RunConfig) -> None:
     if tb < 1 or cfg.rollout_batch_size % tb:
         bad(f"train_batch_size={tb} must divide rollout_batch_size={cfg.rollout_batch_size} "
             "(each rollout is split into whole optimizer batches)")
+    if cfg.logprob_recompute not in ("auto", "always", "never"):
+        bad(f"logprob_recompute={cfg.logprob_recompute!r}: choose auto, always or never")
     if cfg.micro_batch_size < 1 or (tb * G) % cfg.micro_batch_size:
         bad(f"micro_batch_size={cfg.micro_batch_size} must divide train_batch_size x n_samples_per_prompt "
             f"= {tb} x {G} = {tb * G} sequences")

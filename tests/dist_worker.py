@@ -94,7 +94,10 @@ def main(argv=None) -> None:
     overrides = dict(model=a.model, backend=a.backend, num_steps=a.steps, stop_after_steps=a.stop_after,
                      runs_root=str(out / "runs"), rollout_batch_size=4, n_samples_per_prompt=4, micro_batch_size=2,
                      max_new_tokens=8, eval_steps=0, eval_size=5, save_steps=0, lr=5e-3, warmup_ratio=0.0,
-                     autocast="none", name="dist", lora_dropout=0.0, beta=0.0)
+                     autocast="none", name="dist", lora_dropout=0.0, beta=0.0,
+                     # several ranks never skip zero-advantage rows (DDP needs the same micro-batches on
+                     # every rank); one process would, and its entropy_mean would then cover fewer rows
+                     skip_zero_advantage_rows=False)
     overrides.update({k: yaml.safe_load(v) for k, v in (s.split("=", 1) for s in a.set)})
     cfg = make_config("tiny", overrides)
     dist = init_dist(cfg)

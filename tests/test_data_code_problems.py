@@ -59,6 +59,25 @@ def test_task_reward_signature_and_diagnostics(sb, monkeypatch):
     assert code_task_reward(f"```python\n{wrong}```", ex, False)[0] == pytest.approx(0.5 * 4 / 5)
 
 
+def test_batch_form_scores_like_the_row_by_row_reward(sb, monkeypatch):
+    import rftlib.data.code_problems as cp
+
+    monkeypatch.setattr(cp, "code_reward", functools.partial(code_reward, sandbox=sb))
+    monkeypatch.setattr(cp, "batch_code_reward", functools.partial(batch_code_reward, sandbox=sb))
+    ex = next(e for e in load_code_problems() if e.id.endswith("/fizzbuzz"))
+    wrong = ex.answer.replace("n % 15 == 0", "n == 30")
+    texts = [f"```python\n{ex.answer}```", f"```python\n{wrong}```", "no code at all"]
+    trunc = [False, True, False]
+    assert code_task_reward.batch is cp.code_task_batch_reward  # what the trainer looks for
+    batch = code_task_reward.batch(texts, [ex] * 3, trunc)
+    # 1.0 (all pass), 0.5 * 4/5 (4 of 5 tests; the partial-credit rule above), 0.0 (nothing to run)
+    assert [r for r, _ in batch] == pytest.approx([1.0, 0.4, 0.0])
+    def timeless(scored):  # exec_s is a wall-clock measurement: it differs run to run
+        return [(r, {k: v for k, v in d.items() if k != "exec_s"}) for r, d in scored]
+
+    assert timeless(batch) == timeless([code_task_reward(t, ex, c) for t, c in zip(texts, trunc)])
+
+
 def test_procedural_pool_is_deterministic_distinct_and_covers_families():
     a, b = procedural_code_problems(2000, seed=3), procedural_code_problems(2000, seed=3)  # the task's default size
     assert [e.prompt for e in a] == [e.prompt for e in b]

@@ -49,10 +49,14 @@ def test_refill_fills_the_batch_with_informative_groups(tiny_cfg, monkeypatch):
     assert row["dyn/filled"] == 1.0 and row["dyn/constant_group_frac"] > 0 and row["dyn/extra_rollouts"] > 0
 
 
+# every row in order through the loss (the skip would leave these rows out of it altogether)
+NO_SKIP = dict(skip_zero_advantage_rows=False, sort_micro_batches_by_length=False)
+
+
 def test_mask_keeps_constant_groups_out_of_the_loss(tiny_cfg, monkeypatch):
     loss_calls = _spy(monkeypatch, "grpo_loss")
     adv_calls = _spy(monkeypatch, "compute_advantages")
-    tr = loop.Trainer(tiny_cfg(dynamic_sampling="mask"), progress=False, reward_override=half_constant_reward)
+    tr = loop.Trainer(tiny_cfg(dynamic_sampling="mask", **NO_SKIP), progress=False, reward_override=half_constant_reward)
     row = tr.step()
     tr.close()
     const = _groups_constant(adv_calls[-1][0][1], 4)  # (B,)
@@ -65,7 +69,7 @@ def test_mask_keeps_constant_groups_out_of_the_loss(tiny_cfg, monkeypatch):
 
 def test_truncated_completions_leave_the_loss(tiny_cfg, monkeypatch):
     loss_calls = _spy(monkeypatch, "grpo_loss")
-    tr = loop.Trainer(tiny_cfg(mask_truncated_completions=True, max_new_tokens=4), progress=False,
+    tr = loop.Trainer(tiny_cfg(mask_truncated_completions=True, max_new_tokens=4, **NO_SKIP), progress=False,
                       reward_override=half_constant_reward)
     orig = tr.engine.generate
     truncs = []

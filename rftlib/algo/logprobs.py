@@ -60,7 +60,7 @@ def chunked_logprobs_entropy(
     chunk_size: int = 1024,  # token rows per LM-head call; peak extra memory ~ chunk_size * V * 4 bytes * a few
     lm_head_bias: torch.Tensor | None = None,
     with_entropy: bool = True,
-    checkpoint_chunks: bool = True,  # recompute each chunk in backward instead of keeping its logits
+    checkpoint_chunks: bool | str = True,  # recompute each chunk in backward; "auto": only when there are several chunks
     entropy_grad: bool = False,  # back-propagate through the entropy (only for an entropy bonus)
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log pi(target) and entropy per token from hidden states, ``chunk_size`` tokens at a time.
@@ -76,7 +76,13 @@ def chunked_logprobs_entropy(
     mask the result later): gather rejects negative ids such as -100.
     Returns (logprobs (N, T) float32, entropy (N, T) float32 or None when with_entropy=False).
     Values equal ``full_logprobs_entropy(hidden @ W.T + b, targets)`` up to float rounding.
+    ``checkpoint_chunks``: True recomputes every chunk's logits in backward (one more LM-head matmul
+    per chunk; only the (C, H) inputs are kept); False keeps each chunk's logits for backward;
+    "auto" recomputes only when N*T spans more than one chunk -- a single chunk's logits are alive
+    during the backbone's backward either way, so recomputing it would cost time and save no peak.
     """
+    if checkpoint_chunks not in (True, False, "auto"):
+        raise ValueError(f"checkpoint_chunks must be True, False or 'auto', got {checkpoint_chunks!r}")
     if hidden.dim() != 3 or targets.shape != hidden.shape[:2]:
         raise ValueError(f"need hidden (N, T, H) and targets (N, T); got {tuple(hidden.shape)} and {tuple(targets.shape)}")
     if chunk_size < 1:
@@ -90,6 +96,7 @@ def chunked_logprobs_entropy(
         lm_head_weight is not None and lm_head_weight.requires_grad) or (
         lm_head_bias is not None and lm_head_bias.requires_grad)
     needs_grad = torch.is_grad_enabled() and (hidden.requires_grad or head_grad)
+    recompute = needs_grad and (checkpoint_chunks is True or (checkpoint_chunks == "auto" and n * t > chunk_size))
     logprob_chunks, entropy_chunks = [], []
     for start in range(0, n * t, chunk_size):
         args = (
@@ -102,7 +109,7 @@ def chunked_logprobs_entropy(
             entropy_grad,
             head,
         )
-        if checkpoint_chunks and needs_grad:
+        if recompute:
             lp, ent = checkpoint(_chunk_logprobs_entropy, *args, use_reentrant=False)
         else:
             lp, ent = _chunk_logprobs_entropy(*args)

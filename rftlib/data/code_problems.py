@@ -28,7 +28,7 @@ from typing import Any, Callable
 from rftlib.data.base import TASKS, Example, Task
 from rftlib.data.benchmarks import CODE_INSTRUCTION
 from rftlib.data.jsonl import REPO_ROOT, DataError, iter_jsonl
-from rftlib.rewards.code import CodeProblem, code_reward
+from rftlib.rewards.code import CodeProblem, batch_code_reward, code_reward
 
 PROBLEMS_FILE = REPO_ROOT / "data" / "code_problems.jsonl"
 REQUIRED = ("id", "difficulty", "type", "signature", "description", "tests", "reference")
@@ -288,6 +288,24 @@ def code_task_reward(completion: str, example: Example, truncated: bool) -> tupl
     d = {k: v for k, v in r.diagnostics().items() if not k.startswith("test_")}
     d["truncated_response"] = 1.0 if truncated else 0.0
     return r.reward, d
+
+
+def code_task_batch_reward(completions: list[str], examples: list[Example],
+                           truncated: list[bool]) -> list[tuple[float, dict[str, float]]]:
+    """``code_task_reward`` of every row in one sandbox ``map``: the pool's workers (2 by default)
+    run rows side by side instead of one at a time (row order kept)."""
+    rs = batch_code_reward(completions, [e.meta["problem"] for e in examples])
+    out = []
+    for r, t in zip(rs, truncated):
+        d = {k: v for k, v in r.diagnostics().items() if not k.startswith("test_")}
+        d["truncated_response"] = 1.0 if t else 0.0
+        out.append((r.reward, d))
+    return out
+
+
+# the trainer scores a whole rollout with ``Task.reward.batch`` when the reward has one; a wrapper
+# that replaces the reward (a recording one, a test's) carries no ``batch`` and is called row by row
+code_task_reward.batch = code_task_batch_reward
 
 
 @TASKS.register("code_problems")

@@ -22,8 +22,8 @@ from rftlib.models.loading import policy_parts
 
 def completion_logprobs(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, completion_ids: torch.Tensor,
                         completion_mask: torch.Tensor, *, temperature: float = 1.0, chunk_size: int = 1024,
-                        with_entropy: bool = True, entropy_grad: bool = False
-                        ) -> tuple[torch.Tensor, torch.Tensor | None]:
+                        with_entropy: bool = True, entropy_grad: bool = False,
+                        checkpoint_chunks: bool | str = True) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(logprobs (n, T), entropy (n, T) or None) for n rows; zero where completion_mask is 0."""
     parts = policy_parts(model)
     P = prompt_ids.shape[1]
@@ -35,7 +35,8 @@ def completion_logprobs(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tens
                             use_cache=False).last_hidden_state  # (n, P+T, H)
     hidden = hidden[:, P - 1:-1]  # (n, T, H): position t predicts completion token t
     logp, ent = chunked_logprobs_entropy(hidden, None, completion_ids, head=parts.lm_head, temperature=temperature,
-                                         chunk_size=chunk_size, with_entropy=with_entropy, entropy_grad=entropy_grad)
+                                         chunk_size=chunk_size, with_entropy=with_entropy, entropy_grad=entropy_grad,
+                                         checkpoint_chunks=checkpoint_chunks)
     logp = logp * completion_mask  # (n, T)
     if ent is not None:
         ent = ent * completion_mask
@@ -55,7 +56,7 @@ class PolicyForward(torch.nn.Module):
 
     def forward(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, completion_ids: torch.Tensor,
                 completion_mask: torch.Tensor, temperature: float = 1.0, chunk_size: int = 1024,
-                with_entropy: bool = True, entropy_grad: bool = False):
+                with_entropy: bool = True, entropy_grad: bool = False, checkpoint_chunks: bool | str = True):
         return completion_logprobs(self.model, prompt_ids, prompt_mask, completion_ids, completion_mask,
                                    temperature=temperature, chunk_size=chunk_size, with_entropy=with_entropy,
-                                   entropy_grad=entropy_grad)
+                                   entropy_grad=entropy_grad, checkpoint_chunks=checkpoint_chunks)

@@ -25,6 +25,7 @@ import torch
 
 from rftlib.algo.advantages import compute_advantages
 from rftlib.algo.diagnostics import simple_noise_scale
+from rftlib.algo.filtering import constant_groups
 from rftlib.algo.correction import tis_weights
 from rftlib.algo.losses import grpo_loss
 from rftlib.attempts import create_attempt, read_attempt, write_json
@@ -307,8 +308,9 @@ class Trainer:
 
     def _logprobs(self, rows, *, with_entropy: bool, entropy_grad: bool = False, module=None):
         """(logprobs, entropy) of rows through the backend's wrapped policy (or ``module``, a frozen copy)."""
+        recompute = {"always": True, "never": False, "auto": "auto"}[self.cfg.logprob_recompute]
         kw = dict(temperature=self.cfg.temperature, chunk_size=self.cfg.logprob_chunk_size,
-                  with_entropy=with_entropy, entropy_grad=entropy_grad)
+                  with_entropy=with_entropy, entropy_grad=entropy_grad, checkpoint_chunks=recompute)
         with self._autocast():
             if module is not None:
                 return completion_logprobs(module, **rows, **kw)
@@ -327,11 +329,19 @@ class Trainer:
                                   top_p=cfg.top_p).to(self.dist.device)
         self._timing["generate"] = self._timing.get("generate", 0.0) + time.time() - t
         t = time.time()
-        rewards, diags = [], []
-        for i, text in enumerate(ro.texts):
-            r, d = self.task.reward(text, examples[i // G], bool(ro.truncated[i]))
-            rewards.append(float(r))
-            diags.append(d)
+        rows = [examples[i // G] for i in range(len(ro.texts))]
+        trunc = [bool(cut) for cut in ro.truncated.tolist()]
+        # a reward with a ``batch`` form scores the whole rollout in one call (the code sandbox's
+        # workers run rows side by side; row by row, the second worker idles)
+        batch_reward = getattr(self.task.reward, "batch", None)
+        if batch_reward is not None:
+            scored = batch_reward(list(ro.texts), rows, trunc)
+            if len(scored) != len(rows):
+                raise ValueError(f"task {self.task.name}: reward.batch returned {len(scored)} results for {len(rows)} rows")
+        else:
+            scored = [self.task.reward(text, ex, cut) for text, ex, cut in zip(ro.texts, rows, trunc)]
+        rewards = [float(r) for r, _ in scored]
+        diags = [d for _, d in scored]
         self._timing["reward"] = self._timing.get("reward", 0.0) + time.time() - t
         items = [(ro, g, ex, idx, diags[g * G:(g + 1) * G]) for g, (ex, idx) in enumerate(zip(examples, indices))]
         return steps.Groups(items, torch.tensor(rewards))  # rewards (n*G,) host
@@ -391,7 +401,8 @@ class Trainer:
         timing["sync"] = sync.get("seconds", 0.0)
         self.step_num += 1
         timing["step"] = time.time() - t_step
-        extra = {**shaping, **batch.metrics}
+        # TRL's frac_reward_zero_std: groups of the first rollout whose G rewards are all equal (no signal)
+        extra = {**shaping, **batch.metrics, "frac_reward_zero_std": float(constant_groups(first.rewards, G).float().mean())}
 
         # every rank's rollout and update accumulators, so the metrics are those of the global batch
         local = {"rewards": rewards, "diags": diags, "extra": [extra], "advantages": advantages.tolist(),
@@ -438,6 +449,34 @@ class Trainer:
                  "truncated": bool(allr["truncated"][i])}
                 for i in range(min(cfg.log_samples, len(allr["texts"])))])
 
+    def _skips_rows(self) -> bool:
+        """Whether the update may leave out rows that add nothing to the gradient: no loss term may read
+        a row beyond its advantage (a KL in the loss, an entropy bonus), the GNS probe's per-micro-batch
+        gradients assume full micro-batches, and DDP/DeepSpeed need every rank to run the same micro-batches."""
+        cfg = self.cfg
+        return (cfg.skip_zero_advantage_rows and steps.loss_kwargs(cfg)["beta"] == 0 and cfg.entropy_coef == 0
+                and not cfg.gns_probe and self.dist.world_size == 1)
+
+    def _micro_batches(self, ro, batch: torch.Tensor, advantages: torch.Tensor, lmask: torch.Tensor,
+                       skip: bool) -> list[torch.Tensor]:
+        """The micro-batches (row indices) one optimizer batch ``batch`` is run as.
+
+        With ``skip``, rows whose advantage is exactly 0 or whose loss mask is empty are left out:
+        every policy loss is A times something per token (0 for A = 0) and the aggregation selects
+        masked tokens out, so such a row's loss and gradient are exactly 0 -- the normalisers
+        (computed by the caller over the whole ``batch``) still count it. With
+        cfg.sort_micro_batches_by_length the rows are ordered by prompt + completion length first,
+        so each micro-batch (trimmed to its own longest row by ``_rows``) carries less padding."""
+        cfg, mb = self.cfg, self.cfg.micro_batch_size
+        rows = batch
+        if skip:
+            live = (advantages[batch] != 0) & (lmask[batch].sum(-1) > 0)  # (b,) bool
+            rows = batch[live.cpu()]
+        if cfg.sort_micro_batches_by_length and not cfg.gns_probe and len(rows) > mb:  # GNS wants random micro-batches
+            length = (ro.prompt_mask[rows].sum(-1) + ro.completion_mask[rows].sum(-1)).cpu()  # (b,)
+            rows = rows[torch.sort(length, stable=True).indices]
+        return [rows[m0:m0 + mb] for m0 in range(0, len(rows), mb)]
+
     def _update(self, ro, advantages, ref_lp, old_lp, lmask) -> dict[str, Any]:
         """The micro-batched, gradient-accumulated update; returns what the metrics need.
 
@@ -454,7 +493,8 @@ class Trainer:
         loss_kw = steps.loss_kwargs(cfg)  # the policy loss, its own clip range, KL, aggregation, entropy
         norm_const = cfg.loss_norm_const if cfg.loss_norm_const is not None else float(cfg.max_new_tokens)
         acc: dict[str, list] = {"tok": [], "metrics": [], "entropy": [], "grad_norm": [], "loss": [], "lr": [],
-                                "gns": [], "behaviour_diff": [], "seq_log_ratio": []}
+                                "gns": [], "behaviour_diff": [], "seq_log_ratio": [], "rows_run": 0, "rows_seen": 0}
+        skip = self._skips_rows()
         gen = torch.Generator().manual_seed(cfg.seed * 7919 + self.step_num * 104729 + D.rank)
         self.backend.train(True)
         for epoch in range(cfg.num_updates_per_rollout):
@@ -468,9 +508,14 @@ class Trainer:
                 loss_total = 0.0
                 gns = cfg.gns_probe and len(batch) > mb and cfg.backend != "deepspeed"
                 prev, micro_sq, seq_lr = None, [], []
-                n_micro = -(-len(batch) // mb)
-                for j, m0 in enumerate(range(0, len(batch), mb)):
-                    ix = batch[m0:m0 + mb]
+                micro = self._micro_batches(ro, batch, advantages, lmask, skip)
+                n_micro = len(micro)
+                acc["rows_seen"] += len(batch)
+                acc["rows_run"] += sum(len(ix) for ix in micro)
+                if not micro:  # nothing to learn from: zero gradients, so the optimizer steps as it would have
+                    for p in self.params:
+                        p.grad = torch.zeros_like(p)
+                for j, ix in enumerate(micro):
                     rows = self._rows(ro, ix)
                     t1 = rows["completion_ids"].shape[1]  # this micro-batch's own completion width
                     bonus = cfg.entropy_coef != 0
@@ -510,7 +555,7 @@ class Trainer:
                     acc["gns"].append({k: float(v) for k, v in
                                        simple_noise_scale(torch.stack(micro_sq), prev.pow(2).sum(), mb,
                                                           len(batch)).items()})
-                acc["seq_log_ratio"].append(torch.cat(seq_lr))
+                acc["seq_log_ratio"].append(torch.cat(seq_lr) if seq_lr else torch.zeros(0))
                 loss_global = float(D.all_sum(torch.tensor([loss_total], device=D.device))[0])
                 acc["lr"].append(self.backend.lr())
                 grad_norm, stepped = self.backend.step(math.isfinite(loss_global))

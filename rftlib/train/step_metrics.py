@@ -35,7 +35,7 @@ def step_metrics(allr: dict[str, list], upd: dict[str, Any], timing: dict[str, f
     # per-micro-batch metrics: token-weighted means, extremes of extremes; the p99 is the
     # largest micro-batch p99 (an upper bound on the batch p99)
     n_opt = len(upd["loss"])
-    for k in allr["metrics"][0]:
+    for k in (allr["metrics"][0] if allr["metrics"] else {}):  # none when every row was skipped
         have = [i for i, m in enumerate(allr["metrics"]) if k in m]  # entropy is only taken in epoch 0
         vals = torch.tensor([allr["metrics"][i][k] for i in have])
         w = torch.tensor([allr["tok"][i] for i in have])
@@ -50,8 +50,8 @@ def step_metrics(allr: dict[str, list], upd: dict[str, Any], timing: dict[str, f
     # ESS of the sequence importance weights over each whole optimizer batch (all ranks), averaged
     W = world_size
     seq = [torch.cat([allr["seq_log_ratio"][r * n_opt + s] for r in range(W)]) for s in range(n_opt)]
-    row["importance_ess"] = float(np.mean([float(importance_ess(x.unsqueeze(-1), torch.ones(len(x), 1)))
-                                           for x in seq]))
+    ess = [float(importance_ess(x.unsqueeze(-1), torch.ones(len(x), 1))) for x in seq if x.numel()]
+    row["importance_ess"] = float(np.mean(ess)) if ess else 1.0  # no row run: nothing moved off-policy
     row["loss"] = float(np.mean(upd["loss"]))
     ent = torch.cat(allr["entropy"]) if allr["entropy"] else torch.zeros(0)
     row.update(entropy_mean=float(ent.mean()) if ent.numel() else 0.0, entropy_p10=_q(ent, 0.1),
@@ -68,5 +68,7 @@ def step_metrics(allr: dict[str, list], upd: dict[str, Any], timing: dict[str, f
         for k in allr["gns"][0]:
             row[k] = float(np.mean([g[k] for g in allr["gns"]]))
     row["skipped_steps"] = skipped_steps
+    if upd.get("rows_seen"):  # rows the update left out (zero advantage, empty loss mask), of those it was given
+        row["update/skipped_row_frac"] = 1.0 - upd["rows_run"] / upd["rows_seen"]
     row.update({f"timing/{k}": v for k, v in timing.items()})
     return row

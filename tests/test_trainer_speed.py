@@ -1,0 +1,169 @@
+"""The update's speed-ups change no gradient: zero-advantage rows skipped (normalisers unchanged),
+micro-batches sorted by length, the LM head's recompute only where it saves memory.
+
+The fixture reward gives half the prompts one reward for every completion (a constant group: every
+advantage exactly 0) and the others the share of digits (advantages that vary), so a batch has rows
+to skip and rows that train.
+"""
+
+import hashlib
+from dataclasses import replace
+
+import pytest
+import torch
+
+import rftlib.algo.logprobs as lp_mod
+import rftlib.train.loop as loop
+from rftlib.algo.logprobs import chunked_logprobs_entropy
+
+
+def half_constant_reward(text, ex, truncated):
+    """Prompts whose md5 is even: 1.0 for every completion (an all-correct group); others: digit share."""
+    if int(hashlib.md5(ex.prompt.encode()).hexdigest(), 16) % 2 == 0:
+        return 1.0, {"correctness": 1.0}
+    return sum(c.isdigit() for c in text) / max(len(text), 1), {"correctness": 0.0}
+
+
+def _capture(tr):
+    """Make the trainer's optimizer step record the accumulated gradients and leave the weights as
+    they are (so a second update sees the same policy); count the rows each forward runs."""
+    grads, rows = [], []
+    real_forward = tr.backend.forward
+
+    def step(loss_finite):
+        grads.append([p.grad.detach().clone() for p in tr.params])
+        tr.optimizer.zero_grad(set_to_none=True)
+        return 1.0, True
+
+    def forward(**r):
+        rows.append(r["completion_ids"].shape[0])
+        return real_forward(**r)
+
+    tr.backend.step = step
+    tr.backend.forward = forward
+    return grads, rows
+
+
+@pytest.mark.parametrize("agg", ["seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm"])
+def test_skipping_zero_advantage_rows_keeps_the_gradient(tiny_cfg, monkeypatch, agg):
+    seen = []
+    real_update = loop.Trainer._update
+
+    def spy(self, *a):
+        seen.append(a)
+        return real_update(self, *a)
+
+    monkeypatch.setattr(loop.Trainer, "_update", spy)
+    # 2 micro-batches of 8 per optimizer batch of 16 rows: the skip changes how rows fall into them
+    tr = loop.Trainer(tiny_cfg(loss_agg_mode=agg, lr=1e-2), progress=False, reward_override=half_constant_reward)
+    try:
+        grads, rows = _capture(tr)
+        row = tr.step()  # skip on (the default)
+        ro, adv, ref_lp, old_lp, lmask = seen[-1]
+        zero = adv == 0  # (N,)
+        assert zero.any() and not zero.all(), "the fixture must give both constant and varied groups"
+        assert tr._skips_rows()
+        run_skip = sum(rows)
+        assert run_skip == int((~zero).sum())  # only the rows with signal went through the model
+        assert row["update/skipped_row_frac"] == pytest.approx(float(zero.float().mean()))
+        # frac_reward_zero_std: constant groups of 4 / 4 groups, counted from the rewards directly
+        const = (adv.view(-1, 4) == 0).all(1)  # a group is constant iff all its advantages are 0 here
+        assert row["frac_reward_zero_std"] == pytest.approx(float(const.float().mean()))
+        rows.clear()
+        tr.cfg = replace(tr.cfg, skip_zero_advantage_rows=False)
+        tr._update(ro, adv, ref_lp, old_lp, lmask)
+        assert sum(rows) == adv.shape[0] == 16  # every row run without the skip
+        with_skip, without = grads
+        assert any(float(g.abs().max()) > 0 for g in without), "the update must have a gradient to compare"
+        for a, b in zip(with_skip, without):
+            torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
+    finally:
+        tr.close()
+
+
+def test_an_update_with_nothing_to_learn_runs_no_forward_and_still_steps(tiny_cfg):
+    tr = loop.Trainer(tiny_cfg(), progress=False, reward_override=lambda t, e, tr_: (1.0, {"correctness": 1.0}))
+    try:
+        grads, rows = _capture(tr)
+        row = tr.step()  # every group constant: every advantage 0
+        assert rows == []
+        assert row["update/skipped_row_frac"] == 1.0 and row["frac_reward_zero_std"] == 1.0
+        assert all(float(g.abs().max()) == 0.0 for g in grads[0])  # zero gradients, not missing ones
+    finally:
+        tr.close()
+
+
+@pytest.mark.parametrize("field,value", [("beta", 0.04), ("entropy_coef", 0.01), ("gns_probe", True),
+                                         ("skip_zero_advantage_rows", False)])
+def test_no_skip_when_a_term_reads_every_row(tiny_cfg, field, value):
+    tr = loop.Trainer(tiny_cfg(**{field: value}), progress=False)
+    try:
+        assert not tr._skips_rows()
+    finally:
+        tr.close()
+
+
+def test_micro_batches_are_cut_from_rows_sorted_by_length(tiny_cfg, monkeypatch):
+    seen = []
+    real_update = loop.Trainer._update
+    monkeypatch.setattr(loop.Trainer, "_update", lambda self, *a: seen.append(a) or real_update(self, *a))
+    tr = loop.Trainer(tiny_cfg(skip_zero_advantage_rows=False), progress=False)
+    try:
+        tr.step()
+        ro, adv, _, _, lmask = seen[-1]
+        micro = tr._micro_batches(ro, torch.arange(16), adv, lmask, skip=False)
+        order = torch.cat(micro)
+        assert sorted(order.tolist()) == list(range(16)) and [len(m) for m in micro] == [8, 8]
+        length = ro.prompt_mask.sum(-1) + ro.completion_mask.sum(-1)  # (N,)
+        assert length.unique().numel() > 1, "the rollout must have rows of different lengths"
+        ordered = length[order]
+        assert bool((ordered[1:] >= ordered[:-1]).all())  # shortest first
+    finally:
+        tr.close()
+
+
+def test_recompute_auto_only_checkpoints_several_chunks(monkeypatch):
+    calls = []
+    real = lp_mod.checkpoint
+    monkeypatch.setattr(lp_mod, "checkpoint", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    torch.manual_seed(0)
+    w = torch.randn(11, 5, requires_grad=True)  # (V, H)
+    h = torch.randn(2, 3, 5, requires_grad=True)  # (N, T, H): 6 token rows
+    tg = torch.randint(0, 11, (2, 3))
+    grads = {}
+    for mode, chunk, n_ckpt in [("auto", 6, 0), ("auto", 4, 2), (True, 6, 1), (False, 4, 0)]:
+        calls.clear()
+        w.grad = h.grad = None
+        out, _ = chunked_logprobs_entropy(h, w, tg, chunk_size=chunk, checkpoint_chunks=mode)
+        out.sum().backward()
+        assert len(calls) == n_ckpt, (mode, chunk)  # one chunk: no recompute; 6 rows / 4 = 2 chunks: two
+        grads[(mode, chunk)] = w.grad.clone()
+    for g in grads.values():  # the recompute changes the cost, never the gradient
+        torch.testing.assert_close(g, grads[("auto", 6)])
+    with pytest.raises(ValueError, match="checkpoint_chunks"):
+        chunked_logprobs_entropy(h, w, tg, checkpoint_chunks="sometimes")
+
+
+def test_a_reward_with_a_batch_form_scores_the_rollout_in_one_call(tiny_cfg):
+    calls = []
+
+    def reward(text, ex, truncated):  # row by row: must not be called when the batch form exists
+        raise AssertionError("the trainer scored row by row although the reward has a batch form")
+
+    def batch(texts, examples, truncated):
+        calls.append((list(texts), [e.prompt for e in examples], list(truncated)))
+        return [(float(len(t) % 2), {"correctness": 0.0}) for t in texts]  # varies with the completion
+
+    reward.batch = batch
+    tr = loop.Trainer(tiny_cfg(), progress=False)
+    tr.task.reward = reward
+    try:
+        row = tr.step()
+    finally:
+        tr.close()
+    assert len(calls) == 1  # one call for the rollout's 4 prompts x 4 completions
+    texts, prompts, trunc = calls[0]
+    assert len(texts) == len(prompts) == len(trunc) == 16
+    assert prompts[0] == prompts[3] != prompts[4]  # prompt-major: rows 0-3 share a prompt
+    # reward_mean is the mean of len % 2 over the 16 texts the batch form was handed
+    assert row["reward_mean"] == pytest.approx(sum(len(t) % 2 for t in texts) / 16)
