@@ -176,7 +176,9 @@ def cmd_train(args) -> int:
     from rftlib.workbench import result_text
 
     if _under_torchrun():
-        return cmd_train_rank(args)
+        from rftlib.train.dist import exit_rank
+
+        exit_rank(cmd_train_rank(args))  # a rank process: skip the teardown that can abort (see exit_rank)
     if args.nproc > 1 or args.run_dir:
         from rftlib.attempts import create_attempt
         from rftlib.config import make_config

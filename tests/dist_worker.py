@@ -87,7 +87,7 @@ def main(argv=None) -> None:
     from rftlib.config import make_config
     from rftlib.models.tiny import tiny_model_dir  # noqa: F401  (builds it once, before ranks race)
     from rftlib.rollout.hf import HFEngine
-    from rftlib.train.dist import init_dist, shutdown_dist
+    from rftlib.train.dist import exit_rank, init_dist, shutdown_dist
     from rftlib.train.loop import Trainer
 
     out = Path(a.out)
@@ -129,6 +129,7 @@ def main(argv=None) -> None:
         torch.save(state, out / "result.pt")
     tr.close()
     shutdown_dist()
+    exit_rank(0)  # skip the interpreter teardown that once aborted a ZeRO-3 rank after its results were written
 
 
 if __name__ == "__main__":

@@ -150,5 +150,32 @@ def _free_port() -> int:
 
 
 def shutdown_dist() -> None:
+    """Leave together, then tear the process group down.
+
+    The barrier keeps a rank from destroying its group while a peer is still inside a collective
+    (or DeepSpeed's gather of the final weights) on the same group.
+    """
     if tdist.is_initialized():
-        tdist.destroy_process_group()
+        try:
+            tdist.barrier()
+        finally:
+            tdist.destroy_process_group()
+
+
+def exit_rank(code: int = 0) -> None:
+    """End a torchrun rank process now that everything is written: flush, then ``os._exit``.
+
+    A 2-rank ZeRO-3 run on gloo once finished training, wrote its results and then died at
+    interpreter exit with "terminate called without an active exception" (SIGABRT: a C++ thread
+    object destroyed while joinable during static destruction), so torchrun reported a failed run
+    and killed the other rank. ``os._exit`` skips that teardown; call it only after every file is
+    written and the process group is destroyed. Never call it in a process that is not a rank.
+    """
+    import sys
+
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:  # a closed stream must not turn a clean exit into an error
+            pass
+    os._exit(code)
