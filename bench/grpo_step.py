@@ -57,27 +57,16 @@ import time
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_logprobs import _reset_peak_rss, _status_mb  # noqa: E402  (one peak-RSS reader for bench/)
+
 RESULT = "@@RESULT "  # worker stdout lines carrying a JSON result (libraries print to stdout too)
 
 
 # ---- memory -------------------------------------------------------------------------------------
-def _status_mb(field: str) -> float | None:
-    """A /proc/self/status memory field (VmRSS, VmHWM) in MiB; None where there is no procfs."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) / 1024.0  # kB -> MiB
-    except OSError:
-        pass
-    return None
-
-
 def _reset_peak() -> float:
     """Reset VmHWM to the current RSS (Linux >= 4.0) and return that RSS in MiB."""
-    try:
-        Path("/proc/self/clear_refs").write_text("5")
-    except OSError:
-        pass
+    _reset_peak_rss()
     return _status_mb("VmRSS") or 0.0
 
 
