@@ -17,11 +17,10 @@ and the health checks come out of one command, and each attempt's notes say whic
 from __future__ import annotations
 
 import itertools
-import typing
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from rftlib.config import ConfigError, RunConfig, config_fields, make_config
+from rftlib.config import ConfigError, RunConfig, config_fields, make_config, value_from_text
 
 
 @dataclass
@@ -31,14 +30,6 @@ class Variant:
     label: str
     overrides: dict[str, Any]
     config: RunConfig = field(repr=False)
-
-
-def _typed(name: str, text: str) -> Any:
-    """A value as ``--set`` reads it: YAML, except that text fields keep the string as typed."""
-    import yaml
-
-    hint = typing.get_type_hints(RunConfig).get(name)
-    return text if hint in (str, str | None) else yaml.safe_load(text)
 
 
 def parse_vary(items: list[str]) -> list[tuple[str, list[Any]]]:
@@ -60,7 +51,7 @@ def parse_vary(items: list[str]) -> list[tuple[str, list[Any]]]:
         vals = [v.strip() for v in values.split(",") if v.strip()]
         if len(vals) < 2:
             raise ConfigError(f"--vary {it!r}: an A/B needs two or more values, comma-separated")
-        out.append((name, [_typed(name, v) for v in vals]))
+        out.append((name, [value_from_text(name, v) for v in vals]))
     if not out:
         raise ConfigError("rft ab needs at least one --vary NAME=V1,V2")
     return out

@@ -41,22 +41,15 @@ DEMO_GOAL_MINUTES = 10.0  # ... within 10 minutes of training on the 2-core mach
 
 
 def _parse_sets(items: list[str]) -> dict[str, Any]:
-    """NAME=VALUE pairs; values are YAML (1e-3, true, [a, b]) except for text fields (notes, name,
-    ...), which keep the string as typed ("notes=A: eps 0.2" is not a mapping)."""
-    import typing
+    """NAME=VALUE pairs, each value typed as the field wants (rftlib.config.value_from_text)."""
+    from rftlib.config import value_from_text
 
-    import yaml
-
-    from rftlib.config import RunConfig
-
-    hints = typing.get_type_hints(RunConfig)
     out = {}
     for it in items:
         if "=" not in it:
             raise SystemExit(f"--set expects NAME=VALUE, got {it!r}")
         k, v = it.split("=", 1)
-        k = k.strip()
-        out[k] = v if hints.get(k) in (str, str | None) else yaml.safe_load(v)
+        out[k.strip()] = value_from_text(k.strip(), v)
     return out
 
 

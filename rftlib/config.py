@@ -326,6 +326,13 @@ def config_fields() -> dict[str, dataclasses.Field]:
     return {f.name: f for f in fields(RunConfig)}
 
 
+def value_from_text(name: str, text: str) -> Any:
+    """A field's value as typed on a command line (``--set``, ``--vary``): YAML (1e-3, true, [a, b]),
+    except for text fields (notes, name, ...), which keep the string as typed ("A: eps 0.2" is not a mapping)."""
+    hint = typing.get_type_hints(RunConfig).get(name)
+    return text if hint in (str, str | None) else yaml.safe_load(text)
+
+
 def field_docs() -> dict[str, str]:
     """Each field's one-line doc, read from the attribute docstrings in this file's source."""
     import ast
