@@ -6,8 +6,9 @@ variant, interleaved over ``--reps`` rounds, and each variant's gradient is comp
 
     PYTHONPATH=$PWD RFTLIB_CACHE=/work/main/.cache python bench/update_ab.py --reps 2
 
-Variants: old (no skip, no sort, recompute always: the behaviour before these settings), +skip,
-+sort, +recompute auto, all (the defaults). Prints median seconds per variant and the rows it ran.
+Variants: old (no skip, no sort, recompute always, 1024-row LM-head chunks: the behaviour before
+these settings), +skip, +sort, +recompute auto, the defaults with 1024-row chunks, all (the
+defaults: chunk rows sized from the vocabulary). Prints median seconds per variant and the rows it ran.
 """
 
 from __future__ import annotations
@@ -22,12 +23,14 @@ import torch
 import rftlib.train.loop as loop
 from rftlib.config import make_config
 
-OLD = dict(skip_zero_advantage_rows=False, sort_micro_batches_by_length=False, logprob_recompute="always")
+OLD = dict(skip_zero_advantage_rows=False, sort_micro_batches_by_length=False, logprob_recompute="always",
+           logprob_chunk_size=1024)
 VARIANTS = {
     "old": OLD,
     "+skip": {**OLD, "skip_zero_advantage_rows": True},
     "+sort": {**OLD, "sort_micro_batches_by_length": True},
     "+recompute auto": {**OLD, "logprob_recompute": "auto"},
+    "defaults, chunk 1024": {"logprob_chunk_size": 1024},
     "all (defaults)": {},
 }
 
@@ -63,6 +66,8 @@ def main() -> None:
           f"(defaults), frac_reward_zero_std {row['frac_reward_zero_std']:.3f}, "
           f"response_length_mean {row['response_length_mean']:.1f}  ({time.time() - t:.0f}s)")
     base_cfg = tr.cfg
+    auto_chunk = tr.logprob_chunk_size  # the Trainer's own sizing (logprob_chunk_size 0)
+    print(f"LM-head chunk rows by default: {auto_chunk}")
     args_upd = seen[-1]
     times: dict[str, list[float]] = {k: [] for k in VARIANTS}
     ran: dict[str, int] = {}
@@ -70,6 +75,7 @@ def main() -> None:
     for _ in range(args.reps):
         for name, over in VARIANTS.items():
             tr.cfg = dataclasses.replace(base_cfg, **over)
+            tr.logprob_chunk_size = tr.cfg.logprob_chunk_size or auto_chunk
             grads.clear()
             rows.clear()
             t = time.perf_counter()
@@ -79,13 +85,13 @@ def main() -> None:
             g = torch.cat(grads)
             ref = g if ref is None else ref
             diff = float((g - ref).abs().max())
-            print(f"  {name:16s} {times[name][-1]:6.1f}s  rows run {ran[name]:3d}  max|grad - old grad| {diff:.2e}",
+            print(f"  {name:22s} {times[name][-1]:6.1f}s  rows run {ran[name]:3d}  max|grad - old grad| {diff:.2e}",
                   flush=True)
     print("median seconds per update:")
     old = statistics.median(times["old"])
     for name, ts in times.items():
         m = statistics.median(ts)
-        print(f"  {name:16s} {m:6.1f}s  x{old / m:.2f} vs old  rows {ran[name]}")
+        print(f"  {name:22s} {m:6.1f}s  x{old / m:.2f} vs old  rows {ran[name]}")
     tr.close()
 
 

@@ -171,13 +171,16 @@ class RunConfig:
     """AdamW beta2"""
     max_grad_norm: float = 1.0
     """clip the global grad norm to this; the logged grad_norm is before clipping"""
-    logprob_chunk_size: int = 1024
-    """tokens per chunk when computing logprobs from hidden states ((N,T,V) never whole)"""
+    logprob_chunk_size: int = 0
+    """token rows per LM-head chunk when computing logprobs from hidden states ((N,T,V) never whole);
+    0 = auto: as many rows as keep one chunk's float32 logits within 64 MiB, at most 1024 (SmolLM2's
+    49,152 vocabulary: 341 rows; Qwen's 151,936: 110). The update's peak is ~6 chunks' logits"""
     logprob_recompute: str = "auto"
     """the chunked LM head in backward: always (recompute each chunk's logits: least memory, one more
     LM-head matmul per chunk), never (keep every chunk's logits: ~chunk_size x V x 4 bytes each),
-    auto (recompute only when a micro-batch spans several chunks; with one chunk its logits live
-    through the backbone's backward either way, so the recompute would save no peak memory)"""
+    auto (recompute only when a micro-batch spans several chunks and keeping all their float32
+    logits would take over 256 MiB: SmolLM2's 16 x 48-token micro-batch keeps its 151 MiB and saves
+    the extra matmul; Qwen's 151,936 vocabulary recomputes from 442 tokens on)"""
     skip_zero_advantage_rows: bool = True
     """leave rows whose advantage is exactly 0 (or that the loss mask empties) out of the update's
     forward/backward when no loss term reads them (KL in the loss, entropy bonus, gns_probe, one
@@ -551,6 +554,8 @@ def validate(cfg: RunConfig) -> None:
     if tb < 1 or cfg.rollout_batch_size % tb:
         bad(f"train_batch_size={tb} must divide rollout_batch_size={cfg.rollout_batch_size} "
             "(each rollout is split into whole optimizer batches)")
+    if cfg.logprob_chunk_size < 0:
+        bad(f"logprob_chunk_size={cfg.logprob_chunk_size}: token rows per chunk, >= 1 (or 0: sized from the vocabulary)")
     if cfg.logprob_recompute not in ("auto", "always", "never"):
         bad(f"logprob_recompute={cfg.logprob_recompute!r}: choose auto, always or never")
     if cfg.micro_batch_size < 1 or (tb * G) % cfg.micro_batch_size:

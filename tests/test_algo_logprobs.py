@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from rftlib.algo.logprobs import chunked_logprobs_entropy, full_logprobs_entropy
+from rftlib.algo.logprobs import auto_chunk_size, chunked_logprobs_entropy, full_logprobs_entropy
 
 N, T, H, V = 3, 5, 8, 11  # N*T = 15 token rows
 
@@ -116,3 +116,13 @@ def test_chunked_peak_memory_is_lower():
     # (N*T, V) fp32 tensors at once (measured ~625 MiB); chunked a few 15.6 MiB chunks (~85 MiB).
     assert full["delta_mb"] > 250, full
     assert chunked["delta_mb"] * 3 < full["delta_mb"], (full, chunked)
+
+
+def test_auto_chunk_size_keeps_one_chunks_logits_within_64_mib():
+    # 64 MiB / (4 bytes x V): Qwen 67,108,864 / 607,744 = 110.4 -> 110; SmolLM2 / 196,608 = 341.3 -> 341
+    assert auto_chunk_size(151_936) == 110
+    assert auto_chunk_size(49_152) == 341
+    assert auto_chunk_size(16_384) == 1024 and auto_chunk_size(1_000) == 1024  # capped at 1024 rows
+    assert auto_chunk_size(10**8) == 16  # never below 16 rows
+    with pytest.raises(ValueError, match="vocab_size"):
+        auto_chunk_size(0)

@@ -357,3 +357,22 @@ def test_dropout_with_off_policy_updates_is_refused(tiny_cfg):
         tiny_cfg(lora_dropout=0.1, num_updates_per_rollout=2)
     with pytest.raises(ConfigError, match="KL reference would be the base model"):
         tiny_cfg(init_adapter="/tmp/x", beta=0.04)
+
+
+def test_lm_head_chunk_is_sized_from_the_vocabulary_by_default(tiny_cfg, monkeypatch):
+    """logprob_chunk_size 0 (the default): the Trainer asks auto_chunk_size for the model's vocabulary
+    and every LM-head pass of the step runs with that many rows; a set value is passed as it is."""
+    import rftlib.train.forward as forward
+
+    asked, used = [], []
+    monkeypatch.setattr(loop, "auto_chunk_size", lambda v: asked.append(v) or 5)
+    real = forward.chunked_logprobs_entropy
+    monkeypatch.setattr(forward, "chunked_logprobs_entropy", lambda *a, **k: used.append(k["chunk_size"]) or real(*a, **k))
+    tr = Trainer(tiny_cfg(num_steps=1, eval_steps=0), progress=False, reward_override=varied_reward)
+    assert asked == [tr.model.config.vocab_size] and tr.logprob_chunk_size == 5
+    tr.step()
+    assert used and set(used) == {5}, used
+    tr.close()
+    tr = Trainer(tiny_cfg(logprob_chunk_size=9, num_steps=1, eval_steps=0), progress=False)
+    assert tr.logprob_chunk_size == 9 and asked == [tr.model.config.vocab_size]
+    tr.close()

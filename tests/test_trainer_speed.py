@@ -14,7 +14,7 @@ import torch
 
 import rftlib.algo.logprobs as lp_mod
 import rftlib.train.loop as loop
-from rftlib.algo.logprobs import chunked_logprobs_entropy
+from rftlib.algo.logprobs import chunked_logprobs_entropy, recompute_needed
 
 
 def half_constant_reward(text, ex, truncated):
@@ -167,3 +167,35 @@ def test_a_reward_with_a_batch_form_scores_the_rollout_in_one_call(tiny_cfg):
     assert prompts[0] == prompts[3] != prompts[4]  # prompt-major: rows 0-3 share a prompt
     # reward_mean is the mean of len % 2 over the 16 texts the batch form was handed
     assert row["reward_mean"] == pytest.approx(sum(len(t) % 2 for t in texts) / 16)
+
+
+def test_recompute_needed_weighs_the_kept_logits_against_256_mib():
+    # SmolLM2's micro-batch of 16 x 48 completion tokens: 768 x 49,152 x 4 B = 151 MiB kept -> no recompute
+    assert not recompute_needed(768, 49_152, 341)
+    # Qwen's 151,936 vocabulary: 442 x 151,936 x 4 = 268,622,848 B > 256 MiB = 268,435,456 B; 441 tokens fit
+    assert recompute_needed(442, 151_936, 110) and not recompute_needed(441, 151_936, 110)
+    assert not recompute_needed(110, 151_936, 110)  # one chunk: its logits live through backward either way
+    assert recompute_needed(10, 11, 4, keep_bytes=0) and not recompute_needed(10, 11, 4, keep_bytes=440)
+    assert not recompute_needed(4, 11, 4, keep_bytes=0)  # 4 tokens in one 4-row chunk
+
+
+@pytest.mark.parametrize("mode", ["auto", "always", "never"])
+def test_the_trainer_asks_recompute_needed_under_auto_only(tiny_cfg, monkeypatch, mode):
+    import rftlib.train.forward as forward
+
+    asked, passed = [], []
+    monkeypatch.setattr(loop, "recompute_needed", lambda *a: asked.append(a) or True)
+    real = forward.chunked_logprobs_entropy
+    monkeypatch.setattr(forward, "chunked_logprobs_entropy",
+                        lambda *a, **k: passed.append(k["checkpoint_chunks"]) or real(*a, **k))
+    tr = loop.Trainer(tiny_cfg(logprob_recompute=mode, skip_zero_advantage_rows=False), progress=False)
+    try:
+        tr.step()
+    finally:
+        tr.close()
+    assert passed, "no LM-head pass ran"
+    if mode == "auto":  # (tokens of the micro-batch, the model's vocabulary, the chunk rows)
+        assert asked and all(a[1:] == (tr.vocab_size, tr.logprob_chunk_size) and a[0] > 0 for a in asked)
+        assert set(passed) == {True}
+    else:
+        assert not asked and set(passed) == {mode == "always"}

@@ -22,6 +22,37 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 
+LOGITS_CHUNK_BYTES = 64 * 2**20  # one chunk's float32 logits: the budget the auto chunk size keeps to
+MAX_CHUNK_ROWS = 1024
+
+
+def auto_chunk_size(vocab_size: int, budget_bytes: int = LOGITS_CHUNK_BYTES, max_rows: int = MAX_CHUNK_ROWS,
+                    min_rows: int = 16) -> int:
+    """Token rows per LM-head chunk such that one chunk's float32 logits stay within ``budget_bytes``.
+
+    The update's peak above the model is a few (chunk, V) float32 tensors (logits, their softmax,
+    their gradient, measured ~6x one chunk's logits), so a fixed row count costs 3x more memory on
+    Qwen's 151,936-token vocabulary than on a 49,152 one. 64 MiB gives 1024 rows up to V = 16,384,
+    341 for SmolLM2 (49,152), 110 for Qwen (151,936): each chunk is still a (rows, H) x (H, V) matmul
+    of at least ~10^9 FLOPs for H >= 512, large enough to run near the machine's GEMM rate.
+    """
+    if vocab_size < 1:
+        raise ValueError(f"vocab_size must be >= 1, got {vocab_size}")
+    return max(min_rows, min(max_rows, budget_bytes // (4 * vocab_size)))
+
+
+LOGITS_KEEP_BYTES = 256 * 2**20  # float32 logits a pass may keep for backward instead of recomputing them
+
+
+def recompute_needed(tokens: int, vocab_size: int, chunk_size: int, keep_bytes: int = LOGITS_KEEP_BYTES) -> bool:
+    """Whether a chunked LM-head pass over ``tokens`` rows should recompute each chunk's logits in
+    backward (the ``auto`` policy): only when it spans several chunks *and* keeping every chunk's
+    float32 logits (tokens x V x 4 bytes) would exceed ``keep_bytes``. Below that the recompute's
+    extra LM-head matmul (on SmolLM2 ~20% of the model's matmul FLOPs) buys back little memory; above
+    it (Qwen's 151,936 vocabulary: from 442 tokens on) the kept logits would dominate the peak."""
+    return tokens > chunk_size and tokens * vocab_size * 4 > keep_bytes
+
+
 def _entropy_from_logits(logits: torch.Tensor, lse: torch.Tensor) -> torch.Tensor:
     """H = -sum p log p = logsumexp(z) - sum softmax(z) * z. (..., V), (...) -> (...)."""
     return lse - (torch.softmax(logits, dim=-1) * logits).sum(dim=-1)

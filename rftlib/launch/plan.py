@@ -224,11 +224,15 @@ def memory_checks(plan: LaunchPlan, cfg: RunConfig) -> list[tuple[str, Any]]:
     out = []
     trainer = plan.processes[0]
     if trainer.gpus:
+        from rftlib.algo.logprobs import auto_chunk_size
+        from rftlib.preflight.memory import MODELS
+
         ds = cfg.backend == "deepspeed"
         out.append(("trainer", estimate_train_memory(
             shape, gpu=cfg.launch_gpu_type, finetune="lora" if cfg.lora_rank else "full", lora_rank=cfg.lora_rank or 32,
             sequences=cfg.micro_batch_size, seq_len=_max_len(cfg),
             gradient_checkpointing=cfg.gradient_checkpointing, logits="chunked",
+            logits_chunk=cfg.logprob_chunk_size or auto_chunk_size(MODELS[shape].vocab),
             zero_stage=cfg.zero_stage if ds else 0, world_size=plan.world_size,
             offload=ds and cfg.offload_params, adam_offload=ds and cfg.offload_optimizer,
             title=f"trainer rank GPU ({cfg.launch_gpu_type}, {plan.backend}"

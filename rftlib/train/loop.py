@@ -28,6 +28,7 @@ from rftlib.algo.diagnostics import simple_noise_scale
 from rftlib.algo.filtering import constant_groups
 from rftlib.algo.correction import tis_weights
 from rftlib.algo.losses import grpo_loss
+from rftlib.algo.logprobs import auto_chunk_size, recompute_needed
 from rftlib.attempts import create_attempt, read_attempt, write_json
 from rftlib.config import ConfigError, RunConfig, make_config
 from rftlib.data.tasks import build_task
@@ -93,6 +94,10 @@ class Trainer:
         if cfg.init_adapter:
             load_adapter_weights(self.model, cfg.init_adapter)
         self.load_seconds = time.time() - t
+        # LM-head chunk rows: the configured count, or sized from the vocabulary (config.vocab_size: the
+        # output embedding's weight is an empty shard under ZeRO-3)
+        self.vocab_size = causal_lm(self.model).config.vocab_size
+        self.logprob_chunk_size = cfg.logprob_chunk_size or auto_chunk_size(self.vocab_size)
         self.ref = Reference(self.model, needed=cfg.beta > 0)
         self.opt_steps_per_rollout = cfg.optimizer_steps_per_rollout
         self.on_policy = self.opt_steps_per_rollout == 1
@@ -121,7 +126,8 @@ class Trainer:
         self.logger = MetricsLogger(self.run_dir) if D.is_main else None
         self.memory_estimate = None
         if D.device.type == "cuda":
-            self.memory_estimate = preflight_gib(cfg, causal_lm(self.model).config, D.world_size, prompt_len=256)
+            self.memory_estimate = preflight_gib(cfg, causal_lm(self.model).config, D.world_size, prompt_len=256,
+                                                chunk_rows=self.logprob_chunk_size)
         if resume:
             self._resume()
 
@@ -308,8 +314,10 @@ class Trainer:
 
     def _logprobs(self, rows, *, with_entropy: bool, entropy_grad: bool = False, module=None):
         """(logprobs, entropy) of rows through the backend's wrapped policy (or ``module``, a frozen copy)."""
-        recompute = {"always": True, "never": False, "auto": "auto"}[self.cfg.logprob_recompute]
-        kw = dict(temperature=self.cfg.temperature, chunk_size=self.cfg.logprob_chunk_size,
+        mode = self.cfg.logprob_recompute
+        recompute = {"always": True, "never": False}.get(mode) if mode != "auto" else recompute_needed(
+            rows["completion_ids"].numel(), self.vocab_size, self.logprob_chunk_size)
+        kw = dict(temperature=self.cfg.temperature, chunk_size=self.logprob_chunk_size,
                   with_entropy=with_entropy, entropy_grad=entropy_grad, checkpoint_chunks=recompute)
         with self._autocast():
             if module is not None:

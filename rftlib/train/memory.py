@@ -29,7 +29,7 @@ def shape_from_hf_config(c, name: str = "loaded"):
                       experts_per_tok=getattr(c, "num_experts_per_tok", 1) or 1)
 
 
-def preflight_gib(cfg, hf_config, world_size: int, prompt_len: int) -> float | None:
+def preflight_gib(cfg, hf_config, world_size: int, prompt_len: int, chunk_rows: int = 1024) -> float | None:
     """The preflight's estimate of one training GPU's peak for this run (None where it cannot say)."""
     from rftlib.preflight.memory import estimate_train_memory
 
@@ -39,7 +39,7 @@ def preflight_gib(cfg, hf_config, world_size: int, prompt_len: int) -> float | N
             shape_from_hf_config(hf_config), gpu=total, train_dtype="bf16" if cfg.dtype == "bfloat16" else
             ("fp16" if cfg.dtype == "float16" else "fp32"), finetune="lora" if cfg.lora_rank else "full",
             lora_rank=max(cfg.lora_rank, 1), sequences=cfg.micro_batch_size, seq_len=prompt_len + cfg.max_new_tokens,
-            gradient_checkpointing=cfg.gradient_checkpointing, logits="chunked", logits_chunk=cfg.logprob_chunk_size,
+            gradient_checkpointing=cfg.gradient_checkpointing, logits="chunked", logits_chunk=chunk_rows,
             generation=(cfg.rollout_batch_size * cfg.n_samples_per_prompt // world_size,
                         prompt_len + cfg.max_new_tokens) if cfg.rollout_engine == "hf" else None,
             zero_stage=cfg.zero_stage if cfg.backend == "deepspeed" else 0, world_size=world_size,
