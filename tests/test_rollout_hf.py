@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from rftlib.models.loading import apply_lora, load_model_and_tokenizer
-from rftlib.rollout.hf import HFEngine, decode_completions
+from rftlib.rollout.hf import HFEngine, decode_completions, sample_categorical
 from rftlib.train.forward import completion_logprobs
 
 torch.set_num_threads(1)
@@ -82,6 +82,82 @@ def test_top_p_behaviour_logprobs_are_the_nucleus_renormalised(tiny_dir):
     assert torch.isfinite(ro.behaviour_logprobs).all()  # a filtered pad after EOS must not leave -inf / NaN
     # the nucleus holds at least half the mass: renormalising adds between 0 and log 2 = 0.693
     assert (diff > 1e-3).all() and (diff <= 0.6932).all()
+
+
+# ---- the draw: inverse CDF instead of torch.multinomial ----------------------------------------
+
+def test_sample_categorical_draws_each_index_with_its_probability():
+    """Unnormalised rows [1, 0, 6, 3] (p = 0.1, 0, 0.6, 0.3) and [0, 0, 0, 2] (always index 3):
+    40,000 draws of the first row land within 0.01 of p (3.3 standard errors of 0.0024 at p = 0.6),
+    the zero-probability index never, the second row only on 3."""
+    torch.manual_seed(0)
+    probs = torch.tensor([[1.0, 0.0, 6.0, 3.0], [0.0, 0.0, 0.0, 2.0]]).repeat(20_000, 1)  # (40000, 4)
+    ids = sample_categorical(probs)  # (40000, 1)
+    assert ids.shape == (40_000, 1) and ids.dtype == torch.long
+    first = torch.bincount(ids[0::2, 0], minlength=4).float() / 20_000
+    assert torch.allclose(first, torch.tensor([0.1, 0.0, 0.6, 0.3]), atol=0.01), first
+    assert first[1] == 0 and (ids[1::2] == 3).all()
+    with pytest.raises(RuntimeError, match="finite"):
+        sample_categorical(torch.tensor([[0.0, float("nan")]]))
+
+
+def test_sampled_first_tokens_follow_the_models_distribution():
+    """One prompt, 4000 samples of one token from a 10-token model at T = 0.7: the empirical
+    frequencies are within 0.05 in total variation of softmax(logits / 0.7) (expected TV of 4000
+    draws over 10 tokens is ~0.02), and each recorded log-prob is that distribution's log p."""
+    model, tok = _wide_model(10)
+    with torch.no_grad():
+        logits = model(tok(["w1 w2 w3"], return_tensors="pt").input_ids).logits[0, -1]  # (V,)
+    p = torch.softmax(logits / 0.7, -1)  # (V,)
+    assert p.max() < 0.5  # a spread distribution: a wrong sampler shows
+    torch.manual_seed(0)
+    ro = HFEngine(model, tok).generate(["w1 w2 w3"], group_size=4000, max_new_tokens=1, temperature=0.7)
+    first = ro.completion_ids[:, 0]  # (4000,)
+    freq = torch.bincount(first, minlength=10).float() / 4000
+    tv = 0.5 * float((freq - p).abs().sum())
+    assert tv < 0.05, (tv, freq, p)
+    torch.testing.assert_close(ro.behaviour_logprobs[:, 0], p.log()[first], atol=1e-5, rtol=0)
+
+
+# ---- the shared prefill: each prompt's cache computed once for its G samples -----------------------
+
+UNEVEN = [f"<|im_start|>user\n{q}<|im_end|>\n<|im_start|>assistant\n" for q in
+          ["Calculate 1 + 2.", "Calculate 123 + 45678, then subtract 9 and say why.", "Hi"]]
+
+
+@pytest.mark.parametrize("lora", [True, False], ids=["peft", "plain"])
+def test_shared_prefill_samples_what_a_full_prefill_samples(tiny_dir, monkeypatch, lora):
+    """Three left-padded prompts of different lengths, G = 3, T = 0.7: with the shared prompt cache
+    (one prefill of B = 3 rows) and without it (generate's own prefill of 9 rows), the same seed
+    draws the same tokens and records the same log-probs (to matmul rounding), and both equal the
+    trainer's log-probs, which use explicit position ids: so the cached keys sit at the positions
+    a full prefill gives them, padding included."""
+    import rftlib.rollout.hf as hf
+
+    model, tok = load_model_and_tokenizer(str(tiny_dir))
+    if lora:
+        model = apply_lora(model, rank=4, alpha=8, dropout=0.0, target_modules=["q_proj", "v_proj"])
+        for n, p in model.named_parameters():
+            if "lora_B" in n:
+                torch.nn.init.normal_(p, std=0.1)  # a live adapter: the cache must include it
+    lens = tok(UNEVEN, add_special_tokens=False, return_length=True)["length"]
+    assert len(set(lens)) == 3  # really uneven: the batch is left-padded
+    calls = []
+    real = hf.shared_prompt_cache
+    monkeypatch.setattr(hf, "shared_prompt_cache", lambda m, ids, mask, g: calls.append(tuple(ids.shape)) or real(m, ids, mask, g))
+
+    def run():
+        torch.manual_seed(0)
+        return HFEngine(model, tok).generate(UNEVEN, group_size=3, max_new_tokens=10, temperature=0.7)
+
+    shared = run()
+    assert calls == [(3, max(lens))]  # one prefill over the 3 distinct prompts
+    monkeypatch.setattr(hf, "shared_prompt_cache", lambda *a: None)
+    full = run()
+    assert torch.equal(shared.completion_ids, full.completion_ids) and shared.completion_mask.sum() >= 30
+    torch.testing.assert_close(shared.behaviour_logprobs, full.behaviour_logprobs, atol=1e-5, rtol=0)
+    lp = _trainer_logprobs(model, shared, 0.7)
+    assert torch.allclose(lp, shared.behaviour_logprobs, atol=1e-4), (lp - shared.behaviour_logprobs).abs().max()
 
 
 # ---- defect 6: peak memory of generate does not grow with V x T --------------------------------
@@ -190,25 +266,26 @@ def _harmony_tokenizer():
                                    pad_token="<|endoftext|>", padding_side="left")
 
 
-def _scripted_model(tok, script: list[int]):
+def _scripted_model(tok, script: list[int], prompt_len: int):
     """A tiny Llama whose k-th generation step puts all mass on script[k] (a forward hook on the
-    logits), so the real generate / EOS cut / decode path produces a known Harmony response."""
+    logits), so the real generate / EOS cut / decode path produces a known Harmony response. The
+    step is read from the position of the call's last token (prompt_len - 1 + k), so a forward that
+    only fills the prompt's cache (HFEngine's shared prefill) is no step."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     cfg = LlamaConfig(vocab_size=len(tok), hidden_size=16, intermediate_size=32, num_hidden_layers=1,
                       num_attention_heads=2, num_key_value_heads=1, eos_token_id=tok.eos_token_id,
                       pad_token_id=tok.pad_token_id)
     model = LlamaForCausalLM(cfg)
-    calls = {"k": 0}
 
-    def force(module, args, output):
-        k = min(calls["k"], len(script) - 1)
-        output.logits[:, -1, :] = float("-inf")
-        output.logits[:, -1, script[k]] = 0.0
-        calls["k"] += 1
+    def force(module, args, kwargs, output):
+        k = int(kwargs["position_ids"][0, -1]) - (prompt_len - 1)  # one unpadded prompt per batch
+        if k >= 0:
+            output.logits[:, -1, :] = float("-inf")
+            output.logits[:, -1, script[min(k, len(script) - 1)]] = 0.0
         return output
 
-    model.register_forward_hook(force)
+    model.register_forward_hook(force, with_kwargs=True)
     return model
 
 
@@ -224,7 +301,7 @@ def test_harmony_markers_reach_the_math_reward():
     assert {"<|channel|>", "<|message|>", "<|start|>", "<|end|>", "<|return|>"} <= special  # as in gpt-oss
     skipped = tok.decode(script, skip_special_tokens=True)  # what the engine used to hand the reward
     assert skipped.startswith("analysisMaybe") and math_reward(skipped, "42", truncated=False).reward == 0.0
-    model = _scripted_model(tok, script)
+    model = _scripted_model(tok, script, prompt_len=len(tok(HARMONY_PROMPT, add_special_tokens=False).input_ids))
     ro = HFEngine(model, tok).generate([HARMONY_PROMPT], group_size=2, max_new_tokens=len(script) + 5,
                                        temperature=1.0)
     assert ro.texts == [HARMONY_RESPONSE] * 2  # everything the model wrote but the <|return|> that ended it
