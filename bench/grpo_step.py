@@ -30,7 +30,9 @@ a large tensor copy gives its memory bandwidth (read + write bytes / s).
       weights get no gradient) + 4*N_lora*tok (LoRA weight gradients and their input gradients, ~)
       where N = the matmul parameters of the base model (every Linear incl. the LM head; not the
       embedding lookup), N_lora the LoRA parameters, tok = the real (unpadded) prompt + completion
-      tokens of the step. Attention's T^2 terms and any recompute are left out (model FLOPs, not
+      tokens the update ran forward and backward (rftlib leaves out rows whose advantage is 0: they
+      are not counted, since their FLOPs are not spent), plus 2*N per token of any forward-only pass
+      inside the update. Attention's T^2 terms and any recompute are left out (model FLOPs, not
       hardware FLOPs), so padding and recompute count as inefficiency.
   update efficiency = update model FLOPs / update seconds / GEMM FLOP/s.
   generation: each decode step reads every weight once (fp32: 4 bytes x all parameters); decode
@@ -121,6 +123,8 @@ def worker_rftlib(args) -> None:
     """Build rftlib's Trainer, then run one step per 'go' line on stdin, reporting each."""
     sys.path.insert(0, str(REPO_ROOT))
     _set_threads(args.threads)
+    import torch
+
     import rftlib.rollout.hf as hf
     from rftlib.train.loop import Trainer
 
@@ -138,12 +142,22 @@ def worker_rftlib(args) -> None:
     orig_update = tr._update
 
     def update(ro, advantages, ref_lp, old_lp, lmask):  # (N, T) loss mask: the tokens trained on
+        seen["fb_tokens"] = seen["f_tokens"] = 0.0
         seen["tokens"] = float(lmask.sum())
         seen["prompt_tokens"] = float(ro.prompt_mask.sum())
         seen["rows"] = int(ro.num_rows)
         return orig_update(ro, advantages, ref_lp, old_lp, lmask)
 
     tr._update = update
+    orig_logprobs = tr._logprobs
+
+    def logprobs(rows, **kw):  # the real tokens each update pass runs: with grad (fwd+bwd) or without (fwd)
+        n = float(rows["prompt_mask"].sum() + rows["completion_mask"].sum())
+        key = "fb_tokens" if torch.is_grad_enabled() else "f_tokens"
+        seen[key] = seen.get(key, 0.0) + n
+        return orig_logprobs(rows, **kw)
+
+    tr._logprobs = logprobs
     before = {n: p.detach().clone() for n, p in tr.model.named_parameters() if p.requires_grad}
     _emit({"ready": True, **_weights_info(tr.model), "load_s": tr.load_seconds})
     for line in sys.stdin:
@@ -157,7 +171,8 @@ def worker_rftlib(args) -> None:
         _emit({"wall": wall, "generate": row.get("timing/generate", 0.0), "reward": row.get("timing/reward", 0.0),
                "reference": row.get("timing/reference", 0.0), "update": row.get("timing/update", 0.0),
                "peak_mb": _status_mb("VmHWM"), "base_mb": base, "tokens": seen["tokens"],
-               "prompt_tokens": seen["prompt_tokens"], "rows": seen["rows"], "params_changed": changed})
+               "prompt_tokens": seen["prompt_tokens"], "rows": seen["rows"], "params_changed": changed,
+               "fb_tokens": seen["fb_tokens"], "f_tokens": seen["f_tokens"]})
 
 
 def torch_equal(a, b) -> bool:
@@ -249,7 +264,8 @@ def worker_trl(args) -> None:
             _emit({"wall": wall, "generate": acc["generate"], "reward": acc["reward"],
                    "reference": acc["score"] - acc["generate"] - acc["reward"], "update": wall - acc["score"],
                    "peak_mb": _status_mb("VmHWM"), "base_mb": state["base"], "tokens": acc["tokens"],
-                   "prompt_tokens": acc["prompt_tokens"], "rows": acc["rows"], "params_changed": changed})
+                   "prompt_tokens": acc["prompt_tokens"], "rows": acc["rows"], "params_changed": changed,
+                   "fb_tokens": acc["tokens"] + acc["prompt_tokens"], "f_tokens": 0.0})
 
     trainer.add_callback(Driver())
     _emit({"ready": True, **_weights_info(trainer.model), "load_s": 0.0})
@@ -348,14 +364,17 @@ def run_steps(args) -> dict:
     print(f"machine: fp32 GEMM {mach['gemm_flops'] / 1e9:.1f} GFLOP/s {tuple(mach['gemm_shape'])}, "
           f"copy bandwidth {mach['copy_bytes_s'] / 1e9:.1f} GB/s (threads={args.threads})")
     print(f"{'':8s}{'step s':>9s}" + "".join(f"{p + ' s':>12s}" for p in PHASES)
-          + f"{'peak RSS':>10s}{'rise':>8s}{'tokens':>8s}{'upd eff':>9s}{'gen BW':>8s}{'gen FLOP':>9s}")
+          + f"{'peak RSS':>10s}{'rise':>8s}{'tokens':>8s}{'upd tok':>8s}{'upd eff':>9s}{'gen BW':>8s}{'gen FLOP':>9s}")
     for side, w in workers.items():
         meas = [r for r in steps[side] if not r["warmup"]]
         med = {k: statistics.median(r[k] for r in meas) for k in ("wall", *PHASES, "peak_mb")}
         med["rise_mb"] = statistics.median(r["peak_mb"] - r["base_mb"] for r in meas)
         info, last = w.info, meas[-1]
-        tok = last["tokens"] + last["prompt_tokens"]  # real tokens through the model in the update
-        upd_flops = 4.0 * info["matmul_params"] * tok + 4.0 * info["lora_params"] * tok
+        # the real tokens the update ran: forward + backward (rows skipped for a zero advantage are not
+        # run, so not counted) and forward only (an old-logprob pass inside the update, if any)
+        fb, f = statistics.median(r["fb_tokens"] for r in meas), statistics.median(r["f_tokens"] for r in meas)
+        upd_flops = 4.0 * info["matmul_params"] * fb + 2.0 * info["matmul_params"] * f + 4.0 * info["lora_params"] * fb
+        med["update_tokens"] = fb + f
         med["update_eff"] = upd_flops / med["update"] / mach["gemm_flops"]
         gen_bytes = L * 4.0 * info["params"]  # every weight read once per decode step
         med["gen_bw_frac"] = gen_bytes / med["generate"] / mach["copy_bytes_s"]
@@ -363,12 +382,13 @@ def run_steps(args) -> dict:
         med["tokens"], med["params_changed"] = last["tokens"], last["params_changed"]
         res["sides"][side] = {"median": med, "steps": steps[side], "info": info}
         print(f"{side:8s}{med['wall']:9.2f}" + "".join(f"{med[p]:12.2f}" for p in PHASES)
-              + f"{med['peak_mb']:9.0f}M{med['rise_mb']:7.0f}M{med['tokens']:8.0f}{med['update_eff']:9.1%}"
+              + f"{med['peak_mb']:9.0f}M{med['rise_mb']:7.0f}M{med['tokens']:8.0f}{med['update_tokens']:8.0f}{med['update_eff']:9.1%}"
               f"{med['gen_bw_frac']:8.1%}{med['gen_flop_frac']:9.1%}")
     a, b = res["sides"]["rftlib"]["median"], res["sides"]["trl"]["median"]
     ratios = {k: a[k] / b[k] if b[k] else float("nan") for k in ("wall", *PHASES, "peak_mb")}
     res["ratios"] = ratios
-    print("upd eff = update model FLOP/s / GEMM FLOP/s; gen BW = decode weight bytes/s / copy bandwidth; "
+    print("tokens = completion tokens trained on; upd tok = real tokens the update ran (prompt + completion of "
+          "the rows it ran); upd eff = update model FLOP/s / GEMM FLOP/s; gen BW = decode weight bytes/s / copy bandwidth; "
           "gen FLOP = decode FLOP/s / GEMM FLOP/s")
     print("ratios rftlib/TRL (median): " + "  ".join(f"{'step' if k == 'wall' else k} {v:.2f}"
                                                      for k, v in ratios.items()))
@@ -409,12 +429,16 @@ def worker_update(side: str, args) -> None:
         from rftlib.algo.losses import grpo_loss
         from rftlib.models.loading import apply_lora
         from rftlib.train.forward import completion_logprobs
+        from rftlib.algo.logprobs import auto_chunk_size, recompute_needed
+        chunk = args.chunk_size or auto_chunk_size(args.vocab)  # 0: the Trainer's default (logprob_chunk_size 0)
+        recompute = recompute_needed(args.rows * args.completion_len, args.vocab, chunk)
         pm = apply_lora(model, rank=lora["rank"], alpha=lora["alpha"], dropout=0.0, target_modules=lora["targets"])
         pm.train()
 
         def run(b):
             logp, _ = completion_logprobs(pm, b["prompt_ids"], b["prompt_mask"], b["completion_ids"],
-                                          b["completion_mask"], chunk_size=args.chunk_size, with_entropy=False)
+                                          b["completion_mask"], chunk_size=chunk, with_entropy=False,
+                                          checkpoint_chunks=recompute)  # as the Trainer's logprob_recompute auto
             loss, _ = grpo_loss(logp, logp.detach(), b["advantages"], b["completion_mask"],
                                 num_seqs=float(len(b["advantages"])), num_tokens=b["completion_mask"].sum(),
                                 norm_const=float(b["completion_mask"].shape[1]))
@@ -465,6 +489,10 @@ def run_update(args) -> dict:
     print(f"update alone: Qwen2 random init (2 layers, hidden 256, tied), V={V}, {N} rows x ({P} prompt + {T} "
           f"completion) tokens, LoRA r16 attention, fp32, threads={args.threads}; one fp32 (N*T, V) logits "
           f"tensor = {N * T * V * 4 / 2**20:.0f} MiB; each side in a fresh process", flush=True)
+    from rftlib.algo.logprobs import auto_chunk_size, recompute_needed
+    chunk = args.chunk_size or auto_chunk_size(V)
+    print(f"  rftlib LM-head chunk: {chunk} token rows{'' if args.chunk_size else ' (the default: sized from the vocabulary)'}"
+          f", recompute in backward: {recompute_needed(N * T, V, chunk)} (logprob_recompute auto)", flush=True)
     out = {}
     for side in ("rftlib", "trl"):
         cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", f"update-{side}", "--threads",
@@ -503,7 +531,8 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--prompt-len", type=int, default=32, help="update mode: prompt tokens per row")
     p.add_argument("--completion-len", type=int, default=128, help="update mode: completion tokens per row")
     p.add_argument("--vocab", type=int, default=151936, help="update mode: vocabulary (Qwen's)")
-    p.add_argument("--chunk-size", type=int, default=1024, help="update mode: rftlib's LM-head chunk")
+    p.add_argument("--chunk-size", type=int, default=0,
+                   help="update mode: rftlib's LM-head chunk rows (0: the Trainer's default, sized from the vocabulary)")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.worker == "rftlib":

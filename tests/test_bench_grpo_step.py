@@ -36,6 +36,10 @@ def test_both_sides_generate_and_train_on_the_same_forced_tokens():
         assert step["rows"] == 4, (side, step)
         assert step["generate"] > 0 and step["update"] > 0, (side, step)
         assert step["peak_mb"] >= step["base_mb"] > 0, (side, step)
+        # the update's FLOP count is over the tokens it ran: at most every real token, forward + backward
+        assert 0 <= step["fb_tokens"] <= step["tokens"] + step["prompt_tokens"], (side, step)
+    (trl_step,) = res["sides"]["trl"]["steps"]
+    assert trl_step["fb_tokens"] == trl_step["tokens"] + trl_step["prompt_tokens"]  # TRL runs every row
     assert set(res["ratios"]) == {"wall", "generate", "reward", "reference", "update", "peak_mb"}
 
 
