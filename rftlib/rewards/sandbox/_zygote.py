@@ -580,6 +580,10 @@ class _Peer:
         try:
             self.wire.send("".join(wire).encode())
         except OSError:
+            # Call tests are sent before the hello is read: a solution that failed to load has said
+            # so and exited, and its closed pipe must not turn that load error into a crash
+            if self.names is None:
+                self.hello()  # _LoadFailed when its first line says why; _Lost if it said nothing
             self._fail("its process is gone")
         return self.seq
 
