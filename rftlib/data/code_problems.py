@@ -284,7 +284,11 @@ def code_task_reward(completion: str, example: Example, truncated: bool) -> tupl
     """Task.reward for code: seed 002's reward on ``example.meta["problem"]`` in the shared sandbox.
     Diagnostics: CodeReward.diagnostics() without the per-test keys (their count varies by
     problem), plus ``truncated_response``."""
-    r = code_reward(completion, example.meta["problem"])
+    return _task_result(code_reward(completion, example.meta["problem"]), truncated)
+
+
+def _task_result(r, truncated: bool) -> tuple[float, dict[str, float]]:
+    """(reward, diagnostics) of one CodeReward: its diagnostics without the per-test keys, plus truncated_response."""
     d = {k: v for k, v in r.diagnostics().items() if not k.startswith("test_")}
     d["truncated_response"] = 1.0 if truncated else 0.0
     return r.reward, d
@@ -295,12 +299,7 @@ def code_task_batch_reward(completions: list[str], examples: list[Example],
     """``code_task_reward`` of every row in one sandbox ``map``: the pool's workers (2 by default)
     run rows side by side instead of one at a time (row order kept)."""
     rs = batch_code_reward(completions, [e.meta["problem"] for e in examples])
-    out = []
-    for r, t in zip(rs, truncated):
-        d = {k: v for k, v in r.diagnostics().items() if not k.startswith("test_")}
-        d["truncated_response"] = 1.0 if t else 0.0
-        out.append((r.reward, d))
-    return out
+    return [_task_result(r, t) for r, t in zip(rs, truncated)]
 
 
 # the trainer scores a whole rollout with ``Task.reward.batch`` when the reward has one; a wrapper

@@ -166,8 +166,9 @@ class HFEngine:
         tok, model = self.tok, self.model
         device = next(model.parameters()).device
         enc = tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
-        prompt_ids = enc.input_ids.to(device).repeat_interleave(group_size, 0)  # (N, P)
-        prompt_mask = enc.attention_mask.to(device).repeat_interleave(group_size, 0)  # (N, P)
+        ids, mask = enc.input_ids.to(device), enc.attention_mask.to(device)  # (B, P) each
+        prompt_ids = ids.repeat_interleave(group_size, 0)  # (N, P)
+        prompt_mask = mask.repeat_interleave(group_size, 0)  # (N, P)
         # sampling runs in generate's greedy mode: SampleAndRecord draws the token, argmax takes it
         config = sampling_config(max_new_tokens=max_new_tokens, eos_token_id=tok.eos_token_id,
                                  pad_token_id=tok.pad_token_id)
@@ -186,8 +187,7 @@ class HFEngine:
             with autocast(self.amp, device.type), _only_this_config(model, config):
                 cache = None
                 if group_size > 1 and prompt_ids.shape[1] > 1:  # each prompt's prefill once, not G times
-                    cache = shared_prompt_cache(model, enc.input_ids.to(device), enc.attention_mask.to(device),
-                                                group_size)
+                    cache = shared_prompt_cache(model, ids, mask, group_size)
                 # synced_gpus: ZeRO-3 ranks keep stepping until every rank is done (each step is a collective)
                 sequences = model.generate(input_ids=prompt_ids, attention_mask=prompt_mask, generation_config=config,
                                            logits_processor=processors, synced_gpus=self.synced_gpus,

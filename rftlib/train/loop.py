@@ -315,8 +315,8 @@ class Trainer:
     def _logprobs(self, rows, *, with_entropy: bool, entropy_grad: bool = False, module=None):
         """(logprobs, entropy) of rows through the backend's wrapped policy (or ``module``, a frozen copy)."""
         mode = self.cfg.logprob_recompute
-        recompute = {"always": True, "never": False}.get(mode) if mode != "auto" else recompute_needed(
-            rows["completion_ids"].numel(), self.vocab_size, self.logprob_chunk_size)
+        recompute = mode == "always" or (mode == "auto" and recompute_needed(
+            rows["completion_ids"].numel(), self.vocab_size, self.logprob_chunk_size))
         kw = dict(temperature=self.cfg.temperature, chunk_size=self.logprob_chunk_size,
                   with_entropy=with_entropy, entropy_grad=entropy_grad, checkpoint_chunks=recompute)
         with self._autocast():
