@@ -235,7 +235,8 @@ def gmpo(
     seq-mean-token-mean to get the paper's mean over completions (verl's geo_mean does the same).
 
     Metrics: those of ppo_clip; ``ppo_clip_ratio`` is the fraction of tokens whose log ratio was
-    clipped (those tokens get no gradient).
+    clipped on the advantage's side (those tokens get no gradient); a token of a zero-advantage
+    completion is never counted (nothing is clipped where there is no gradient to cut).
     Returns (loss_mat (N, T), metrics). Padded positions of loss_mat are not zeroed: aggregate.
     """
     _check_shapes(logprobs, old_logprobs, advantages, mask)
@@ -251,7 +252,8 @@ def gmpo(
     seq_ratio = torch.exp(_seq_mean(log_r, mask))  # (N,) geometric mean of the clipped ratios
     loss_mat = (-advantages * seq_ratio).unsqueeze(-1).expand_as(logprobs)  # (N, T)
     with torch.no_grad():
-        clip_active = (log_r != log_ratio).float()  # (N, T)
+        # clipped where the min took the clipped branch strictly; A = 0 (sgn 0) clips nothing: 0 > 0 is false
+        clip_active = (sgn * log_ratio > sgn * clipped).float()  # (N, T)
         metrics = _ratio_metrics(clip_active, log_ratio_raw, log_ratio, mask)
     return loss_mat, metrics
 
