@@ -580,6 +580,15 @@ def validate(cfg: RunConfig) -> None:
         bad(f"dual_clip={cfg.dual_clip}: the dual-clip constant must be > 1 (commonly 3), or null to disable")
     if cfg.beta < 0:
         bad(f"beta={cfg.beta}: the KL coefficient cannot be negative")
+    if cfg.adv_eps <= 0:
+        bad(f"adv_eps={cfg.adv_eps}: must be > 0 (GRPO: 1e-6); it keeps (r - mean) / (std + eps) finite for a group "
+            "of equal rewards (0 / 0 at 0), and a negative eps can cancel a small std")
+    if cfg.log_ratio_clamp <= 0:
+        bad(f"log_ratio_clamp={cfg.log_ratio_clamp}: must be > 0 (seed 003: 20); it bounds |log(pi/pi_old)|, and "
+            "at 0 every ratio would be 1 with no gradient through it")
+    if cfg.loss_norm_const is not None and cfg.loss_norm_const <= 0:
+        bad(f"loss_norm_const={cfg.loss_norm_const}: Dr-GRPO's constant normaliser must be > 0 (Dr-GRPO: the "
+            "generation budget), or null for max_new_tokens")
     if cfg.max_grad_norm <= 0:
         bad(f"max_grad_norm={cfg.max_grad_norm}: must be positive")
     if cfg.num_steps < 1:
