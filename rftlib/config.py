@@ -814,7 +814,7 @@ def _validate_policy_loss(cfg: RunConfig, bad) -> str:
     """What the registered losses declare (rftlib.algo.loss_spec): each loss's checks of its own settings
     (every loss's, in use or not: a bad value is wrong either way), and for cfg.policy_loss its clip
     settings, its dual clip and its aggregations. Returns the aggregation the loss will run."""
-    from rftlib.algo.loss_spec import POLICY_LOSSES
+    from rftlib.algo.losses import POLICY_LOSSES  # importing the losses registers them
 
     values = {f.name: getattr(cfg, f.name) for f in fields(cfg)}
     for name in POLICY_LOSSES.names():

@@ -11,8 +11,9 @@ declares this once, here, and the config and the trainer read the declaration: n
     def my_loss(logprobs, old_logprobs, advantages, mask, *, clip_low, clip_high, dual_clip, log_ratio_clamp):
         ...
 
-is the whole of adding a loss (rftlib.algo.losses for the signature). Pure: plain values in, no
-config object (``validate`` gets the run's settings as a name -> value mapping).
+is the whole of adding a loss (rftlib.algo.losses for the signature; the built-in losses register
+when that module is imported). Pure: plain values in, no config object (``validate`` gets the
+run's settings as a name -> value mapping).
 """
 
 from __future__ import annotations

@@ -196,7 +196,8 @@ def gspo(
 def _cispo_settings(v) -> list[str]:
     out = []
     if not 0 <= v["cispo_eps_clip"] <= 1:
-        out.append(f"cispo_eps_clip={v['cispo_eps_clip']}: must be in [0, 1] (1: no floor on the IS weight, as MiniMax-M1)")
+        out.append(f"cispo_eps_clip={v['cispo_eps_clip']}: must be in [0, 1] "
+                   "(1: no floor on the IS weight, as MiniMax-M1)")
     if not v["cispo_eps_clip_high"] > 0:
         out.append(f"cispo_eps_clip_high={v['cispo_eps_clip_high']}: must be > 0 (the IS-weight ceiling is 1 + this)")
     return out

@@ -512,7 +512,7 @@ class Trainer:
                 order = (torch.randperm(N // G, generator=gen).unsqueeze(1) * G + torch.arange(G)).reshape(-1)
             for b0 in range(0, N, tb_rows):
                 batch = order[b0:b0 + tb_rows]
-                num_seqs, num_tokens = steps.loss_totals(cfg, lmask[batch], D.all_sum)  # global rows, tokens in the loss
+                num_seqs, num_tokens = steps.loss_totals(cfg, lmask[batch], D.all_sum)  # global rows, tokens
                 loss_total = 0.0
                 gns = cfg.gns_probe and len(batch) > mb and cfg.backend != "deepspeed"
                 prev, micro_sq, seq_lr = None, [], []
