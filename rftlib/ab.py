@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from rftlib.config import ConfigError, RunConfig, config_fields, make_config, value_from_text
+from rftlib.train.steps import aggregation
 
 
 @dataclass
@@ -91,12 +92,15 @@ def on_policy_warning(variants: list[Variant]) -> str:
     With one optimizer step per rollout, pi_old = pi at the update, every ratio is exactly 1 and no clip
     binds. Then GRPO's token ratio r_t A, GSPO's sequence ratio s A (s = exp(mean_t log r_t) = 1, grad
     s * mean_t grad log pi), CISPO's sg(clip(r_t)) A log pi and GMPO's geometric mean all give the
-    gradient A * grad log pi, aggregated per sequence and token as the loss mode says: under the
-    default seq-mean-token-mean they are the same gradient, and the arms differ by float noise only
-    (measured: three default-preset arms gave the same answer on each of 100 held-out problems).
+    gradient A * grad log pi, aggregated per sequence and token as the loss mode says: under one
+    mode they are the same gradient, and the arms differ by float noise only (measured: three
+    default-preset arms gave the same answer on each of 100 held-out problems). Arms whose
+    aggregations differ (loss_agg_mode auto gives cispo token-mean) are a real A/B.
     """
     varied = {k for v in variants for k in v.overrides if k != "notes"}
     if not varied or not varied <= RATIO_ONLY or any(v.config.optimizer_steps_per_rollout > 1 for v in variants):
+        return ""
+    if len({aggregation(v.config) for v in variants}) > 1:  # loss_agg_mode auto: cispo's own is token-mean
         return ""
     return (f"WARNING: every arm updates fully on-policy (one optimizer step per rollout), so the importance ratio "
             f"is exactly 1 and {', '.join(sorted(varied))} cannot change the gradient: GRPO, GSPO, CISPO and GMPO "

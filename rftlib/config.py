@@ -100,10 +100,16 @@ class RunConfig:
     """dual-clip constant c > 1 capping the loss of negative-advantage tokens; None disables"""
     log_ratio_clamp: float = 20.0
     """clamp log(pi/pi_old) to +-this before exp (seed 003 ratio_logging_loss patch)"""
-    loss_agg_mode: str = "seq-mean-token-mean"
-    """seq-mean-token-mean (GRPO) | seq-mean-token-sum-norm (Dr-GRPO) | token-mean (DAPO)"""
+    loss_agg_mode: str = "auto"
+    """auto (the policy loss's own: seq-mean-token-mean for ppo_clip, gspo and gmpo, token-mean for cispo) |
+    seq-mean-token-mean (GRPO) | seq-mean-token-sum-norm (Dr-GRPO) | token-mean (DAPO); a mode the policy loss
+    is not defined under is refused (gspo and gmpo: seq-mean-token-mean only; cispo: not seq-mean-token-mean)"""
     loss_norm_const: float | None = None
     """Dr-GRPO's constant normaliser; None means max_new_tokens"""
+    loss_seq_norm: str = "nonempty"
+    """rows the seq-mean modes divide by: nonempty (rows with a token in the loss mask: verl) | all (every row,
+    masked ones included: TRL, under which dynamic_sampling mask changes no gradient); token-mean divides by
+    tokens either way"""
     beta: float = 0.0
     """KL coefficient (seed 003 init_kl_coef 0.001; seed 002 0.04; DeepSeek-R1 0.001)"""
     kl_estimator: str = "k3"
@@ -130,7 +136,8 @@ class RunConfig:
     """GMPO's log-ratio clip, both sides, instead of eps_clip (Zhao et al. 2025: ratios in (e^-0.4, e^0.4))"""
     dynamic_sampling: str = "off"
     """DAPO dynamic sampling of groups whose rewards are all equal (zero advantage): off | mask (keep them,
-    out of the loss: TRL) | refill (drop them and sample more prompts until the batch is full: DAPO)"""
+    out of the loss and, under loss_seq_norm nonempty, out of the seq-mean normaliser) | refill (drop them and
+    sample more prompts until the batch is full: DAPO)"""
     dynamic_sampling_max_rounds: int = 3
     """refill: at most this many extra generate calls per step (each at most rollout_batch_size prompts);
     a batch still short is topped up with dropped groups, masked out of the loss"""
@@ -538,6 +545,7 @@ def validate(cfg: RunConfig) -> None:
     from rftlib.algo.advantages import ADVANTAGES
     from rftlib.algo.aggregation import AGGREGATIONS
     from rftlib.algo.kl import KL_ESTIMATORS
+    from rftlib.algo.loss_spec import AUTO
     from rftlib.algo.losses import POLICY_LOSSES
 
     def bad(msg: str) -> None:
@@ -572,14 +580,19 @@ def validate(cfg: RunConfig) -> None:
         bad(f"warmup_ratio={cfg.warmup_ratio}: must be in [0, 1)")
     if not 0 <= cfg.min_lr_ratio <= 1:
         bad(f"min_lr_ratio={cfg.min_lr_ratio}: must be in [0, 1]")
-    if not 0 < cfg.eps_clip < 1:
-        bad(f"eps_clip={cfg.eps_clip}: must be in (0, 1) (seed 003 uses 0.1-0.2)")
-    if cfg.eps_clip_high is not None and cfg.eps_clip_high <= 0:
-        bad(f"eps_clip_high={cfg.eps_clip_high}: must be > 0 (DAPO's clip-higher uses 0.28)")
     if cfg.dual_clip is not None and cfg.dual_clip <= 1:
         bad(f"dual_clip={cfg.dual_clip}: the dual-clip constant must be > 1 (commonly 3), or null to disable")
     if cfg.beta < 0:
         bad(f"beta={cfg.beta}: the KL coefficient cannot be negative")
+    if cfg.adv_eps <= 0:
+        bad(f"adv_eps={cfg.adv_eps}: must be > 0 (GRPO: 1e-6); it keeps (r - mean) / (std + eps) finite for a group "
+            "of equal rewards (0 / 0 at 0), and a negative eps can cancel a small std")
+    if cfg.log_ratio_clamp <= 0:
+        bad(f"log_ratio_clamp={cfg.log_ratio_clamp}: must be > 0 (seed 003: 20); it bounds |log(pi/pi_old)|, and "
+            "at 0 every ratio would be 1 with no gradient through it")
+    if cfg.loss_norm_const is not None and cfg.loss_norm_const <= 0:
+        bad(f"loss_norm_const={cfg.loss_norm_const}: Dr-GRPO's constant normaliser must be > 0 (Dr-GRPO: the "
+            "generation budget), or null for max_new_tokens")
     if cfg.max_grad_norm <= 0:
         bad(f"max_grad_norm={cfg.max_grad_norm}: must be positive")
     if cfg.num_steps < 1:
@@ -596,11 +609,14 @@ def validate(cfg: RunConfig) -> None:
         bad(f"lora_rank={cfg.lora_rank}: use 0 for full fine-tuning or a positive rank")
     if cfg.max_ckpt_num < 1:
         bad(f"max_ckpt_num={cfg.max_ckpt_num}: keep at least 1 checkpoint")
-    for name, reg in (("advantage_estimator", ADVANTAGES), ("loss_agg_mode", AGGREGATIONS),
-                      ("kl_estimator", KL_ESTIMATORS), ("policy_loss", POLICY_LOSSES)):
+    for name, reg in (("advantage_estimator", ADVANTAGES), ("kl_estimator", KL_ESTIMATORS),
+                      ("policy_loss", POLICY_LOSSES)):
         value = getattr(cfg, name)
         if value not in reg:
             bad(f"{name}='{value}': valid values are {', '.join(reg.names())}")
+    if cfg.loss_agg_mode != AUTO and cfg.loss_agg_mode not in AGGREGATIONS:
+        bad(f"loss_agg_mode='{cfg.loss_agg_mode}': valid values are {', '.join(AGGREGATIONS.names())} "
+            "(or auto: the policy loss's own)")
     from rftlib.data.tasks import registered_tasks
 
     tasks = registered_tasks()
@@ -753,8 +769,10 @@ def _validate_launch(cfg: RunConfig, bad) -> None:
 
 
 def _validate_algo(cfg: RunConfig, bad) -> None:
-    """The algorithm variants: reward scaling, loss-specific clips, dynamic sampling, overlong, KL placement."""
+    """The algorithm variants: reward scaling, the policy loss's own settings, dynamic sampling, overlong,
+    KL placement."""
     from rftlib.algo.advantages import ADVANTAGES, REWARD_SCALES, takes_scale_rewards
+    from rftlib.algo.aggregation import SEQ_NORMS
     from rftlib.algo.kl import KL_NOT_IN_LOSS
 
     if cfg.scale_rewards is not None:
@@ -763,20 +781,17 @@ def _validate_algo(cfg: RunConfig, bad) -> None:
         if cfg.advantage_estimator in ADVANTAGES and not takes_scale_rewards(cfg.advantage_estimator):
             bad(f"scale_rewards='{cfg.scale_rewards}' with advantage_estimator '{cfg.advantage_estimator}', which has "
                 "its own scaling: scale_rewards applies to grpo and dr_grpo; set it null")
-    for name in ("gspo_eps_clip", "gspo_eps_clip_high"):
-        if not 0 < getattr(cfg, name) < 1:
-            bad(f"{name}={getattr(cfg, name)}: must be in (0, 1) (GSPO's sequence-ratio range, paper: 3e-4 / 4e-4)")
-    if not 0 <= cfg.cispo_eps_clip <= 1:
-        bad(f"cispo_eps_clip={cfg.cispo_eps_clip}: must be in [0, 1] (1: no floor on the IS weight, as MiniMax-M1)")
-    if not cfg.cispo_eps_clip_high > 0:
-        bad(f"cispo_eps_clip_high={cfg.cispo_eps_clip_high}: must be > 0 (the IS-weight ceiling is 1 + this)")
-    if not cfg.gmpo_eps_clip > 0:
-        bad(f"gmpo_eps_clip={cfg.gmpo_eps_clip}: must be > 0 (a log-ratio bound; GMPO's paper uses 0.4)")
-    if cfg.policy_loss in ("gspo", "cispo", "gmpo") and cfg.dual_clip is not None:
-        bad(f"dual_clip={cfg.dual_clip} with policy_loss {cfg.policy_loss}: dual clip is a token-level PPO device; "
-            "set dual_clip null")
+    agg = _validate_policy_loss(cfg, bad)
+    if cfg.loss_seq_norm not in SEQ_NORMS:
+        bad(f"loss_seq_norm='{cfg.loss_seq_norm}': choose {' or '.join(SEQ_NORMS)} (rows the seq-mean modes divide by)")
     if cfg.dynamic_sampling not in ("off", "mask", "refill"):
         bad(f"dynamic_sampling='{cfg.dynamic_sampling}': choose off, mask or refill")
+    kl_in_loss = cfg.beta > 0 and not cfg.kl_in_reward
+    if (cfg.dynamic_sampling == "mask" and agg.startswith("seq-mean") and cfg.loss_seq_norm == "all"
+            and not kl_in_loss and cfg.entropy_coef == 0):
+        bad(f"dynamic_sampling: mask with loss_agg_mode {agg} and loss_seq_norm all changes no gradient: the masked "
+            "groups have zero advantage, so zero policy loss, and still count in the normaliser; set loss_seq_norm "
+            "nonempty (verl: divide by the rows left in the loss), or dynamic_sampling off")
     if cfg.dynamic_sampling_max_rounds < 0:
         bad(f"dynamic_sampling_max_rounds={cfg.dynamic_sampling_max_rounds}: must be >= 0")
     if not 0 <= cfg.overlong_buffer_len <= cfg.max_new_tokens:
@@ -793,6 +808,30 @@ def _validate_algo(cfg: RunConfig, bad) -> None:
                 "only the value counts; use k1 (verl/OpenRLHF default) or k3")
     elif cfg.beta > 0 and cfg.kl_estimator in KL_NOT_IN_LOSS:
         bad(f"kl_estimator='{cfg.kl_estimator}' with beta={cfg.beta} in the loss: {KL_NOT_IN_LOSS[cfg.kl_estimator]}")
+
+
+def _validate_policy_loss(cfg: RunConfig, bad) -> str:
+    """What the registered losses declare (rftlib.algo.loss_spec): each loss's checks of its own settings
+    (every loss's, in use or not: a bad value is wrong either way), and for cfg.policy_loss its clip
+    settings, its dual clip and its aggregations. Returns the aggregation the loss will run."""
+    from rftlib.algo.losses import POLICY_LOSSES  # importing the losses registers them
+
+    values = {f.name: getattr(cfg, f.name) for f in fields(cfg)}
+    for name in POLICY_LOSSES.names():
+        spec = POLICY_LOSSES.get(name)
+        for f in spec.clip_fields:
+            if f not in values:
+                bad(f"policy_loss '{name}' takes its clip from '{f}', which is not a RunConfig field")
+        for msg in spec.validate(values):
+            bad(msg)
+    spec = POLICY_LOSSES.get(cfg.policy_loss)
+    if cfg.dual_clip is not None and not spec.dual_clip:
+        bad(f"dual_clip={cfg.dual_clip} with policy_loss {cfg.policy_loss}: dual clip is a token-level PPO device "
+            "this loss does not take; set dual_clip null")
+    try:
+        return spec.aggregation(cfg.loss_agg_mode)
+    except ValueError as e:
+        raise ConfigError(f"loss_agg_mode='{cfg.loss_agg_mode}' with policy_loss {cfg.policy_loss}: {e}") from None
 
 
 def to_dict(cfg: RunConfig) -> dict[str, Any]:

@@ -65,8 +65,12 @@ def test_an_on_policy_loss_ab_is_flagged_as_unable_to_differ():
     from rftlib.ab import on_policy_warning
 
     # default preset: 8 prompts per rollout, one optimizer step on all of them: ratio == 1 throughout
-    on = plan_variants("default", {}, parse_vary(["policy_loss=ppo_clip,gspo,cispo"]))
+    on = plan_variants("default", {}, parse_vary(["policy_loss=ppo_clip,gspo,gmpo"]))
     assert "exactly 1" in on_policy_warning(on) and "train_batch_size" in on_policy_warning(on)
+    # cispo's own aggregation is token-mean (loss_agg_mode auto): its arm differs on-policy too
+    assert on_policy_warning(plan_variants("default", {}, parse_vary(["policy_loss=ppo_clip,cispo"]))) == ""
+    pinned = plan_variants("default", {"loss_agg_mode": "token-mean"}, parse_vary(["policy_loss=ppo_clip,cispo"]))
+    assert "exactly 1" in on_policy_warning(pinned)
     # 8 / 4 = two optimizer steps per rollout: the second is off-policy, the losses can differ
     off = plan_variants("default", {"train_batch_size": 4}, parse_vary(["policy_loss=ppo_clip,gspo,cispo"]))
     assert on_policy_warning(off) == ""

@@ -12,6 +12,8 @@ Derivation (d est / d log pi(y), times grad log pi(y), summed with weights pi(y)
     k3: sum pi (1 - pi_ref / pi) grad log pi = -sum pi_ref grad log pi = grad forward KL
 """
 
+import math
+
 import pytest
 import torch
 
@@ -115,6 +117,34 @@ def test_kl_in_reward_by_hand():
     out = kl_in_reward(torch.tensor([1.0, 0.0]), torch.tensor([[0.1, 0.2, 5.0], [0.3, -0.1, 0.0]]),
                        torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0]]), beta=0.5)
     torch.testing.assert_close(out, torch.tensor([0.85, -0.1]))
+
+
+def test_k3_gradient_stays_bounded():
+    # Issue 19 item 5. d k3 / d logp = 1 - e^d with d = ref - logp: -3.3e6 at d = 15 before the cap.
+    # With k3 capped at 10 (verl), the gradient is nonzero only where e^d - d - 1 < 10, i.e.
+    # d in (-11, d*) with e^d* - d* - 1 = 10 (bisection below, d* = 2.610): |1 - e^d| < e^d* - 1 = 12.61.
+    lo, hi = 0.0, 5.0
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if math.expm1(mid) - mid < 10 else (lo, mid)
+    bound = math.expm1(hi)  # 12.61
+    ref = torch.linspace(-30.0, 30.0, 60001).unsqueeze(0)  # (1, M): d from -30 to 30 in steps of 1e-3
+    logp = torch.zeros_like(ref, requires_grad=True)
+    kl_penalty("k3", logp, ref).sum().backward()
+    # float32: the value near the cap is 10 up to ~1e-6, which moves d* by ~1e-7: 1e-5 relative is ample
+    assert logp.grad.abs().max() <= bound * (1 + 1e-5)
+    assert logp.grad.abs().max() > 0.99 * bound  # the bound is reached just below d*, not a loose one
+    # at d = 15 the token is past the cap: value 10, no gradient (was 1 - e^15 = -3.3e6)
+    logp15 = torch.zeros(1, 1, requires_grad=True)
+    kl = kl_penalty("k3", logp15, torch.full((1, 1), 15.0))
+    kl.sum().backward()
+    assert kl.item() == 10.0 and logp15.grad.item() == 0.0
+    # through the loss with beta = 1 (token-mean over one token): the same bounded gradient
+    lp = torch.zeros(1, 1, requires_grad=True)
+    loss, _ = grpo_loss(lp, lp.detach(), torch.zeros(1), torch.ones(1, 1), ref_logprobs=torch.full((1, 1), 2.0),
+                        beta=1.0, kl_estimator="k3", aggregation="token-mean")
+    (g,) = torch.autograd.grad(loss, lp)
+    torch.testing.assert_close(g, torch.tensor([[1 - math.exp(2.0)]]))  # below the cap: k3's own gradient
 
 
 # ---- the configuration: k1 in the loss refused with what to use; the seed-000 presets fixed ------

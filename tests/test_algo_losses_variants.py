@@ -155,3 +155,15 @@ def test_gmpo_clips_only_on_the_advantage_side():
     loss_mat, m = POLICY_LOSSES.get("gmpo")(logprobs, torch.zeros(2, 2), torch.tensor([1.0, -1.0]), torch.ones(2, 2))
     torch.testing.assert_close(loss_mat[:, 0], torch.tensor([-E(-0.3), E(0.3)]))
     assert m["ppo_clip_ratio"] == 0.0
+
+
+def test_gmpo_zero_advantage_tokens_are_not_clipped():
+    # Issue 19 item 6. Row 0 has A = 0: sgn 0 makes l_it = 0 whatever the log ratio, but nothing was
+    # clipped there. Row 1, A = +1, log ratios [0.6, 0.1]: only 0.6 > 0.4 is clipped. 1 clipped token of 4.
+    logprobs = torch.tensor([[0.6, 0.1], [0.6, 0.1]])
+    _, m = POLICY_LOSSES.get("gmpo")(logprobs, torch.zeros(2, 2), torch.tensor([0.0, 1.0]), torch.ones(2, 2),
+                                     clip_low=0.4, clip_high=0.4)
+    torch.testing.assert_close(m["ppo_clip_ratio"], torch.tensor(1 / 4))
+    # a whole batch of zero advantages (every group constant): nothing clipped
+    _, m0 = POLICY_LOSSES.get("gmpo")(logprobs, torch.zeros(2, 2), torch.zeros(2), torch.ones(2, 2))
+    assert m0["ppo_clip_ratio"] == 0.0

@@ -43,6 +43,13 @@ def test_malformed_yaml_names_file_and_line(tmp_path):
     ({"lr": -1e-4}, "learning rate must be positive"),
     ({"loss_agg_mode": "mean"}, "valid values are seq-mean-token-mean"),
     ({"dual_clip": 0.5}, "must be > 1"),
+    # issue 19 item 10: settings that were accepted and then divided by 0, flipped a sign or froze the ratio
+    ({"loss_norm_const": 0.0}, r"loss_norm_const=0.0: Dr-GRPO's constant normaliser must be > 0"),
+    ({"loss_norm_const": -48.0}, r"loss_norm_const=-48.0: .* must be > 0 .* or null for max_new_tokens"),
+    ({"log_ratio_clamp": 0.0}, r"log_ratio_clamp=0.0: must be > 0"),
+    ({"log_ratio_clamp": -20.0}, r"log_ratio_clamp=-20.0: must be > 0"),
+    ({"adv_eps": -1e-6}, r"adv_eps=-1e-06: must be > 0 .* a negative eps can cancel a small std"),
+    ({"adv_eps": 0.0}, r"adv_eps=0.0: must be > 0 .*0 / 0"),
 ])
 def test_impossible_settings(over, msg):
     with pytest.raises(ConfigError, match=msg):

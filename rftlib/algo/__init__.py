@@ -7,10 +7,20 @@ are prompt i), T completion tokens, V vocabulary, H hidden size. Masks are float
 """
 
 from rftlib.algo.advantages import ADVANTAGES, REWARD_SCALES, advantage_stats, compute_advantages
-from rftlib.algo.aggregation import AGGREGATIONS, aggregate, masked_max, masked_mean, masked_min, masked_quantile
+from rftlib.algo.aggregation import (
+    AGGREGATIONS,
+    SEQ_NORMS,
+    aggregate,
+    batch_totals,
+    masked_max,
+    masked_mean,
+    masked_min,
+    masked_quantile,
+)
 from rftlib.algo.filtering import constant_groups, group_row_mask, untruncated_mask
 from rftlib.algo.kl import KL_ESTIMATORS, KL_NOT_IN_LOSS, kl_penalty
 from rftlib.algo.logprobs import chunked_logprobs_entropy, full_logprobs_entropy
+from rftlib.algo.loss_spec import LossSpec, register_loss
 from rftlib.algo.losses import POLICY_LOSSES, cispo, gmpo, grpo_loss, gspo, ppo_clip
 from rftlib.algo.registry import Registry
 from rftlib.algo.shaping import kl_in_reward, kl_tokens, overlong_penalty
@@ -20,11 +30,14 @@ __all__ = [
     "AGGREGATIONS",
     "KL_ESTIMATORS",
     "KL_NOT_IN_LOSS",
+    "LossSpec",
     "POLICY_LOSSES",
     "REWARD_SCALES",
     "Registry",
+    "SEQ_NORMS",
     "advantage_stats",
     "aggregate",
+    "batch_totals",
     "chunked_logprobs_entropy",
     "cispo",
     "compute_advantages",
@@ -43,5 +56,6 @@ __all__ = [
     "masked_min",
     "masked_quantile",
     "ppo_clip",
+    "register_loss",
     "untruncated_mask",
 ]

@@ -13,6 +13,14 @@ Gradient accumulation is exact: ``num_seqs``/``num_tokens`` are the totals of th
 batch, not of the micro-batch at hand, so every mode is a plain sum over rows divided by a
 batch-wide constant, and summing the micro-batch aggregates gives the full-batch aggregate.
 
+Which rows ``num_seqs`` counts (``batch_totals``, SEQ_NORMS) matters when the loss mask empties
+whole rows (dynamic sampling's masked groups, truncated completions left out, refill's top-up):
+    nonempty  rows with at least one token in the loss (verl's ``agg_loss``): the seq-mean modes
+              average over the completions that are in the loss.
+    all       every row, empty ones included (TRL): an emptied row still counts, so masking a group
+              of zero advantage changes no gradient at all under the seq-mean modes.
+token-mean divides by the loss's tokens, which an empty row has none of: the choice does not touch it.
+
 Masks are float {0, 1}, shape (N, T). Padded positions are selected out with ``torch.where`` (not
 multiplied), so whatever value sits there -- even inf or NaN -- cannot reach the forward value.
 """
@@ -48,6 +56,23 @@ def seq_mean_token_sum_norm(loss_mat, mask, *, num_seqs, num_tokens, norm_const)
 def token_mean(loss_mat, mask, *, num_seqs, num_tokens, norm_const):
     """sum_it (loss*mask)_it / num_tokens: every valid token of the batch weighs the same."""
     return _row_sums(loss_mat, mask).sum() / num_tokens
+
+
+SEQ_NORMS = ("nonempty", "all")  # which rows num_seqs counts; see the module docstring
+
+
+def batch_totals(mask: torch.Tensor, *, seq_norm: str = "nonempty") -> tuple[torch.Tensor, torch.Tensor]:
+    """(num_seqs, num_tokens) of an (N, T) loss mask, 0-dim float tensors: the rows the seq-mean modes
+    divide by (``seq_norm`` in SEQ_NORMS) and the valid tokens. Not clamped and not reduced over
+    ranks: the caller sums them over its micro-batches and ranks, then clamps to >= 1."""
+    if seq_norm not in SEQ_NORMS:
+        raise ValueError(f"seq_norm '{seq_norm}': choose {' or '.join(SEQ_NORMS)}")
+    tokens_per_row = mask.float().sum(dim=-1)  # (N,) float32: counts exact to 2^24
+    if seq_norm == "nonempty":
+        rows = (tokens_per_row > 0).float().sum()
+    else:
+        rows = torch.full((), float(mask.shape[0]), device=mask.device)
+    return rows, tokens_per_row.sum()
 
 
 def aggregate(

@@ -4,7 +4,8 @@ From John Schulman, "Approximating KL Divergence" (2020, joschu.net/blog/kl-appr
 d = ref_logp - logp = log(pi_ref / pi) at a sampled token:
     k1 = -d                  unbiased value, high variance, can be negative per token
     k2 = d^2 / 2             biased value, low variance, >= 0
-    k3 = (e^d - 1) - d       unbiased value, low variance, >= 0 (what DeepSeekMath's GRPO uses)
+    k3 = (e^d - 1) - d       unbiased value, low variance, >= 0 (what DeepSeekMath's GRPO uses);
+                             capped at 10 as verl caps it, which bounds its gradient (kl_k3)
     k3+ = k3's value with k2's gradient (straight-through; verl's "k3+" / "low_var_kl+")
 
 Their *values* estimate KL(pi || pi_ref) (the reverse KL). Their *gradients*, when the estimator is
@@ -32,6 +33,7 @@ from rftlib.algo.registry import Registry
 KL_ESTIMATORS = Registry("kl estimator")
 
 K3_LOG_RATIO_CLAMP = 20.0  # e^20 ~ 5e8: far beyond any useful ratio, far below float32 overflow (e^88)
+K3_VALUE_CLAMP = 10.0  # k3 capped here, as verl's low_var_kl does: bounds its gradient (see kl_k3)
 
 # estimators whose gradient as a loss term is not a KL gradient: name -> what to use instead
 KL_NOT_IN_LOSS = {
@@ -55,18 +57,23 @@ def kl_k2(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
 
 @KL_ESTIMATORS.register("k3")
 def kl_k3(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
-    """k3 = exp(ref_logp - logp) - (ref_logp - logp) - 1. (N, T) -> (N, T).
+    """k3 = exp(ref_logp - logp) - (ref_logp - logp) - 1, capped at 10. (N, T) -> (N, T).
 
     An unbiased, non-negative estimate of KL(pi || pi_ref); but as a loss term its expected
     gradient is that of the *forward* KL(pi_ref || pi) (module docstring). DeepSeekMath's GRPO uses
     it in the loss all the same; k3+ keeps its value and fixes the gradient.
 
-    The log-ratio is clamped to [-20, 20] before exp: a token the reference finds far likelier
-    than the policy would otherwise give exp(large) = inf in float32 and a NaN gradient; beyond
-    the clamp the estimate (and its gradient) stops growing. ``expm1`` keeps precision near d=0.
+    Two clamps, as verl's ``low_var_kl`` (volcengine/verl, core_algos.kl_penalty):
+    - d = ref_logp - logp to [-20, 20] before exp, so exp(d) stays finite in float32;
+    - the value to at most K3_VALUE_CLAMP = 10. d k3 / d logp = 1 - e^d grows without bound in d
+      (-3.3e6 at d = 15: one token the policy has nearly dropped would own the whole update); under
+      the cap |1 - e^d| <= e^d* - 1 = 12.6 where e^d* - d* - 1 = 10 (d* = 2.61, pi_ref/pi = 13.6) on
+      the d > 0 side and < 1 on the d < 0 side (d > -11). Past the cap a token's KL term is constant:
+      no gradient, like a PPO-clipped ratio.
+    ``expm1`` keeps precision near d = 0.
     """
     d = (ref_logprobs - logprobs).clamp(-K3_LOG_RATIO_CLAMP, K3_LOG_RATIO_CLAMP)  # (N, T)
-    return torch.expm1(d) - d  # (N, T)
+    return (torch.expm1(d) - d).clamp(max=K3_VALUE_CLAMP)  # (N, T)
 
 
 @KL_ESTIMATORS.register("k3+")

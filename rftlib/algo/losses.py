@@ -4,10 +4,12 @@ Dimensions: N completions (rows), T completion tokens. Inputs are log-probabilit
 tokens, (N, T); advantages are one per completion, (N,), broadcast over its tokens; ``mask`` is the
 (N, T) float {0, 1} completion mask. Every loss here is a *loss* (minimised): the negated surrogate.
 
-A policy loss is registered in POLICY_LOSSES with the signature
+A policy loss is registered in POLICY_LOSSES (``register_loss``, rftlib.algo.loss_spec) with the signature
     fn(logprobs, old_logprobs, advantages, mask, *, clip_low, clip_high, dual_clip, log_ratio_clamp)
         -> (loss_mat (N, T), metrics dict of detached 0-dim tensors)
-so that ``grpo_loss`` can call any of them without knowing its name.
+so that ``grpo_loss`` can call any of them without knowing its name, and with its LossSpec: the
+settings of its clip range, the aggregations its paper's objective is defined under and the
+checks of its own settings, which the config and the trainer read.
 """
 
 from __future__ import annotations
@@ -16,9 +18,9 @@ import torch
 
 from rftlib.algo.aggregation import aggregate, masked_max, masked_mean, masked_min, masked_quantile
 from rftlib.algo.kl import kl_penalty
-from rftlib.algo.registry import Registry
+from rftlib.algo.loss_spec import POLICY_LOSSES, register_loss
 
-POLICY_LOSSES = Registry("policy loss")
+SEQUENCE_LEVEL = ("seq-mean-token-mean",)  # the mean over completions of a per-completion quantity
 
 
 def _check_shapes(logprobs, old_logprobs, advantages, mask) -> None:
@@ -49,7 +51,17 @@ def _ratio_metrics(clip_active, log_ratio_raw, log_ratio, mask) -> dict[str, tor
         }
 
 
-@POLICY_LOSSES.register("ppo_clip")
+def _ppo_clip_settings(v) -> list[str]:
+    out = []
+    if not 0 < v["eps_clip"] < 1:
+        out.append(f"eps_clip={v['eps_clip']}: must be in (0, 1) (seed 003 uses 0.1-0.2)")
+    if v["eps_clip_high"] is not None and v["eps_clip_high"] <= 0:
+        out.append(f"eps_clip_high={v['eps_clip_high']}: must be > 0 (DAPO's clip-higher uses 0.28)")
+    return out
+
+
+# a per-token surrogate: every aggregation is a weighting of its tokens (GRPO, Dr-GRPO and DAPO use one each)
+@register_loss("ppo_clip", clip_fields=("eps_clip", "eps_clip_high"), dual_clip=True, validate=_ppo_clip_settings)
 def ppo_clip(
     logprobs: torch.Tensor,
     old_logprobs: torch.Tensor,
@@ -118,7 +130,15 @@ def _seq_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return torch.where(mask > 0, x, 0.0).sum(dim=-1) / mask.sum(dim=-1).clamp(min=1.0)  # (N,)
 
 
-@POLICY_LOSSES.register("gspo")
+def _gspo_settings(v) -> list[str]:
+    return [f"{k}={v[k]}: must be in (0, 1) (GSPO's sequence-ratio range, paper: 3e-4 / 4e-4)"
+            for k in ("gspo_eps_clip", "gspo_eps_clip_high") if not 0 < v[k] < 1]
+
+
+@register_loss("gspo", clip_fields=("gspo_eps_clip", "gspo_eps_clip_high"), aggregations=SEQUENCE_LEVEL,
+               validate=_gspo_settings,
+               why="GSPO's objective is the mean over completions of a length-normalised sequence ratio "
+                   "(Zheng et al. 2025, eq. 5 and 13); another mode weights each completion by its length")
 def gspo(
     logprobs: torch.Tensor,
     old_logprobs: torch.Tensor,
@@ -173,7 +193,20 @@ def gspo(
     return loss_mat, {k: v.detach() for k, v in metrics.items()}
 
 
-@POLICY_LOSSES.register("cispo")
+def _cispo_settings(v) -> list[str]:
+    out = []
+    if not 0 <= v["cispo_eps_clip"] <= 1:
+        out.append(f"cispo_eps_clip={v['cispo_eps_clip']}: must be in [0, 1] "
+                   "(1: no floor on the IS weight, as MiniMax-M1)")
+    if not v["cispo_eps_clip_high"] > 0:
+        out.append(f"cispo_eps_clip_high={v['cispo_eps_clip_high']}: must be > 0 (the IS-weight ceiling is 1 + this)")
+    return out
+
+
+@register_loss("cispo", clip_fields=("cispo_eps_clip", "cispo_eps_clip_high"),
+               aggregations=("token-mean", "seq-mean-token-sum-norm"), validate=_cispo_settings,
+               why="CISPO normalises by the batch's token count (MiniMax-M1, eq. 4: 1 / sum_i |o_i|), every token "
+                   "weighted the same; seq-mean-token-mean weighs a short completion's tokens more")
 def cispo(
     logprobs: torch.Tensor,
     old_logprobs: torch.Tensor,
@@ -193,6 +226,9 @@ def cispo(
     A * w * grad log pi on every token. The weight is detached: no gradient flows through the ratio.
     The loss *value* is therefore -w * A * log pi, not a ratio surrogate (its gradient is what counts).
 
+    The paper normalises by the batch's total token count: token-mean (the default its LossSpec
+    declares) or seq-mean-token-sum-norm, which also weighs every token the same.
+
     Metrics: those of ppo_clip; ``ppo_clip_ratio`` is the fraction of tokens whose weight was
     clipped (their gradient is scaled down, not zeroed).
     Returns (loss_mat (N, T), metrics). Padded positions of loss_mat are not zeroed: aggregate.
@@ -211,7 +247,16 @@ def cispo(
     return loss_mat, metrics
 
 
-@POLICY_LOSSES.register("gmpo")
+def _gmpo_settings(v) -> list[str]:
+    if not v["gmpo_eps_clip"] > 0:
+        return [f"gmpo_eps_clip={v['gmpo_eps_clip']}: must be > 0 (a log-ratio bound; GMPO's paper uses 0.4)"]
+    return []
+
+
+@register_loss("gmpo", clip_fields=("gmpo_eps_clip", "gmpo_eps_clip"), aggregations=SEQUENCE_LEVEL,
+               validate=_gmpo_settings,
+               why="GMPO's loss is one number per completion, the geometric mean of its token ratios (Zhao et al. "
+                   "2025, eq. 4), written at each of its tokens; another mode weights each completion by its length")
 def gmpo(
     logprobs: torch.Tensor,
     old_logprobs: torch.Tensor,
@@ -235,7 +280,8 @@ def gmpo(
     seq-mean-token-mean to get the paper's mean over completions (verl's geo_mean does the same).
 
     Metrics: those of ppo_clip; ``ppo_clip_ratio`` is the fraction of tokens whose log ratio was
-    clipped (those tokens get no gradient).
+    clipped on the advantage's side (those tokens get no gradient); a token of a zero-advantage
+    completion is never counted (nothing is clipped where there is no gradient to cut).
     Returns (loss_mat (N, T), metrics). Padded positions of loss_mat are not zeroed: aggregate.
     """
     _check_shapes(logprobs, old_logprobs, advantages, mask)
@@ -251,7 +297,8 @@ def gmpo(
     seq_ratio = torch.exp(_seq_mean(log_r, mask))  # (N,) geometric mean of the clipped ratios
     loss_mat = (-advantages * seq_ratio).unsqueeze(-1).expand_as(logprobs)  # (N, T)
     with torch.no_grad():
-        clip_active = (log_r != log_ratio).float()  # (N, T)
+        # clipped where the min took the clipped branch strictly; A = 0 (sgn 0) clips nothing: 0 > 0 is false
+        clip_active = (sgn * log_ratio > sgn * clipped).float()  # (N, T)
         metrics = _ratio_metrics(clip_active, log_ratio_raw, log_ratio, mask)
     return loss_mat, metrics
 

@@ -22,12 +22,16 @@ class Registry:
         """Decorator: ``@REG.register("grpo")`` adds the function under ``name`` and returns it unchanged."""
 
         def add(fn: F) -> F:
-            if name in self._table:
-                raise ValueError(f"{self.kind} '{name}' is already registered")
-            self._table[name] = fn
+            self.add(name, fn)
             return fn
 
         return add
+
+    def add(self, name: str, value: Callable) -> None:
+        """Register ``value`` under ``name`` (what ``register`` does, for a value made elsewhere)."""
+        if name in self._table:
+            raise ValueError(f"{self.kind} '{name}' is already registered")
+        self._table[name] = value
 
     def get(self, name: str) -> Callable:
         """The function registered as ``name``; ValueError listing the valid names otherwise."""

@@ -512,7 +512,7 @@ class Trainer:
                 order = (torch.randperm(N // G, generator=gen).unsqueeze(1) * G + torch.arange(G)).reshape(-1)
             for b0 in range(0, N, tb_rows):
                 batch = order[b0:b0 + tb_rows]
-                num_tokens = D.all_sum(lmask[batch].sum()).clamp(min=1.0)  # global tokens in the loss
+                num_seqs, num_tokens = steps.loss_totals(cfg, lmask[batch], D.all_sum)  # global rows, tokens
                 loss_total = 0.0
                 gns = cfg.gns_probe and len(batch) > mb and cfg.backend != "deepspeed"
                 prev, micro_sq, seq_lr = None, [], []
@@ -537,7 +537,7 @@ class Trainer:
                         loss, m = grpo_loss(
                             logp, old, advantages[ix], lmask[ix, :t1],
                             ref_logprobs=None if ref_lp is None else ref_lp[ix, :t1],
-                            num_seqs=float(tb_rows * W), num_tokens=num_tokens, norm_const=norm_const, entropy=ent,
+                            num_seqs=num_seqs, num_tokens=num_tokens, norm_const=norm_const, entropy=ent,
                             is_weights=is_w, **loss_kw)
                         if tis is not None:
                             m.update({f"tis/{k}": v for k, v in tis.items()})

@@ -3,6 +3,11 @@
 The row's names are seed 003's (section 7 Tier 1-3 plus the ratio tails of its loss patch). Each
 rank's lists are concatenated in rank order before anything is reduced, so a 2-rank run's row is
 the row one process would have written for the same global batch.
+
+A metric the step did not measure is absent from the row, not 0: when the update skipped every row
+(every group constant, ``skip_zero_advantage_rows``) there are no ratio or entropy values, and a
+logged 0 would fire the entropy-collapse verdict and dip the plots. Readers (health verdicts, plots,
+the live view, the report) take a missing key as "not measured at this step".
 """
 
 from __future__ import annotations
@@ -53,12 +58,13 @@ def step_metrics(allr: dict[str, list], upd: dict[str, Any], timing: dict[str, f
     ess = [float(importance_ess(x.unsqueeze(-1), torch.ones(len(x), 1))) for x in seq if x.numel()]
     row["importance_ess"] = float(np.mean(ess)) if ess else 1.0  # no row run: nothing moved off-policy
     row["loss"] = float(np.mean(upd["loss"]))
-    ent = torch.cat(allr["entropy"]) if allr["entropy"] else torch.zeros(0)
-    row.update(entropy_mean=float(ent.mean()) if ent.numel() else 0.0, entropy_p10=_q(ent, 0.1),
-               entropy_p90=_q(ent, 0.9))
+    ent = torch.cat(allr["entropy"]) if allr["entropy"] else torch.zeros(0)  # (tokens run,)
+    if ent.numel():  # absent, not 0, when no row was run (every row skipped): 0 nats would read as a collapse
+        row.update(entropy_mean=float(ent.mean()), entropy_p10=_q(ent, 0.1), entropy_p90=_q(ent, 0.9))
     row.update(grad_norm=float(np.mean(upd["grad_norm"])), grad_norm_max=upd["grad_norm_max"])
-    diff = torch.cat(allr["behaviour_diff"]) if allr["behaviour_diff"] else torch.zeros(0)
-    row["behaviour_logprob_diff_max"] = float(diff.max()) if diff.numel() else 0.0
+    diff = torch.cat(allr["behaviour_diff"]) if allr["behaviour_diff"] else torch.zeros(0)  # (tokens run,)
+    if diff.numel():  # absent when no row was run, like the entropy
+        row["behaviour_logprob_diff_max"] = float(diff.max())
     lengths = torch.tensor(allr["lengths"], dtype=torch.float32)
     row.update(response_length_mean=float(lengths.mean()), response_length_max=float(lengths.max()),
                truncated=float(np.mean(allr["truncated"])))

@@ -1,7 +1,8 @@
 """Loop steps that are not pure tensor math: what the trainer calls between rollout and update.
 
-- ``loss_kwargs(cfg)``: the grpo_loss settings of a RunConfig, with each loss's own clip range
-  (a table lookup: the trainer never branches on a loss name).
+- ``loss_kwargs(cfg)``: the grpo_loss settings of a RunConfig, with each loss's own clip range and
+  aggregation read from its LossSpec (the trainer never branches on a loss name).
+- ``loss_totals``: an optimizer batch's normalisers (rows and tokens in the loss, over every rank).
 - ``shape_rewards``: task rewards -> the rewards the advantage estimator sees (DAPO's soft overlong
   penalty, then KL in the reward).
 - ``loss_mask``: the completion mask less truncated completions and dropped/masked groups.
@@ -18,22 +19,24 @@ from typing import Any, Callable
 
 import torch
 
+from rftlib.algo.aggregation import batch_totals
 from rftlib.algo.filtering import constant_groups, group_row_mask, untruncated_mask
+from rftlib.algo.losses import POLICY_LOSSES
 from rftlib.algo.shaping import kl_in_reward, kl_tokens, overlong_penalty
-
-# policy loss -> (RunConfig field of its clip floor, field of its ceiling); others use eps_clip/eps_clip_high
-CLIP_FIELDS = {
-    "gspo": ("gspo_eps_clip", "gspo_eps_clip_high"),
-    "cispo": ("cispo_eps_clip", "cispo_eps_clip_high"),
-    "gmpo": ("gmpo_eps_clip", "gmpo_eps_clip"),
-}
 
 
 def clip_range(cfg) -> tuple[float, float]:
-    """(clip_low, clip_high) for cfg.policy_loss: its own fields, or eps_clip / eps_clip_high (None: eps_clip)."""
-    low_f, high_f = CLIP_FIELDS.get(cfg.policy_loss, ("eps_clip", "eps_clip_high"))
+    """(clip_low, clip_high) for cfg.policy_loss, from the settings its LossSpec names (a clip_high
+    setting of None means clip_low's: eps_clip_high None is eps_clip)."""
+    low_f, high_f = POLICY_LOSSES.get(cfg.policy_loss).clip_fields
     low, high = getattr(cfg, low_f), getattr(cfg, high_f)
     return low, (low if high is None else high)
+
+
+def aggregation(cfg) -> str:
+    """The aggregation the loss runs: cfg.loss_agg_mode, or with ``auto`` the policy loss's own default
+    (its LossSpec: seq-mean-token-mean for ppo_clip, gspo and gmpo; token-mean for cispo)."""
+    return POLICY_LOSSES.get(cfg.policy_loss).aggregation(cfg.loss_agg_mode)
 
 
 def loss_kwargs(cfg) -> dict[str, Any]:
@@ -43,9 +46,19 @@ def loss_kwargs(cfg) -> dict[str, Any]:
     the KL when given ref_logprobs).
     """
     low, high = clip_range(cfg)
-    return dict(policy_loss=cfg.policy_loss, aggregation=cfg.loss_agg_mode, kl_estimator=cfg.kl_estimator,
+    return dict(policy_loss=cfg.policy_loss, aggregation=aggregation(cfg), kl_estimator=cfg.kl_estimator,
                 beta=0.0 if cfg.kl_in_reward else cfg.beta, clip_low=low, clip_high=high, dual_clip=cfg.dual_clip,
                 log_ratio_clamp=cfg.log_ratio_clamp, entropy_coef=cfg.entropy_coef)
+
+
+def loss_totals(cfg, mask: torch.Tensor,
+                all_sum: Callable[[torch.Tensor], torch.Tensor] = lambda t: t) -> tuple[torch.Tensor, torch.Tensor]:
+    """(num_seqs, num_tokens) of an optimizer batch for grpo_loss: ``mask`` is this rank's (b, T) loss
+    mask of the batch, ``all_sum`` sums over ranks. num_seqs counts the rows cfg.loss_seq_norm says
+    (rftlib.algo.aggregation: nonempty, verl's, or all, TRL's); both are clamped to >= 1, so a batch
+    with nothing in the loss aggregates to 0, not NaN."""
+    seqs, tokens = batch_totals(mask, seq_norm=cfg.loss_seq_norm)
+    return all_sum(seqs).clamp(min=1.0), all_sum(tokens).clamp(min=1.0)
 
 
 def shape_rewards(cfg, rewards: torch.Tensor, lengths: torch.Tensor, *,
