@@ -277,7 +277,19 @@ def test_cannot_connect_to_host_listener(sb):
     assert res.tests[0].ok and res.tests[0].value == ["PermissionError", "PermissionError"], res
 
 
-def test_killing_the_parent_hurts_nobody(sb):
+@pytest.mark.parametrize("landlock", [True, False], ids=["landlock_on", "landlock_off"])
+def test_killing_the_parent_hurts_nobody(sb, landlock):
+    """kill(ppid), kill(1), kill(-1): with Landlock off (kernels before 6.12) only the job filter
+    keeps them off the supervisor and the next jobs' spares."""
+    if landlock:
+        _kill_the_parent(sb)
+        return
+    with Sandbox(num_workers=2, timeout_s=TIMEOUT_S, landlock=False) as box:
+        assert box.layers["landlock_abi"] == 0
+        _kill_the_parent(box)
+
+
+def _kill_the_parent(sb: Sandbox) -> None:
     restarts = sb.worker_restarts
     code = (
         "import os, signal\n"
@@ -375,6 +387,10 @@ def test_fails_closed_without_isolation():
         assert res.status == "ok" and [t.value for t in res.tests] == [3, "xy"]
         res = box.run(Job("def grab():\n    return len(bytearray(10 * 1024 ** 3))\n", "grab", (Call(()),)))
         assert "MemoryError" in res.tests[0].error  # rlimits still apply
+        probe = ("import os\ndef probe(pid):\n    try:\n        os.kill(pid, 0)\n"
+                 "    except OSError as e:\n        return type(e).__name__\n")
+        res = box.run(Job(probe, "probe", (Call((os.getpid(),)),)))
+        assert res.tests[0].value == "PermissionError"  # the trainer (same uid unless root): the job filter
 
 
 def test_fails_closed_without_seccomp(monkeypatch):
@@ -652,7 +668,8 @@ ATTACKS = {  # call -> f(pid, harm): harm False does no harm (signal 0, the valu
     "sched_setaffinity": _same(os.sched_getaffinity, os.sched_setaffinity),
     "sched_setscheduler": _same(os.sched_getscheduler,
                                 lambda pid, v: os.sched_setscheduler(pid, v, os.sched_param(0))),
-    "ioprio_set": lambda pid, harm: _c(libc.syscall(NR["ioprio_set"], IOPRIO_WHO_PROCESS, pid, IOPRIO_IDLE if harm else 0)),
+    "ioprio_set": lambda pid, harm: _c(libc.syscall(
+        NR["ioprio_set"], IOPRIO_WHO_PROCESS, pid, IOPRIO_IDLE if harm else 0)),
 }
 HARM = {"prlimit": lambda pid: (3, 3), "setpriority": lambda pid: 19,
         "sched_setaffinity": lambda pid: {min(os.sched_getaffinity(0))},

@@ -43,9 +43,10 @@ class Sandbox:
         dir; seccomp (no network sockets, no io_uring, no ptrace, no new namespaces...), and
         per solution process a filter that keeps its signals, prlimit, priority and scheduling
         calls inside its job (the other jobs' spare processes share its uid and PID namespace);
-        Landlock (filesystem, TCP, signals out of the job, where the kernel has ABI 6); rlimits per job (address space, CPU,
-        file size, open files, processes, no core); a wall-clock timeout after which every
-        process of the job is killed; capped stdout/stderr/results; an empty environment.
+        Landlock (filesystem, TCP, and signals out of the job where the kernel has ABI 6);
+        rlimits per job (address space, CPU, file size, open files, processes, no core); a
+        wall-clock timeout after which every process of the job is killed; capped
+        stdout/stderr/results; an empty environment.
     Without bubblewrap it refuses to start (``SandboxUnavailable``) unless
     ``allow_unsandboxed=True``: then jobs still run in a separate process under the same uid,
     rlimits, seccomp and Landlock, but see the host filesystem and network namespace.
