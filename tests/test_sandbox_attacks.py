@@ -277,7 +277,19 @@ def test_cannot_connect_to_host_listener(sb):
     assert res.tests[0].ok and res.tests[0].value == ["PermissionError", "PermissionError"], res
 
 
-def test_killing_the_parent_hurts_nobody(sb):
+@pytest.mark.parametrize("landlock", [True, False], ids=["landlock_on", "landlock_off"])
+def test_killing_the_parent_hurts_nobody(sb, landlock):
+    """kill(ppid), kill(1), kill(-1): with Landlock off (kernels before 6.12) only the job filter
+    keeps them off the supervisor and the next jobs' spares."""
+    if landlock:
+        _kill_the_parent(sb)
+        return
+    with Sandbox(num_workers=2, timeout_s=TIMEOUT_S, landlock=False) as box:
+        assert box.layers["landlock_abi"] == 0
+        _kill_the_parent(box)
+
+
+def _kill_the_parent(sb: Sandbox) -> None:
     restarts = sb.worker_restarts
     code = (
         "import os, signal\n"
@@ -375,6 +387,10 @@ def test_fails_closed_without_isolation():
         assert res.status == "ok" and [t.value for t in res.tests] == [3, "xy"]
         res = box.run(Job("def grab():\n    return len(bytearray(10 * 1024 ** 3))\n", "grab", (Call(()),)))
         assert "MemoryError" in res.tests[0].error  # rlimits still apply
+        probe = ("import os\ndef probe(pid):\n    try:\n        os.kill(pid, 0)\n"
+                 "    except OSError as e:\n        return type(e).__name__\n")
+        res = box.run(Job(probe, "probe", (Call((os.getpid(),)),)))
+        assert res.tests[0].value == "PermissionError"  # the trainer (same uid unless root): the job filter
 
 
 def test_fails_closed_without_seccomp(monkeypatch):
@@ -585,3 +601,200 @@ def test_tests_finished_before_a_timeout_still_count(sb):
     res = sb.run(Job(code, "f", (Call((0,)), Call((1,)), Call((0,))), timeout_s=TIMEOUT_S))
     assert res.status == "timeout"
     assert [t.ok for t in res.tests] == [True, False, False] and res.tests[0].value == "done", res.tests
+
+
+# --- a job cannot reach the processes of other jobs (issue 19, item 11) ---
+
+# A completion that sabotages every other process of its worker it can name: the solution spares
+# the supervisor forked for its next jobs (stopped, niced, pinned, starved of file descriptors:
+# they would time out or fail and score 0, which games group-relative rewards), and, harmlessly
+# (signal 0, limits and priorities set to what they are), its own supervisor and the zygote. It
+# names them from /proc where it can read it, else by trying every pid up to its own + 64 (pids
+# count up inside the sandbox's PID namespace). `sabotage` returns what worked, as
+# [call, "sibling" | "parent" | "init"] pairs, and how many processes it saw.
+SABOTEUR = r'''
+import ctypes, fcntl, os, platform, resource, signal, struct
+
+ME, PARENT = os.getpid(), os.getppid()
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+NR = {"x86_64": {"tkill": 200, "ioprio_set": 251, "rt_tgsigqueueinfo": 297},
+      "aarch64": {"tkill": 130, "ioprio_set": 30, "rt_tgsigqueueinfo": 240}}[platform.machine()]
+F_SETOWN_EX, F_OWNER_PID, FIOSETOWN = 15, 1, 0x8901
+IOPRIO_WHO_PROCESS, IOPRIO_IDLE = 1, 3 << 13
+
+def _c(rc):
+    if rc < 0:
+        e = ctypes.get_errno()
+        raise OSError(e, os.strerror(e))
+
+def _sigio(how, pid, sig):
+    """Make `pid` the owner of a pipe's read end, with `sig` as its SIGIO, and write to the pipe."""
+    r, w = os.pipe()
+    try:
+        if how == "F_SETOWN":
+            fcntl.fcntl(r, fcntl.F_SETOWN, pid)
+        elif how == "F_SETOWN_EX":
+            fcntl.fcntl(r, F_SETOWN_EX, struct.pack("ii", F_OWNER_PID, pid))
+        else:
+            fcntl.ioctl(r, FIOSETOWN, struct.pack("i", pid))
+        if sig:
+            fcntl.fcntl(r, fcntl.F_SETSIG, sig)
+            fcntl.fcntl(r, fcntl.F_SETFL, os.O_ASYNC | os.O_NONBLOCK)
+            os.write(w, b"x")
+    finally:
+        os.close(r)
+        os.close(w)
+
+def _same(get, set_):
+    return lambda pid, harm: set_(pid, harm(pid) if harm else get(pid))
+
+ATTACKS = {  # call -> f(pid, harm): harm False does no harm (signal 0, the value already set)
+    "kill": lambda pid, harm: os.kill(pid, signal.SIGSTOP if harm else 0),
+    "killpg": lambda pid, harm: os.killpg(pid, signal.SIGSTOP if harm else 0),
+    "tgkill": lambda pid, harm: _c(libc.tgkill(pid, pid, signal.SIGSTOP if harm else 0)),
+    "tkill": lambda pid, harm: _c(libc.syscall(NR["tkill"], pid, signal.SIGSTOP if harm else 0)),
+    "sigqueue": lambda pid, harm: _c(libc.sigqueue(pid, signal.SIGSTOP if harm else 0, ctypes.c_void_p(0))),
+    "rt_tgsigqueueinfo": lambda pid, harm: _c(libc.syscall(
+        NR["rt_tgsigqueueinfo"], pid, pid, signal.SIGSTOP if harm else 0, ctypes.create_string_buffer(128))),
+    "pidfd_send_signal": lambda pid, harm: signal.pidfd_send_signal(os.pidfd_open(pid), signal.SIGSTOP if harm else 0),
+    "F_SETOWN": lambda pid, harm: _sigio("F_SETOWN", pid, signal.SIGSTOP if harm else 0),
+    "F_SETOWN_EX": lambda pid, harm: _sigio("F_SETOWN_EX", pid, signal.SIGSTOP if harm else 0),
+    "FIOSETOWN": lambda pid, harm: _sigio("FIOSETOWN", pid, signal.SIGSTOP if harm else 0),
+    "prlimit": _same(lambda pid: resource.prlimit(pid, resource.RLIMIT_NOFILE),
+                     lambda pid, v: resource.prlimit(pid, resource.RLIMIT_NOFILE, v)),
+    "setpriority": _same(lambda pid: os.getpriority(os.PRIO_PROCESS, pid),
+                         lambda pid, v: os.setpriority(os.PRIO_PROCESS, pid, v)),
+    "sched_setaffinity": _same(os.sched_getaffinity, os.sched_setaffinity),
+    "sched_setscheduler": _same(os.sched_getscheduler,
+                                lambda pid, v: os.sched_setscheduler(pid, v, os.sched_param(0))),
+    "ioprio_set": lambda pid, harm: _c(libc.syscall(
+        NR["ioprio_set"], IOPRIO_WHO_PROCESS, pid, IOPRIO_IDLE if harm else 0)),
+}
+HARM = {"prlimit": lambda pid: (3, 3), "setpriority": lambda pid: 19,
+        "sched_setaffinity": lambda pid: {min(os.sched_getaffinity(0))},
+        "sched_setscheduler": lambda pid: os.SCHED_IDLE}
+
+def _pids():
+    try:
+        return sorted(int(p) for p in os.listdir("/proc") if p.isdigit()), True
+    except OSError:
+        return range(1, ME + 64), False
+
+def sabotage():
+    pids, listed = _pids()
+    hits = []
+    for pid in pids:
+        if pid == ME:
+            continue
+        role = "parent" if pid == PARENT else "init" if pid == 1 else "sibling"
+        for name, attack in ATTACKS.items():
+            harm = role == "sibling" and (HARM.get(name, True) if name in HARM else True)
+            try:
+                attack(pid, harm)
+                hits.append([name, role])
+            except (OSError, ValueError):
+                pass
+    try:
+        os.kill(-1, 0)  # every process it may signal
+        hits.append(["kill", "all"])
+    except OSError:
+        pass
+    return [hits, len(pids) if listed else None]
+'''
+VICTIM = (  # what a job finds of its own process: the same for every job, unless it was sabotaged
+    "import os, resource\n"
+    "def state():\n"
+    "    return [os.getpriority(os.PRIO_PROCESS, 0), os.sched_getscheduler(0),\n"
+    "            sorted(os.sched_getaffinity(0)), list(resource.getrlimit(resource.RLIMIT_NOFILE))]\n"
+)
+
+
+@pytest.mark.parametrize("landlock", [False, True], ids=["landlock_off", "landlock_on"])
+def test_a_job_cannot_reach_the_processes_of_other_jobs(landlock):
+    """On one worker: a job, the saboteur, then the next 2 * SPARES - 2 jobs (the rest of the
+    supervisor's spares, forked before the saboteur ran, and the next supervisor's). Landlock ABI
+    6 scopes signals, but not prlimit, setpriority or the sched_ calls, and kernels before 6.12 lack
+    it: with it forced off, the seccomp filter each solution process runs under must still keep
+    every call of the saboteur inside its job."""
+    from rftlib.rewards.sandbox._zygote import SPARES
+
+    _require_bwrap()
+    victim = Job(VICTIM, "state", (Call(()),))
+    with Sandbox(num_workers=1, timeout_s=5.0, landlock=landlock) as box:
+        assert box.layers["landlock_abi"] == 0 or landlock
+        before = box.run(victim)
+        sab = box.run(Job(SABOTEUR, "sabotage", (Call(()),), timeout_s=10.0))
+        after = box.map([victim] * (2 * SPARES - 2))
+        restarts = box.worker_restarts
+    assert before.status == "ok" and sab.status == "ok", (before, sab)
+    hits, seen = sab.tests[0].value
+    if seen is not None:  # /proc listed every process of the worker: zygote, supervisor, spares
+        assert seen >= SPARES + 1, seen
+    assert hits == [], hits
+    assert [(r.status, r.tests[0].value) for r in after] == [("ok", before.tests[0].value)] * len(after), after
+    assert restarts == 0
+
+
+# What a solution may still do under the job filter: signal itself, its threads and its process
+# group; set its own limits and scheduling; a child it forks may signal it. Its children by pid:
+# no (the filter cannot tell them from other jobs' processes), so they are reached through the
+# group. `own` returns each call, with the error it raised if any, how many SIGUSR1 arrived (one
+# per call that sends one, and one from the child) and how the child ended.
+SELF_SIGNALS = r'''
+import os, resource, signal, threading
+
+got = []
+signal.signal(signal.SIGUSR1, lambda *a: got.append(1))
+signal.signal(signal.SIGUSR2, lambda *a: None)  # the killpg below reaches us too
+
+def _try(name, f):
+    try:
+        f()
+        return name
+    except OSError as e:
+        return name + ": " + type(e).__name__
+
+def own():
+    me = os.getpid()
+    out = [_try(name, f) for name, f in (
+        ("kill self", lambda: os.kill(me, signal.SIGUSR1)),
+        ("kill 0", lambda: os.kill(0, signal.SIGUSR1)),
+        ("killpg self", lambda: os.killpg(me, signal.SIGUSR1)),
+        ("raise_signal", lambda: signal.raise_signal(signal.SIGUSR1)),
+        ("pthread_kill", lambda: signal.pthread_kill(threading.get_ident(), signal.SIGUSR1)),
+        ("setrlimit", lambda: resource.setrlimit(resource.RLIMIT_NOFILE, resource.getrlimit(resource.RLIMIT_NOFILE))),
+        ("prlimit self", lambda: resource.prlimit(me, resource.RLIMIT_NOFILE)),
+        ("setpriority self", lambda: os.setpriority(os.PRIO_PROCESS, me, 1)),
+        ("sched_setaffinity 0", lambda: os.sched_setaffinity(0, os.sched_getaffinity(0))),
+    )]
+    r, w = os.pipe()
+    child = os.fork()
+    if child == 0:
+        signal.signal(signal.SIGUSR2, signal.SIG_DFL)
+        ok = _try("", lambda: os.kill(me, signal.SIGUSR1)) == ""
+        os.write(w, b"y" if ok else b"n")
+        signal.pause()
+        os._exit(0)
+    out.append("child signalled its parent" if os.read(r, 1) == b"y" else "child could not signal its parent")
+    out.append(_try("kill child", lambda: os.kill(child, signal.SIGUSR2)))
+    out.append(_try("killpg 0", lambda: os.killpg(0, signal.SIGUSR2)))
+    _, status = os.waitpid(child, 0)
+    return [out, len(got), os.WTERMSIG(status) if os.WIFSIGNALED(status) else None]
+'''
+
+
+@pytest.mark.parametrize("landlock", [False, True], ids=["landlock_off", "landlock_on"])
+def test_a_job_can_still_signal_itself_and_its_children(landlock):
+    import signal
+
+    _require_bwrap()
+    with Sandbox(num_workers=1, timeout_s=5.0, landlock=landlock) as box:
+        res = box.run(Job(SELF_SIGNALS, "own", (Call(()),)))
+    assert res.status == "ok", res
+    calls, usr1, child_signal = res.tests[0].value
+    assert calls == ["kill self", "kill 0", "killpg self", "raise_signal", "pthread_kill", "setrlimit",
+                     "prlimit self", "setpriority self", "sched_setaffinity 0", "child signalled its parent",
+                     "kill child: PermissionError", "killpg 0"], calls
+    assert usr1 == 5 + 1  # the five calls that send one, and the child's
+    assert child_signal == signal.SIGUSR2  # the group's signal ended it

@@ -4,7 +4,8 @@ Seed 002 ran completions with a bare ``exec`` in the trainer's process. Here gen
 runs in the trainer's process or as root: it runs in a pre-started bubblewrap sandbox per worker
 (own uid, all namespaces unshared, read-only /usr, a capped tmpfs, seccomp, Landlock, rlimits),
 one process per job forked from a state that never held another job, killed with all its
-descendants when its wall clock runs out. The tests run in a separate supervisor process that
+descendants when its wall clock runs out; a seccomp filter per job keeps its signals, prlimit and
+scheduling calls off the other jobs' processes, whatever the kernel's Landlock. The tests run in a separate supervisor process that
 calls into it; outputs come back as plain builtin data, and expected values are compared in the
 trainer (see ``_zygote``'s docstring for the processes).
 

@@ -55,6 +55,13 @@ def _selftest() -> int:
         report("the environment is cleared", secret not in r.stdout)
         r = sb.run(Job("def f():\n    return len(bytearray(10 * 1024 ** 3))\n", "f", (Call(()),)))
         report("10 GB allocation fails", "MemoryError" in (r.tests[0].error or ""))
+        code = ("import os, resource\ndef reach():\n    out = []\n    for f in (lambda: os.kill(os.getppid(), 0),\n"
+                "              lambda: resource.prlimit(os.getppid(), resource.RLIMIT_NOFILE)):\n"
+                "        try:\n            f()\n            out.append('reached')\n"
+                "        except OSError as e:\n            out.append(type(e).__name__)\n    return out\n")
+        r = sb.run(Job(code, "reach", (Call(()),)))
+        report("no signal or prlimit leaves the job", r.tests[0].value == ["PermissionError"] * 2,
+               str(r.tests[0].value))
     print("selftest:", "PASSED" if not failures else f"{failures} FAILED")
     return 1 if failures else 0
 

@@ -19,11 +19,14 @@ Processes (inside the sandbox; the zygote is PID 1 of the sandbox's PID namespac
                  HumanEval ``check`` program) runs here, with the solution's functions as proxies
                  that call into its process. Only plain builtin values cross back (objects a test
                  builds stay there as opaque handles), so every verdict is computed in a process
-                 the untrusted code cannot write, read, ptrace or signal (seccomp, Landlock's
-                 scopes, no /proc), and only the supervisor speaks to the trainer. Then it kills
+                 the untrusted code cannot write, read, ptrace or signal (seccomp, the job filter,
+                 Landlock's scopes, no /proc), and only the supervisor speaks to the trainer. Then it kills
                  every process of the job, replies, empties the work dir and exits.
-    solution     (untrusted; setsid, Landlock, rlimits, only its own pipes) loads the setup and the
-                 solution, then serves calls: call a function, read or set an attribute.
+    solution     (untrusted; setsid, the job filter, Landlock, rlimits, only its own pipes) loads
+                 the setup and the solution, then serves calls: call a function, read or set an
+                 attribute. The job filter (seccomp, by pid) keeps its signals, prlimit, priority
+                 and scheduling calls off every process outside the job: the zygote, supervisors,
+                 and the spares waiting for the next jobs.
 
 Protocol with the trainer (frames are a 4-byte big-endian length, then UTF-8 JSON):
     zygote     -> trainer  {"ready": 1, ...facts about the sandbox}           once, at start
@@ -50,6 +53,7 @@ import os
 import resource
 import select
 import signal
+import struct
 import sys
 import time
 
@@ -230,6 +234,15 @@ def landlock_ruleset(abi, read_paths, rw_paths, file_rw_paths):
     return fd
 
 
+def job_filter(spec, pid):
+    """The job filter (``seccomp.job_filter``: what a job may do to other processes) for the
+    process ``pid``: its BPF with ``sign * pid`` written into each (instruction, sign) slot."""
+    bpf = bytearray.fromhex(spec["bpf_hex"])
+    for i, sign in spec["pid_at"]:
+        struct.pack_into("=I", bpf, 8 * i + 4, (sign * pid) & 0xFFFFFFFF)  # sock_filter.k
+    return bytes(bpf)
+
+
 def landlock_restrict(ruleset_fd):
     ctypes, libc = _libc()
     if libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
@@ -291,8 +304,11 @@ def _write_all(fd, data):
 
 
 def _limit_self(cfg, moves, ruleset_fd):
-    """setsid, the work dir, Landlock, exactly the fds in ``moves`` (src -> target), rlimits."""
+    """setsid, the job filter, the work dir, Landlock, exactly the fds in ``moves`` (src ->
+    target), rlimits."""
     os.setsid()
+    if cfg.get("job_seccomp"):  # after setsid: our pid is now also our process group's id
+        load_seccomp(job_filter(cfg["job_seccomp"], os.getpid()))
     os.chdir(cfg["work_dir"])
     if ruleset_fd is not None:
         landlock_restrict(ruleset_fd)

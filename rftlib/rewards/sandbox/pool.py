@@ -40,10 +40,13 @@ class Sandbox:
         a dedicated unprivileged uid
         per worker (when the trainer is root); bubblewrap with every namespace unshared, only
         /usr (+ lib links, two /etc files, a minimal /dev) read-only and a size-capped tmpfs work
-        dir; seccomp (no network sockets, no io_uring, no ptrace, no new namespaces...);
-        Landlock (filesystem, TCP, signals out of the job); rlimits per job (address space, CPU,
-        file size, open files, processes, no core); a wall-clock timeout after which every
-        process of the job is killed; capped stdout/stderr/results; an empty environment.
+        dir; seccomp (no network sockets, no io_uring, no ptrace, no new namespaces...), and
+        per solution process a filter that keeps its signals, prlimit, priority and scheduling
+        calls inside its job (the other jobs' spare processes share its uid and PID namespace);
+        Landlock (filesystem, TCP, and signals out of the job where the kernel has ABI 6);
+        rlimits per job (address space, CPU, file size, open files, processes, no core); a
+        wall-clock timeout after which every process of the job is killed; capped
+        stdout/stderr/results; an empty environment.
     Without bubblewrap it refuses to start (``SandboxUnavailable``) unless
     ``allow_unsandboxed=True``: then jobs still run in a separate process under the same uid,
     rlimits, seccomp and Landlock, but see the host filesystem and network namespace.
@@ -97,9 +100,11 @@ class Sandbox:
         bpf = None
         if seccomp:
             try:
-                from .seccomp import filter_bpf
+                from .seccomp import filter_bpf, job_filter
 
                 bpf = filter_bpf()
+                job_bpf, pid_at = job_filter()
+                self._config["job_seccomp"] = {"bpf_hex": job_bpf.hex(), "pid_at": pid_at}
             except RuntimeError as e:
                 missing.append(str(e))
         self.sandboxed = not missing
@@ -142,6 +147,7 @@ class Sandbox:
             "bubblewrap_namespaces": bwrap is not None,
             "pid1_reaper": info.get("pid") == 1,
             "seccomp": bpf is not None,
+            "job_scoped_seccomp": bpf is not None,  # no signal, prlimit or sched_ call leaves a job
             "landlock_abi": int(info.get("landlock_abi", 0)),
             "rlimits": True,
             "wall_clock_timeout": True,
