@@ -29,7 +29,7 @@ from rftlib.algo.filtering import constant_groups
 from rftlib.algo.correction import tis_weights
 from rftlib.algo.losses import grpo_loss
 from rftlib.algo.logprobs import auto_chunk_size, recompute_needed
-from rftlib.attempts import create_attempt, read_attempt, write_json
+from rftlib.attempts import AttemptLockedError, create_attempt, lock_attempt, read_attempt, write_json
 from rftlib.config import ConfigError, RunConfig, make_config
 from rftlib.data.tasks import build_task
 from rftlib.eval import evaluate, format_prompts, greedy_eval
@@ -80,6 +80,36 @@ class Trainer:
         if run_dir is None:
             run_dir = D.broadcast_object(str(create_attempt(cfg)) if D.is_main else None)
         self.run_dir = Path(run_dir)
+        self._lock = self._lock_attempt()
+        try:
+            self._build(resume, reward_override, task, engine)
+        except BaseException:  # a kernel that lives on (a notebook) must not keep the attempt locked
+            self._unlock()
+            raise
+
+    def _lock_attempt(self):
+        """Rank 0 holds the attempt's lock (rftlib.attempts.lock_attempt) for this trainer's life. An
+        attempt another live trainer holds is refused on every rank, each told by rank 0 (none hangs)."""
+        lock, refused = None, None
+        if self.dist.is_main:
+            try:
+                lock = lock_attempt(self.run_dir)
+            except AttemptLockedError as e:
+                refused = (e.pid, e.host)
+        refused = self.dist.broadcast_object(refused)
+        if refused is not None:
+            raise AttemptLockedError(self.run_dir, *refused)
+        return lock
+
+    def _unlock(self) -> None:
+        if self._lock is not None:
+            self._lock.close()  # the kernel drops the flock with the file
+            self._lock = None
+
+    def _build(self, resume: bool, reward_override: Callable | None, task, engine) -> None:
+        """Everything else a trainer holds: the task, the model and its backend, the engine, the sampler,
+        the logger; then the checkpoint when resuming."""
+        cfg, D = self.cfg, self.dist
         self.task = task or build_task(cfg.task, eval_size=cfg.eval_size, **cfg.task_args)
         if reward_override is not None:  # tests inject faults through this
             self.task.reward = reward_override
@@ -679,10 +709,13 @@ class Trainer:
         return out
 
     def close(self) -> None:
-        self.engine.close()
-        if self.logger is not None:
-            self.logger.close()
-        self.backend.close()
+        try:
+            self.engine.close()
+            if self.logger is not None:
+                self.logger.close()
+            self.backend.close()
+        finally:
+            self._unlock()
 
 
 def resume_config(run_dir: str | Path, **overrides: Any) -> RunConfig:
