@@ -103,3 +103,24 @@ def test_papermill_kernel_takes_the_text_path(executed):
     assert "[rft] step 0 baseline" in text
     assert "[rft] step 1/2" in text and "[rft] step 2/2" in text  # one line per step
     assert not any(WIDGET in o.get("data", {}) for c in nb.cells for o in c.get("outputs", []))
+
+
+# ---- issue 19 item 13: a time budget; the verdicts shown once under the live panel ---------------
+def test_time_budget_stops_with_a_checkpoint_and_says_why(tiny_cfg):
+    from rftlib.config import ConfigError
+    from rftlib.train import checkpoint as ckpt
+    from rftlib.train.loop import Trainer
+
+    # 1e-9 min = 60 ns: over once the first step has ended, on any machine; step 2 never runs
+    tr = Trainer(tiny_cfg(num_steps=3, save_steps=0, max_train_minutes=1e-9), progress=False)
+    try:
+        summary = tr.train()
+    finally:
+        tr.close()
+    assert summary["steps"] == 1
+    assert summary["stop_reason"] == "time budget spent: max_train_minutes=1e-09 reached at step 1"
+    assert ckpt.list_steps(tr.run_dir) == [1]  # save_steps 0: the stop's own checkpoint
+    assert json.loads((tr.run_dir / "summary.json").read_text())["stop_reason"] == summary["stop_reason"]
+    with pytest.raises(ConfigError, match="max_train_minutes=0.0: a positive number of minutes, or None"):
+        make_config("tiny", {"max_train_minutes": 0})
+

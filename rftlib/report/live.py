@@ -48,12 +48,18 @@ def _duration(seconds: float) -> str:
 
 
 def time_left(rows: list[dict[str, Any]], cfg: RunConfig, window: int = 3) -> float | None:
-    """Seconds to num_steps at the mean ``timing/step`` of the last ``window`` steps (None before a step)."""
-    times = [r["timing/step"] for r in rows if isinstance(r.get("timing/step"), (int, float))][-window:]
+    """Seconds to num_steps at the mean ``timing/step`` of the last ``window`` steps (None before a step),
+    at most what is left of max_train_minutes after the steps of ``rows`` (this session's: the budget
+    is per session; evals are not counted, so it may end a little sooner)."""
+    all_times = [r["timing/step"] for r in rows if isinstance(r.get("timing/step"), (int, float))]
+    times = all_times[-window:]
     if not times or not rows:
         return None
     done = max(int(r.get("step", 0)) for r in rows)
-    return max(0, cfg.num_steps - done) * sum(times) / len(times)
+    left = max(0, cfg.num_steps - done) * sum(times) / len(times)
+    if cfg.max_train_minutes is not None:
+        left = min(left, max(0.0, 60 * cfg.max_train_minutes - sum(all_times)))
+    return left
 
 
 def memory_text(row: dict[str, Any]) -> str:
@@ -277,10 +283,11 @@ class LiveView:
         self.stop.description = "Stopping after this step"
 
     def finish(self) -> None:
-        """After the run: the button has nothing left to stop."""
+        """After the run: the button has nothing left to stop (and says where a Stop took effect)."""
         self.stop.disabled = True
-        if self.stop.description.startswith("Stop ("):
-            self.stop.description = "Run finished"
+        step = max((int(r.get("step", 0)) for r in self.rows), default=0)
+        self.stop.description = "Run finished" if self.stop.description.startswith("Stop (") else \
+            f"Stopped at step {step}"
 
     def update(self, row: dict[str, Any]) -> None:
         group = row.get("_group")
