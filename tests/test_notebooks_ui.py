@@ -124,3 +124,25 @@ def test_time_budget_stops_with_a_checkpoint_and_says_why(tiny_cfg):
     with pytest.raises(ConfigError, match="max_train_minutes=0.0: a positive number of minutes, or None"):
         make_config("tiny", {"max_train_minutes": 0})
 
+
+def test_health_lines_only_where_no_view_shows_the_verdicts(tiny_cfg, capsys):
+    from rftlib.report.live import LiveView, TextView
+    from rftlib.train.loop import Trainer
+
+    # the tiny model is never right: every advantage is 0, so learning_signal FAILs at step 2
+    def run(make_view):
+        cfg = tiny_cfg(num_steps=2, save_steps=0)
+        run_dir = create_attempt(cfg)
+        view = make_view(cfg, run_dir)
+        tr = Trainer(cfg, run_dir, progress=False, callbacks=[view.update])
+        try:
+            tr.train()
+        finally:
+            tr.close()
+        return view, capsys.readouterr().out
+
+    live, out = run(lambda cfg, d: LiveView(cfg, run_dir=d, display_now=False))
+    assert "learning_signal" in live.health.value  # the panel shows it ...
+    assert "[health step" not in out  # ... and no text copy is printed under it
+    _, out = run(lambda cfg, d: TextView(cfg, every=1, write=print, health=False))  # papermill's text path
+    assert "[health step 2] FAIL learning_signal" in out

@@ -166,6 +166,11 @@ def _fmt(v: Any, f: str = ".3g") -> str:
 class TextView:
     """Headless progress: concise log lines and verdict changes (beside tqdm's bar)."""
 
+    @property
+    def shows_verdicts(self) -> bool:
+        """Whether this view prints verdict changes itself (the trainer then prints none)."""
+        return self.health
+
     def __init__(self, cfg: RunConfig, every: int | None = None, write: Callable[[str], None] | None = None,
                  health: bool = True, run_dir: Path | None = None):
         self.cfg = cfg
@@ -244,6 +249,8 @@ def _route_clicks_to_subshell(widget) -> bool:
 class LiveView:
     """The JupyterLab panel: progress, Stop button, status, curves, a group of samples and the latest
     verdicts, updated every step."""
+
+    shows_verdicts = True  # the panel lists the verdicts: the trainer prints no ``[health step N]`` lines under it
 
     def __init__(self, cfg: RunConfig, *, run_dir: str | Path | None = None, display_now: bool = True):
         import ipywidgets as w

@@ -627,12 +627,15 @@ class Trainer:
         Stops early when the early-stop probe drops at ``early_stop_patience`` consecutive evals,
         or, with ``health_abort``, when a health verdict fails, or when a stop is requested, or when
         ``max_train_minutes`` have passed since this call; each way it checkpoints first and records
-        why in summary.json.
+        why in summary.json. Verdict changes are printed as ``[health step N]`` lines unless a
+        callback's object shows the verdicts itself (``shows_verdicts``: the live panel).
         """
         from rftlib.monitor.health import run_verdicts
 
         started = time.time()
         cfg, main = self.cfg, self.dist.is_main
+        say_health = main and not any(getattr(getattr(cb, "__self__", cb), "shows_verdicts", False)
+                                      for cb in self.callbacks)
         start = self.step_num
         end = cfg.num_steps if cfg.stop_after_steps is None else min(cfg.num_steps, start + cfg.stop_after_steps)
         if self.step_num == 0 and not self.eval_history:
@@ -662,7 +665,7 @@ class Trainer:
             for v in verdicts:
                 if v.status in ("warn", "fail") and (v.name, v.status) not in seen_bad:
                     seen_bad.add((v.name, v.status))
-                    if main:
+                    if say_health:
                         print(f"[health step {self.step_num}] {v.status.upper()} {v.name}: {v.message} -> {v.action}")
                     if v.status == "fail" and cfg.health_abort and self.stop_reason is None:
                         self.stop_reason = f"health verdict {v.name} failed: {v.message}"
