@@ -115,6 +115,8 @@ def test_live_view_time_left_within_the_time_budget(tmp_path):
     view.update(_row(1))
     view.update(_row(2))
     assert "1m00s left" in view.text.value
+    assert view.bar.max == 4  # the bar and the curves end where the budget will: 2 more steps of 30 s
+    assert view.bar.value == 2
     view.finish()  # ran to its end: no Stop was clicked
     assert view.stop.disabled and view.stop.description == "Run finished"
 

@@ -62,6 +62,17 @@ def time_left(rows: list[dict[str, Any]], cfg: RunConfig, window: int = 3) -> fl
     return left
 
 
+def planned_steps(rows: list[dict[str, Any]], cfg: RunConfig) -> int:
+    """The step the run is expected to end at: num_steps, or under a time budget (max_train_minutes)
+    the step its time runs out at, at the recent speed (the progress bar's end and the curves' x range)."""
+    left = time_left(rows, cfg) if cfg.max_train_minutes is not None else None
+    times = [r["timing/step"] for r in rows if isinstance(r.get("timing/step"), (int, float))][-3:]
+    if left is None or not times or sum(times) <= 0:
+        return cfg.num_steps
+    done = max(int(r.get("step", 0)) for r in rows)
+    return min(cfg.num_steps, max(done + 1, done + math.ceil(left * len(times) / sum(times))))
+
+
 def memory_text(row: dict[str, Any]) -> str:
     """Peak memory of the run so far: process RSS here, and on a GPU the CUDA peak beside the
     preflight's estimate (``memory/*`` keys of the row; empty when none were logged)."""
@@ -300,7 +311,8 @@ class LiveView:
         group = row.get("_group")
         row = {k: v for k, v in row.items() if k != "_group"}
         self.rows.append(row)
-        self.bar.value = min(int(row.get("step", 0)), self.cfg.num_steps)
+        self.bar.max = planned_steps(self.rows, self.cfg)
+        self.bar.value = min(int(row.get("step", 0)), self.bar.max)
         ev = [r[EVAL_KEY] for r in self.rows if EVAL_KEY in r]
         self.text.value = "&nbsp; ".join(status_line(row, self.cfg, ev[-1] if ev else None, self.rows).split("  "))
         tr = [r for r in self.rows if "reward_mean" in r]
@@ -335,7 +347,7 @@ class LiveView:
         ax[2].set_title("held-out greedy_pass@1", fontsize=10)
         ax[2].set_ylim(-0.02, 1.02)
         for a in ax:
-            a.set_xlim(0, self.cfg.num_steps)
+            a.set_xlim(0, self.bar.max)
             a.tick_params(labelsize=8)
         for a in ax[:2]:
             honest_axis(a)  # plain labels; 1e-8 of loss noise is drawn flat, not as a trend
