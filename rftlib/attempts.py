@@ -12,18 +12,26 @@ directory; an absolute path is used as it is. Reports go to ``reports/`` beside 
 
 Stopping: :func:`request_stop` writes ``<run_dir>/control/stop``; the trainer checks for it after
 every step, checkpoints, records ``stop_reason`` "stopped by user" and returns.
+
+One trainer per attempt: the live trainer holds ``<run_dir>/control/trainer.lock`` (:func:`lock_attempt`,
+an flock the kernel drops when the holder dies, ``kill -9`` included), so a second one -- a resume
+started while a killed run's kernel still finishes its checkpoint -- is refused with the holder's pid.
 """
 
 from __future__ import annotations
 
 import datetime as _dt
+import fcntl
 import json
+import os
 import platform
 import re
+import socket
 import subprocess
+import time
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import yaml
 
@@ -33,6 +41,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_RUNS = "runs"  # RunConfig.runs_root's default: "not set", so $RFTLIB_RUNS may replace it
 RUNS_ENV, REPORTS_ENV = "RFTLIB_RUNS", "RFTLIB_REPORTS"
 STOP_FILE = Path("control") / "stop"  # <run_dir>/control/stop: the trainer stops after the step it is in
+LOCK_FILE = Path("control") / "trainer.lock"  # flock-held by the attempt's live trainer; "<pid> <host> <since>" inside
 PACKAGES = ["torch", "transformers", "peft", "accelerate", "papermill", "tokenizers", "numpy", "vllm", "deepspeed"]
 
 
@@ -43,8 +52,6 @@ def project_root() -> Path:
 
 def runs_root(value: str | Path | None = None) -> Path:
     """The absolute runs root for a ``runs_root`` setting (see the module doc for the rule)."""
-    import os
-
     if value is None or str(value) == DEFAULT_RUNS:
         env = os.environ.get(RUNS_ENV)
         if env:
@@ -56,8 +63,6 @@ def runs_root(value: str | Path | None = None) -> Path:
 
 def reports_root(runs: str | Path | None = None) -> Path:
     """Where reports go: ``$RFTLIB_REPORTS`` when set, else ``reports/`` beside the runs root."""
-    import os
-
     env = os.environ.get(REPORTS_ENV)
     if env:
         return Path(env).expanduser().resolve()
@@ -84,6 +89,80 @@ def request_stop(run_dir: str | Path, reason: str = "stopped by user") -> Path:
 
 def stop_requested(run_dir: str | Path) -> bool:
     return (Path(run_dir) / STOP_FILE).exists()
+
+
+class AttemptLockedError(RuntimeError):
+    """Another live trainer holds the attempt (its ``control/trainer.lock``); ``pid`` is that process's."""
+
+    def __init__(self, run_dir: str | Path, pid: int | None, host: str | None = None):
+        self.run_dir, self.pid, self.host = Path(run_dir), pid, host
+        who = f"pid {pid}" if pid else "a process whose pid is not written yet"
+        if host and host != socket.gethostname():
+            who += f" on host {host}"
+        elif pid == os.getpid():
+            who += " (this process: close() the Trainer that holds it first)"
+        super().__init__(f"{self.run_dir.name} is being trained by {who}: a second trainer would write the same "
+                         f"checkpoints and metrics. Wait for it to end or stop it (its Stop button, `rft stop` if "
+                         f"launched, or `kill {pid or 'PID'}`), then resume ({self.run_dir / LOCK_FILE})")
+
+    def __reduce__(self):  # picklable with its fields (a rank or a worker may pass it on)
+        return type(self), (self.run_dir, self.pid, self.host)
+
+
+def _holder(path: Path, wait: float = 1.0) -> tuple[int | None, str | None]:
+    """(pid, host) written in a held lock file; a holder writes them just after it takes the lock,
+    so an empty file is read again for up to ``wait`` seconds."""
+    deadline = time.time() + wait
+    while True:
+        parts = path.read_text().split() if path.exists() else []
+        if parts and parts[0].isdigit():
+            return int(parts[0]), (parts[1] if len(parts) > 1 else None)
+        if time.time() >= deadline:
+            return None, None
+        time.sleep(0.05)
+
+
+def lock_attempt(run_dir: str | Path, wait: float = 0.5) -> IO[str]:
+    """Hold the attempt's trainer lock until the returned file is closed, or this process dies (the
+    kernel drops an flock with its last descriptor: SIGKILL included, no stale lock to clean up).
+    Raises :class:`AttemptLockedError` naming the holder's pid when a live process holds it.
+
+    ``flock``, not ``lockf``: an flock belongs to the open file, so a second trainer in the same
+    process is refused too, and no other descriptor of the file can drop it. The descriptor is not
+    inherited by exec'd children (PEP 446). A held lock is tried again for ``wait`` seconds (an
+    :func:`ensure_unlocked` probe holds it for microseconds). Plain ``fcntl.flock`` rather than
+    the ``filelock`` package: the refusal names the holder, and a FileLock keeps no owner to name."""
+    path = Path(run_dir) / LOCK_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    f = open(path, "a+")
+    deadline = time.time() + wait
+    while True:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            break
+        except BlockingIOError:
+            if time.time() >= deadline:
+                f.close()
+                raise AttemptLockedError(run_dir, *_holder(path)) from None
+            time.sleep(0.05)
+    f.truncate(0)
+    f.write(f"{os.getpid()} {socket.gethostname()} {_dt.datetime.now().isoformat(timespec='seconds')}\n")
+    f.flush()
+    return f
+
+
+def ensure_unlocked(run_dir: str | Path) -> None:
+    """Refuse an attempt a live trainer holds (:class:`AttemptLockedError`, naming its pid), for a command
+    about to start one (``rft resume``, ``rft launch --resume``) to say so before it starts anything.
+    Checked by taking a shared lock for an instant: the pid in the file may be a dead holder's."""
+    path = Path(run_dir) / LOCK_FILE
+    if not path.exists():
+        return
+    with open(path) as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise AttemptLockedError(run_dir, *_holder(path)) from None
 
 
 def slug(text: str) -> str:
@@ -117,7 +196,7 @@ def provenance() -> dict[str, Any]:
     import torch
 
     machine = {"platform": platform.platform(), "python": platform.python_version(),
-               "cpu_count": __import__("os").cpu_count(), "torch_threads": torch.get_num_threads(),
+               "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
                "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
     return {"git_sha": sha, "git_dirty": bool(status and status.strip()), "packages": versions, "machine": machine,
             "created": _dt.datetime.now().isoformat(timespec="seconds")}

@@ -191,9 +191,20 @@ def cmd_train(args) -> int:
 
 
 def cmd_resume(args) -> int:
+    from papermill.exceptions import PapermillExecutionError
+
+    from rftlib.attempts import AttemptLockedError, ensure_unlocked, run_dir_path
     from rftlib.workbench import result_text
 
-    run_dir, summary = run_notebook({"resume": str(args.run_dir), "additional_steps": args.additional_steps})
+    try:
+        ensure_unlocked(run_dir_path(args.run_dir))  # say so before a kernel starts
+        run_dir, summary = run_notebook({"resume": str(args.run_dir), "additional_steps": args.additional_steps})
+    except (AttemptLockedError, PapermillExecutionError) as e:
+        # refused before a kernel started, or by the kernel's Trainer (another one took the attempt in between)
+        if isinstance(e, PapermillExecutionError) and e.ename != AttemptLockedError.__name__:
+            raise
+        print(f"rft: error: {e if isinstance(e, AttemptLockedError) else e.evalue}", file=sys.stderr)
+        return 2
     print(f"[rft] {run_dir}: " + result_text(summary))
     if line := _report_line(run_dir):
         print(line)

@@ -196,6 +196,9 @@ class RunConfig:
     sort_micro_batches_by_length: bool = True
     """cut an optimizer batch's micro-batches from its rows sorted by length (prompt + completion),
     so short rows share padding with short ones; the gradient is the same sum in another order"""
+    max_train_minutes: float | None = None
+    """stop this session (checkpoint, stop_reason) after the step that ends this many minutes into
+    training; None: no time limit. With a large num_steps, a run that lasts until Stop is clicked"""
 
     # ---- evaluation, logging, checkpoints -----------------------------------------------------
     eval_steps: int = 10
@@ -644,6 +647,8 @@ def validate(cfg: RunConfig) -> None:
         bad(f"early_stop_probe='{cfg.early_stop_probe}' is not evaluated: add it to eval_probes {cfg.eval_probes}")
     if cfg.early_stop_patience < 1:
         bad(f"early_stop_patience={cfg.early_stop_patience}: must be at least 1")
+    if cfg.max_train_minutes is not None and cfg.max_train_minutes <= 0:
+        bad(f"max_train_minutes={cfg.max_train_minutes}: a positive number of minutes, or None for no time limit")
     _validate_scale(cfg, bad)
     _validate_seed_schedule(cfg, bad)
     _validate_algo(cfg, bad)

@@ -1,12 +1,14 @@
 // Drive a real JupyterLab with Debian's Chromium (playwright-core, executablePath: no browser
 // download) for scripts/lab_screenshots.py. Usage:
 //   node lab_screenshots.mjs live  URL OUT_DIR   run every cell of a training notebook, screenshot the
-//                                                live view with its group of samples, click Stop
+//                                                live view with its group of samples, click Stop, wait for
+//                                                the trainer to stop; what the page saw -> OUT_DIR/live.json
 //   node lab_screenshots.mjs view  URL OUT_DIR   screenshot an executed notebook, reopened
 //   node lab_screenshots.mjs runall URL OUT_DIR NAME DONE_TEXT [MID_NAME]
 //                                                run every cell (scripts/lab_launch_screenshots.py), wait for
 //                                                DONE_TEXT in the outputs, screenshot OUT_DIR/NAME.png; with
 //                                                MID_NAME also OUT_DIR/MID_NAME.png once 2 step lines streamed
+import fs from "node:fs";
 import { chromium } from "playwright-core";
 
 const [mode, url, out, name, doneText, midName] = process.argv.slice(2);
@@ -19,42 +21,81 @@ await page.waitForSelector(".jp-Notebook", { timeout: 180000 });
 await page.waitForTimeout(3000);
 
 if (mode === "live") {
-  // wait for the kernel, then Run > Run All Cells through the app's command registry
+  // wait for the kernel, then Run > Run All Cells through the app's command registry (not awaited:
+  // its promise resolves only once every cell has run)
   await page.waitForFunction(() => window.jupyterapp && document.querySelector(".jp-Notebook-ExecutionIndicator, .jp-Toolbar"),
     null, { timeout: 180000 });
   await page.waitForTimeout(8000);
-  await page.evaluate(() => window.jupyterapp.commands.execute("notebook:run-all-cells"));
+  await page.evaluate(() => { window.jupyterapp.commands.execute("notebook:run-all-cells"); });
   log("run all cells");
-  // poll the DOM (a busy page can starve Playwright's locator waits): the Stop button and a group
-  let ready = false;
-  for (let i = 0; i < 120 && !ready; i++) {
+  // what the page saw, for scripts/lab_screenshots.py to check against the attempt's files
+  const seen = { ready: false, clicked: false, acked: false, cell_ended: false, interrupted: false };
+  const save = () => fs.writeFileSync(`${out}/live.json`, JSON.stringify(seen, null, 1));
+  const button = (text) => page.evaluate((t) => [...document.querySelectorAll("button")].find(b => b.textContent.includes(t))
+    ?.textContent.trim() ?? null, text);
+  // the panel's own step ("step N/M" of its status line): where the run is when Stop is clicked
+  const panelStep = () => page.evaluate(() => {
+    const m = document.querySelector(".rft-group")?.closest(".widget-vbox")?.innerText.match(/step (\d+)\/\d+/);
+    return m ? Number(m[1]) : null;
+  });
+  // poll the DOM (a busy page can starve Playwright's locator waits) for the Stop button and a group of
+  // samples, i.e. a step has been drawn; the model load and the step-0 eval come first
+  for (let i = 0; i < 200 && !seen.ready && !seen.error; i++) {
     await page.waitForTimeout(3000);
-    ready = await page.evaluate(() => !!document.querySelector(".rft-group") &&
-      [...document.querySelectorAll("button")].some(b => b.textContent.includes("Stop (checkpoint first)")));
+    seen.ready = !!(await page.evaluate(() => !!document.querySelector(".rft-group"))) &&
+      (await button("Stop (checkpoint first)")) !== null;
+    seen.error = await page.evaluate(() => [...document.querySelectorAll(".jp-OutputArea-output")]
+      .map(o => o.innerText).join("\n").match(/^\w*(Error|Exception)\b.*$/m)?.[0] ?? null);
   }
-  log(`live view ready: ${ready}`);
+  if (seen.error) log(`a cell failed: ${seen.error}`);
+  log(`live view ready: ${seen.ready}`);
+  // JupyterLab's "get notified about news?" toast would cover the panel
+  await page.evaluate(() => [...document.querySelectorAll(".jp-toast-button, button")]
+    .find(b => b.textContent.trim() === "No")?.click());
   await page.evaluate(() => document.querySelector(".rft-group")?.closest(".widget-vbox")?.scrollIntoView());
   await page.waitForTimeout(1000);
   const panel = page.locator(".widget-vbox", { has: page.locator(".rft-group") }).first();
   await page.screenshot({ path: `${out}/live_view.png` });
   await panel.screenshot({ path: `${out}/live_view_panel.png`, timeout: 60000 }).catch(e => log(`panel: ${e.message}`));
-  const clicked = await page.evaluate(() => {
+  seen.step_at_click = await panelStep();
+  seen.clicked = await page.evaluate(() => {
     const b = [...document.querySelectorAll("button")].find(b => b.textContent.includes("Stop (checkpoint first)"));
     if (b) b.click();
     return !!b;
   });
-  log(`Stop clicked: ${clicked}`);
-  let acked = false;
-  for (let i = 0; i < 40 && !acked; i++) {
-    await page.waitForTimeout(1500);
-    acked = await page.evaluate(() => [...document.querySelectorAll("button")].some(b => b.textContent.includes("Stopping after this step")));
+  log(`Stop clicked at step ${seen.step_at_click}: ${seen.clicked}`);
+  // the kernel ran the click's handler while the cell runs: the button says so (or, a tiny step later,
+  // already where the stop took effect)
+  for (let i = 0; i < 100 && !seen.acked; i++) {
+    await page.waitForTimeout(100);
+    seen.acked = (await button("Stopping after this step") ?? await button("Stopped at step")) !== null;
   }
-  log(`Stop acknowledged while the cell runs: ${acked}`);
+  log(`Stop acknowledged while the cell runs: ${seen.acked}`);
   await panel.screenshot({ path: `${out}/live_view_stopping.png`, timeout: 60000 }).catch(e => log(`panel: ${e.message}`));
-  // this branch's trainer may not check control/stop yet: interrupt the kernel to end the demo
-  await page.evaluate(() => window.jupyterapp.commands.execute("kernelmenu:interrupt"));
-  log("kernel interrupted");
-  await page.waitForTimeout(5000);
+  // the trainer checkpoints after its step and returns; the view's finish() then relabels the button
+  for (let i = 0; i < 200 && !seen.cell_ended; i++) {
+    await page.waitForTimeout(1500);
+    seen.button_after = await button("Stopped at step") ?? await button("Run finished");
+    seen.cell_ended = seen.button_after !== null;
+  }
+  log(`the training cell ended by itself: ${seen.cell_ended} (button: ${seen.button_after})`);
+  if (!seen.cell_ended) {  // the stop was not honoured: end the demo the hard way, and say so
+    await page.evaluate(() => window.jupyterapp.commands.execute("kernelmenu:interrupt"));
+    seen.interrupted = true;
+    log("kernel interrupted");
+  }
+  const text = await page.evaluate(() => [...document.querySelectorAll(".jp-OutputArea-output")].map(o => o.innerText).join("\n"));
+  seen.health_lines = (text.match(/\[health step \d+\]/g) || []).length;
+  seen.early_stop_line = (text.match(/\[early stop at step \d+\][^\n]*/) || [null])[0];
+  save();
+  // the panel after the stop, with the trainer's line under it
+  await page.evaluate(() => {
+    const outs = [...document.querySelectorAll(".jp-OutputArea-output")].filter(o => o.innerText.includes("[early stop at step"));
+    (outs[0] ?? document.querySelector(".rft-group"))?.scrollIntoView({ block: "end" });
+  });
+  await page.waitForTimeout(1500);
+  await page.screenshot({ path: `${out}/live_view_stopped.png` });
+  log(`live.json: ${JSON.stringify(seen)}`);
 } else if (mode === "runall") {
   await page.waitForFunction(() => window.jupyterapp && document.querySelector(".jp-Notebook-ExecutionIndicator, .jp-Toolbar"),
     null, { timeout: 180000 });

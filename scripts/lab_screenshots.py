@@ -1,6 +1,12 @@
 """Screenshots of the workbench in a real JupyterLab (issue 15): the live view of a tiny-preset
-attempt with its Stop button and a group of samples (then Stop clicked), and the notebook papermill
-executed for another tiny attempt, reopened in JupyterLab.
+attempt with its Stop button and a group of samples, Stop clicked while it trains and the attempt
+stopping with a checkpoint (issue 19 item 13), and the notebook papermill executed for another tiny
+attempt, reopened in JupyterLab.
+
+The live attempt is given a step count it never reaches and a time budget (max_train_minutes): it
+trains until the click on any machine, however fast or slow its steps, and the budget ends it if
+the click never comes. Stop passes only if the trainer honoured it: summary.json says "stopped by
+user" at a step before the end, that step's checkpoint exists and control/stop was consumed.
 
     python scripts/lab_screenshots.py [--out /tmp/rft_artefacts] [--playwright DIR]
 
@@ -31,6 +37,8 @@ import nbformat
 
 REPO = Path(__file__).resolve().parent.parent
 VENV_BIN = Path(sys.executable).parent
+sys.path.insert(0, str(REPO))  # rftlib from this checkout, as the kernels get it through PYTHONPATH
+from rftlib.train.checkpoint import list_steps  # noqa: E402
 
 
 def _free_port() -> int:
@@ -39,13 +47,41 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _tiny_notebook(dst: Path, num_steps: int) -> None:
+LIVE_STEPS = 100_000  # never reached: the live attempt trains until Stop (or its time budget)
+
+
+def _tiny_notebook(dst: Path, minutes: float) -> None:
     nb = nbformat.read(REPO / "notebooks" / "train.ipynb", as_version=4)
     for c in nb.cells:
         if "parameters" in c.metadata.get("tags", []):
             c.source = c.source.replace("preset = 'default'", "preset = 'tiny'").replace(
-                "num_steps = None", f"num_steps = {num_steps}").replace("eval_steps = None", "eval_steps = 50")
+                "\nnum_steps = None", f"\nnum_steps = {LIVE_STEPS}").replace(
+                "\neval_steps = None", "\neval_steps = 50").replace(
+                "\nmax_train_minutes = None", f"\nmax_train_minutes = {minutes}").replace(
+                "\nwarmup_ratio = None", "\nwarmup_ratio = 0.0")  # 5% of LIVE_STEPS would be 5,000 steps at LR ~0
+            assert f"max_train_minutes = {minutes}" in c.source and f"num_steps = {LIVE_STEPS}" in c.source \
+                and "warmup_ratio = 0.0" in c.source
     nbformat.write(nb, dst)
+
+
+def stop_checks(run_dir: Path, browser: dict) -> list[tuple[str, bool]]:
+    """Whether the Stop click stopped the live attempt mid-run with a checkpoint, from its files and
+    what the page saw (``browser``: lab_screenshots.mjs's live.json)."""
+    s = run_dir / "summary.json"
+    summary = json.loads(s.read_text()) if s.exists() else {}
+    steps, ckpts = summary.get("steps"), list_steps(run_dir)
+    return [
+        (f"Stop clicked while the cell ran, after step {browser.get('step_at_click')}",
+         bool(browser.get("clicked")) and (browser.get("step_at_click") or 0) >= 1),
+        ("the button said it would stop after the step", bool(browser.get("acked"))),
+        (f"trainer stop_reason {summary.get('stop_reason')!r} at step {steps} of {LIVE_STEPS}",
+         summary.get("stop_reason") == "stopped by user" and isinstance(steps, int) and 1 <= steps < LIVE_STEPS),
+        (f"checkpoint of the stop's step (checkpoints {ckpts})", bool(ckpts) and ckpts[-1] == steps),
+        ("control/stop consumed (honoured, so a resume goes on)", not (run_dir / "control" / "stop").exists()),
+        ("the cell ended by itself, no kernel interrupt", bool(browser.get("cell_ended")) and not browser.get("interrupted")),
+        (f"the panel's button then read {browser.get('button_after')!r}", browser.get("button_after") == f"Stopped at step {steps}"),
+        ("no [health step N] text lines under the live panel", browser.get("health_lines") == 0),
+    ]
 
 
 def prepare_playwright(pw: Path) -> Path | None:
@@ -62,7 +98,8 @@ def main() -> int:
     ap.add_argument("--out", default="/tmp/rft_artefacts")
     ap.add_argument("--playwright", default=os.environ.get("RFT_PLAYWRIGHT_DIR", "/tmp/rft_pw"))
     ap.add_argument("--live-only", action="store_true", help="skip the papermill attempt and its screenshots")
-    ap.add_argument("--steps", type=int, default=200)  # long enough to click Stop while it runs
+    ap.add_argument("--minutes", type=float, default=15.0,
+                    help="the live attempt's time budget: it ends by itself this long after training starts")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -71,7 +108,7 @@ def main() -> int:
         return 2
     root = Path(tempfile.mkdtemp(prefix="rft_lab_"))
     (root / "notebooks").mkdir()
-    _tiny_notebook(root / "notebooks" / "train_tiny.ipynb", args.steps)
+    _tiny_notebook(root / "notebooks" / "train_tiny.ipynb", args.minutes)
     env = {**os.environ, "PYTHONPATH": f"{REPO}:{os.environ.get('PYTHONPATH', '')}", "RFTLIB_RUNS": str(root / "runs"),
            "OMP_NUM_THREADS": "1"}
     env.pop("RFTLIB_HEADLESS", None)
@@ -114,16 +151,14 @@ def main() -> int:
     checks.append(("live attempt in RFTLIB_RUNS, none under notebooks/", len(live) == 1
                    and not (root / "notebooks" / "runs").exists() and not (root / "notebooks" / "reports").exists()))
     if live:
-        checks.append(("Stop wrote control/stop", (live[0] / "control" / "stop").exists()))
-        s = live[0] / "summary.json"
-        summary = json.loads(s.read_text()) if s.exists() else {}
-        checks.append((f"trainer stop_reason: {summary.get('stop_reason')!r}, steps {summary.get('steps')}", True))
+        seen = out / "live.json"
+        checks += stop_checks(live[0], json.loads(seen.read_text()) if seen.exists() else {})
     nb = nbformat.read(pm_run / "notebook.ipynb", as_version=4) if not args.live_only else nbformat.v4.new_notebook()
     outs = [o for c in nb.cells for o in c.get("outputs", [])]
     checks.append(("executed notebook has per-step text lines", args.live_only or
                    any("[rft] step 1/3" in o.get("text", "") for o in outs)))
     checks.append(("executed notebook has a PNG", args.live_only or any("image/png" in o.get("data", {}) for o in outs)))
-    for name in ("live_view.png", "live_view_panel.png", "live_view_stopping.png",
+    for name in ("live_view.png", "live_view_panel.png", "live_view_stopping.png", "live_view_stopped.png",
                  *(() if args.live_only else ("executed_top.png", "executed_plot.png"))):
         checks.append((f"{out / name} written", (out / name).exists()))
     for what, ok in checks:

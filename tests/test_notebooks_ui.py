@@ -103,3 +103,46 @@ def test_papermill_kernel_takes_the_text_path(executed):
     assert "[rft] step 0 baseline" in text
     assert "[rft] step 1/2" in text and "[rft] step 2/2" in text  # one line per step
     assert not any(WIDGET in o.get("data", {}) for c in nb.cells for o in c.get("outputs", []))
+
+
+# ---- issue 19 item 13: a time budget; the verdicts shown once under the live panel ---------------
+def test_time_budget_stops_with_a_checkpoint_and_says_why(tiny_cfg):
+    from rftlib.config import ConfigError
+    from rftlib.train import checkpoint as ckpt
+    from rftlib.train.loop import Trainer
+
+    # 1e-9 min = 60 ns: over once the first step has ended, on any machine; step 2 never runs
+    tr = Trainer(tiny_cfg(num_steps=3, save_steps=0, max_train_minutes=1e-9), progress=False)
+    try:
+        summary = tr.train()
+    finally:
+        tr.close()
+    assert summary["steps"] == 1
+    assert summary["stop_reason"] == "time budget spent: max_train_minutes=1e-09 reached at step 1"
+    assert ckpt.list_steps(tr.run_dir) == [1]  # save_steps 0: the stop's own checkpoint
+    assert json.loads((tr.run_dir / "summary.json").read_text())["stop_reason"] == summary["stop_reason"]
+    with pytest.raises(ConfigError, match="max_train_minutes=0.0: a positive number of minutes, or None"):
+        make_config("tiny", {"max_train_minutes": 0})
+
+
+def test_health_lines_only_where_no_view_shows_the_verdicts(tiny_cfg, capsys):
+    from rftlib.report.live import LiveView, TextView
+    from rftlib.train.loop import Trainer
+
+    # the tiny model is never right: every advantage is 0, so learning_signal FAILs at step 2
+    def run(make_view):
+        cfg = tiny_cfg(num_steps=2, save_steps=0)
+        run_dir = create_attempt(cfg)
+        view = make_view(cfg, run_dir)
+        tr = Trainer(cfg, run_dir, progress=False, callbacks=[view.update])
+        try:
+            tr.train()
+        finally:
+            tr.close()
+        return view, capsys.readouterr().out
+
+    live, out = run(lambda cfg, d: LiveView(cfg, run_dir=d, display_now=False))
+    assert "learning_signal" in live.health.value  # the panel shows it ...
+    assert "[health step" not in out  # ... and no text copy is printed under it
+    _, out = run(lambda cfg, d: TextView(cfg, every=1, write=print, health=False))  # papermill's text path
+    assert "[health step 2] FAIL learning_signal" in out

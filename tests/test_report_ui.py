@@ -102,6 +102,23 @@ def test_live_view_shows_a_group_time_left_memory_and_stops(tmp_path):
     view.stop.click()  # what the frontend's click runs
     assert (tmp_path / "control" / "stop").read_text().strip() == "stopped by user"
     assert view.stop.disabled and "Stopping" in view.stop.description
+    view.finish()  # the cell ended (the trainer honoured the stop after step 2)
+    assert view.stop.disabled and view.stop.description == "Stopped at step 2"
+
+
+def test_live_view_time_left_within_the_time_budget(tmp_path):
+    from rftlib.report.live import LiveView
+
+    # 1000 steps at 30 s would be 8h19m; the 2-minute budget, 60 s spent by 2 steps, leaves 1m00s
+    view = LiveView(make_config("tiny", {"num_steps": 1000, "max_train_minutes": 2}), run_dir=tmp_path,
+                    display_now=False)
+    view.update(_row(1))
+    view.update(_row(2))
+    assert "1m00s left" in view.text.value
+    assert view.bar.max == 4  # the bar and the curves end where the budget will: 2 more steps of 30 s
+    assert view.bar.value == 2
+    view.finish()  # ran to its end: no Stop was clicked
+    assert view.stop.disabled and view.stop.description == "Run finished"
 
 
 def test_live_view_falls_back_to_the_steps_samples_file(tmp_path):

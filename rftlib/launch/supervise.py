@@ -33,7 +33,7 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
-from rftlib.attempts import write_json
+from rftlib.attempts import ensure_unlocked, write_json
 from rftlib.launch.plan import LaunchPlan, check_plan, format_plan, make_plan
 from rftlib.train.launch import rank_env
 
@@ -111,6 +111,7 @@ def launch(preset: str = "default", overrides: dict[str, Any] | None = None, *, 
             raise FileNotFoundError(f"{run_dir}/config.yaml: not an attempt directory to resume")
         if read_status(run_dir).get("state") == RUNNING and _supervisor_alive(run_dir):
             raise RuntimeError(f"{run_dir} is still running (control/status.json); `rft stop {run_dir}` first")
+        ensure_unlocked(run_dir)  # a trainer outside rft launch (a notebook, rft resume) holds it: refused
         cfg = resume_config(run_dir, **overrides)
     else:
         cfg = make_config(preset, overrides)

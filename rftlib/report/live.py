@@ -48,12 +48,29 @@ def _duration(seconds: float) -> str:
 
 
 def time_left(rows: list[dict[str, Any]], cfg: RunConfig, window: int = 3) -> float | None:
-    """Seconds to num_steps at the mean ``timing/step`` of the last ``window`` steps (None before a step)."""
-    times = [r["timing/step"] for r in rows if isinstance(r.get("timing/step"), (int, float))][-window:]
+    """Seconds to num_steps at the mean ``timing/step`` of the last ``window`` steps (None before a step),
+    at most what is left of max_train_minutes after the steps of ``rows`` (this session's: the budget
+    is per session; evals are not counted, so it may end a little sooner)."""
+    all_times = [r["timing/step"] for r in rows if isinstance(r.get("timing/step"), (int, float))]
+    times = all_times[-window:]
     if not times or not rows:
         return None
     done = max(int(r.get("step", 0)) for r in rows)
-    return max(0, cfg.num_steps - done) * sum(times) / len(times)
+    left = max(0, cfg.num_steps - done) * sum(times) / len(times)
+    if cfg.max_train_minutes is not None:
+        left = min(left, max(0.0, 60 * cfg.max_train_minutes - sum(all_times)))
+    return left
+
+
+def planned_steps(rows: list[dict[str, Any]], cfg: RunConfig) -> int:
+    """The step the run is expected to end at: num_steps, or under a time budget (max_train_minutes)
+    the step its time runs out at, at the recent speed (the progress bar's end and the curves' x range)."""
+    left = time_left(rows, cfg) if cfg.max_train_minutes is not None else None
+    times = [r["timing/step"] for r in rows if isinstance(r.get("timing/step"), (int, float))][-3:]
+    if left is None or not times or sum(times) <= 0:
+        return cfg.num_steps
+    done = max(int(r.get("step", 0)) for r in rows)
+    return min(cfg.num_steps, max(done + 1, done + math.ceil(left * len(times) / sum(times))))
 
 
 def memory_text(row: dict[str, Any]) -> str:
@@ -160,6 +177,11 @@ def _fmt(v: Any, f: str = ".3g") -> str:
 class TextView:
     """Headless progress: concise log lines and verdict changes (beside tqdm's bar)."""
 
+    @property
+    def shows_verdicts(self) -> bool:
+        """Whether this view prints verdict changes itself (the trainer then prints none)."""
+        return self.health
+
     def __init__(self, cfg: RunConfig, every: int | None = None, write: Callable[[str], None] | None = None,
                  health: bool = True, run_dir: Path | None = None):
         self.cfg = cfg
@@ -239,6 +261,8 @@ class LiveView:
     """The JupyterLab panel: progress, Stop button, status, curves, a group of samples and the latest
     verdicts, updated every step."""
 
+    shows_verdicts = True  # the panel lists the verdicts: the trainer prints no ``[health step N]`` lines under it
+
     def __init__(self, cfg: RunConfig, *, run_dir: str | Path | None = None, display_now: bool = True):
         import ipywidgets as w
 
@@ -277,16 +301,18 @@ class LiveView:
         self.stop.description = "Stopping after this step"
 
     def finish(self) -> None:
-        """After the run: the button has nothing left to stop."""
+        """After the run: the button has nothing left to stop (and says where a Stop took effect)."""
         self.stop.disabled = True
-        if self.stop.description.startswith("Stop ("):
-            self.stop.description = "Run finished"
+        step = max((int(r.get("step", 0)) for r in self.rows), default=0)
+        self.stop.description = "Run finished" if self.stop.description.startswith("Stop (") else \
+            f"Stopped at step {step}"
 
     def update(self, row: dict[str, Any]) -> None:
         group = row.get("_group")
         row = {k: v for k, v in row.items() if k != "_group"}
         self.rows.append(row)
-        self.bar.value = min(int(row.get("step", 0)), self.cfg.num_steps)
+        self.bar.max = planned_steps(self.rows, self.cfg)
+        self.bar.value = min(int(row.get("step", 0)), self.bar.max)
         ev = [r[EVAL_KEY] for r in self.rows if EVAL_KEY in r]
         self.text.value = "&nbsp; ".join(status_line(row, self.cfg, ev[-1] if ev else None, self.rows).split("  "))
         tr = [r for r in self.rows if "reward_mean" in r]
@@ -321,7 +347,7 @@ class LiveView:
         ax[2].set_title("held-out greedy_pass@1", fontsize=10)
         ax[2].set_ylim(-0.02, 1.02)
         for a in ax:
-            a.set_xlim(0, self.cfg.num_steps)
+            a.set_xlim(0, self.bar.max)
             a.tick_params(labelsize=8)
         for a in ax[:2]:
             honest_axis(a)  # plain labels; 1e-8 of loss noise is drawn flat, not as a trend

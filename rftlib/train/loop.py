@@ -29,7 +29,7 @@ from rftlib.algo.filtering import constant_groups
 from rftlib.algo.correction import tis_weights
 from rftlib.algo.losses import grpo_loss
 from rftlib.algo.logprobs import auto_chunk_size, recompute_needed
-from rftlib.attempts import create_attempt, read_attempt, write_json
+from rftlib.attempts import STOP_FILE, AttemptLockedError, create_attempt, lock_attempt, read_attempt, write_json
 from rftlib.config import ConfigError, RunConfig, make_config
 from rftlib.data.tasks import build_task
 from rftlib.eval import evaluate, format_prompts, greedy_eval
@@ -80,6 +80,36 @@ class Trainer:
         if run_dir is None:
             run_dir = D.broadcast_object(str(create_attempt(cfg)) if D.is_main else None)
         self.run_dir = Path(run_dir)
+        self._lock = self._lock_attempt()
+        try:
+            self._build(resume, reward_override, task, engine)
+        except BaseException:  # a kernel that lives on (a notebook) must not keep the attempt locked
+            self._unlock()
+            raise
+
+    def _lock_attempt(self):
+        """Rank 0 holds the attempt's lock (rftlib.attempts.lock_attempt) for this trainer's life. An
+        attempt another live trainer holds is refused on every rank, each told by rank 0 (none hangs)."""
+        lock, refused = None, None
+        if self.dist.is_main:
+            try:
+                lock = lock_attempt(self.run_dir)
+            except AttemptLockedError as e:
+                refused = (e.pid, e.host)
+        refused = self.dist.broadcast_object(refused)
+        if refused is not None:
+            raise AttemptLockedError(self.run_dir, *refused)
+        return lock
+
+    def _unlock(self) -> None:
+        if self._lock is not None:
+            self._lock.close()  # the kernel drops the flock with the file
+            self._lock = None
+
+    def _build(self, resume: bool, reward_override: Callable | None, task, engine) -> None:
+        """Everything else a trainer holds: the task, the model and its backend, the engine, the sampler,
+        the logger; then the checkpoint when resuming."""
+        cfg, D = self.cfg, self.dist
         self.task = task or build_task(cfg.task, eval_size=cfg.eval_size, **cfg.task_args)
         if reward_override is not None:  # tests inject faults through this
             self.task.reward = reward_override
@@ -579,22 +609,33 @@ class Trainer:
         return {**acc, "grad_norm_max": gmax, "clip": (loss_kw["clip_low"], loss_kw["clip_high"])}
 
     # ---- the loop -------------------------------------------------------------------------------
-    def stop_requested(self) -> bool:
-        """A researcher asked this attempt to stop (``<run_dir>/control/stop``; the live view's Stop
-        button and ``rft stop`` write it). Rank 0 looks; every rank gets its answer."""
-        return bool(self.dist.broadcast_object((self.run_dir / "control" / "stop").exists()
-                                               if self.dist.is_main else None))
+    def stop_requested(self, started: float | None = None) -> str | None:
+        """Why to stop from outside the run, else None: a researcher asked (``<run_dir>/control/stop``;
+        the live view's Stop button and ``rft stop`` write it), or the time budget (max_train_minutes,
+        counted from ``started``) is spent. Rank 0 decides (one file, one clock); every rank gets its answer."""
+        reason, budget = None, self.cfg.max_train_minutes
+        if self.dist.is_main:
+            if (self.run_dir / STOP_FILE).exists():
+                reason = "stopped by user"
+            elif budget is not None and started is not None and time.time() - started >= 60 * budget:
+                reason = f"time budget spent: max_train_minutes={budget:g} reached at step {self.step_num}"
+        return self.dist.broadcast_object(reason)
 
     def train(self) -> dict[str, Any]:
         """Run to num_steps (or stop_after_steps more); eval at 0, every eval_steps and at the end.
 
         Stops early when the early-stop probe drops at ``early_stop_patience`` consecutive evals,
-        or, with ``health_abort``, when a health verdict fails, or when a stop is requested; each
-        way it checkpoints first and records why in summary.json.
+        or, with ``health_abort``, when a health verdict fails, or when a stop is requested, or when
+        ``max_train_minutes`` have passed since this call; each way it checkpoints first and records
+        why in summary.json. Verdict changes are printed as ``[health step N]`` lines unless a
+        callback's object shows the verdicts itself (``shows_verdicts``: the live panel).
         """
         from rftlib.monitor.health import run_verdicts
 
+        started = time.time()
         cfg, main = self.cfg, self.dist.is_main
+        say_health = main and not any(getattr(getattr(cb, "__self__", cb), "shows_verdicts", False)
+                                      for cb in self.callbacks)
         start = self.step_num
         end = cfg.num_steps if cfg.stop_after_steps is None else min(cfg.num_steps, start + cfg.stop_after_steps)
         if self.step_num == 0 and not self.eval_history:
@@ -624,12 +665,12 @@ class Trainer:
             for v in verdicts:
                 if v.status in ("warn", "fail") and (v.name, v.status) not in seen_bad:
                     seen_bad.add((v.name, v.status))
-                    if main:
+                    if say_health:
                         print(f"[health step {self.step_num}] {v.status.upper()} {v.name}: {v.message} -> {v.action}")
                     if v.status == "fail" and cfg.health_abort and self.stop_reason is None:
                         self.stop_reason = f"health verdict {v.name} failed: {v.message}"
-            if self.stop_reason is None and self.stop_requested():
-                self.stop_reason = "stopped by user"
+            if self.stop_reason is None:
+                self.stop_reason = self.stop_requested(started)
             stop = self.stop_reason is not None
             if final or stop or self.step_num == end or (cfg.save_steps and self.step_num % cfg.save_steps == 0) \
                     or (is_eval and cfg.early_stop_probe):
@@ -641,7 +682,7 @@ class Trainer:
             if stop:
                 if main:
                     print(f"[early stop at step {self.step_num}] {self.stop_reason}")
-                    (self.run_dir / "control" / "stop").unlink(missing_ok=True)  # honoured: a resume goes on
+                    (self.run_dir / STOP_FILE).unlink(missing_ok=True)  # honoured: a resume goes on
                 break
         if bar is not None:
             bar.close()
@@ -679,10 +720,13 @@ class Trainer:
         return out
 
     def close(self) -> None:
-        self.engine.close()
-        if self.logger is not None:
-            self.logger.close()
-        self.backend.close()
+        try:
+            self.engine.close()
+            if self.logger is not None:
+                self.logger.close()
+            self.backend.close()
+        finally:
+            self._unlock()
 
 
 def resume_config(run_dir: str | Path, **overrides: Any) -> RunConfig:
