@@ -301,6 +301,32 @@ def cmd_index(args) -> int:
     return 0
 
 
+def cmd_sft(args) -> int:
+    """notebooks/sft.ipynb under papermill into a new attempt directory; prints before/after and the next step."""
+    import papermill as pm
+
+    from rftlib.attempts import next_attempt_id, runs_root as resolve_runs
+    from rftlib.config import make_config
+    from rftlib.sft import sft_data_path, sft_result_text
+
+    sets = _parse_sets(args.set)
+    cfg = make_config(args.preset, sets)
+    sft_data_path(cfg)  # fails fast, before a kernel starts
+    root = resolve_runs(cfg.runs_root)
+    attempt_id = next_attempt_id(root, cfg.name)
+    (root / attempt_id).mkdir(parents=True, exist_ok=False)
+    out_nb = root / attempt_id / "notebook.ipynb"
+    params = {"preset": args.preset, "overrides": {k: v for k, v in sets.items() if k != "runs_root"},
+              "runs_root": str(root), "attempt_id": attempt_id}
+    with headless_env():
+        pm.execute_notebook(str(REPO / "notebooks" / "sft.ipynb"), str(out_nb), parameters=params, cwd=str(REPO),
+                            progress_bar=False, log_output=True, stdout_file=sys.stdout, stderr_file=sys.stderr)
+    print(sft_result_text(json.loads((root / attempt_id / "summary.json").read_text())))
+    if line := _report_line(root / attempt_id):
+        print(line)
+    return 0
+
+
 def cmd_note(args) -> int:
     """Append the conclusion, then rebuild the index (and the attempt's report when it has one)."""
     from rftlib.attempts import run_dir_path
@@ -420,6 +446,9 @@ def main(argv: list[str] | None = None) -> int:
     i.add_argument("--runs", default=None, help="runs root (default: $RFTLIB_RUNS, else <project root>/runs)")
     i.add_argument("--out", default=None, help="default: reports/ beside --runs")
     i.add_argument("--baseline", default=None, help="attempt id the config differences are taken against")
+    sf = sub.add_parser("sft", help="SFT stage (TRL SFTTrainer + LoRA) through notebooks/sft.ipynb: an adapter for init_adapter")
+    sf.add_argument("-p", "--preset", default="sft-arithmetic-boxed")
+    sf.add_argument("--set", action="append", default=[], metavar="NAME=VALUE")
     no = sub.add_parser("note", help="append a dated conclusion (lessons learned, next step) to an attempt")
     no.add_argument("run_dir", help="the attempt's run directory (e.g. runs/attempt-03-default)")
     no.add_argument("text", help="what the attempt taught you and what to try next")
@@ -444,7 +473,7 @@ def main(argv: list[str] | None = None) -> int:
 
     verbs = {"demo": cmd_demo, "train": cmd_train, "resume": cmd_resume, "preflight": cmd_preflight,
              "validate": cmd_validate, "eval": cmd_eval, "report": cmd_report, "compare": cmd_compare,
-             "ab": cmd_ab, "note": cmd_note,
+             "ab": cmd_ab, "note": cmd_note, "sft": cmd_sft,
              "index": cmd_index, "launch": cmd_launch, "attach": cmd_attach, "stop": cmd_stop,
              "status": cmd_status}
     try:

@@ -69,6 +69,8 @@ class RunConfig:
     """extra arguments of the task's builder (e.g. data_dir for 'prepared'); unknown ones are errors"""
     eval_size: int = 100
     """held-out problems used for greedy_pass@1 during training (disjoint from the pool)"""
+    sft_data: str | None = None
+    """the SFT split rft sft trains on: JSONL rows {"input", "output"} (prepare's sft_train.jsonl); relative to the project root"""
 
     # ---- rollout ------------------------------------------------------------------------------
     n_samples_per_prompt: int = 8

@@ -11,7 +11,7 @@ from typing import Any
 
 from rftlib.report.attempt import Attempt, key_differences, load_attempt
 from rftlib.report.html import Html, esc, fmt, join, kv_table, pct, pre, section, status_badge, table
-from rftlib.report.index import parent_html, research_log_html, trackers_html
+from rftlib.report.index import format_html, parent_html, research_log_html, trackers_html
 
 
 def header(a: Attempt) -> Html:
@@ -29,6 +29,8 @@ def header(a: Attempt) -> Html:
             ("git", f"<code>{esc(a.sha)}</code>"), ("model / task", esc(f"{a.config.get('model')} / {a.config.get('task')}")),
             ("held-out eval", f"{result}<br><small>{esc(a.eval_label())}</small>"), ("health", health),
             ("run directory", f"<code>{esc(a.run_dir)}</code>"), ("trackers", trackers_html(a))]
+    if a.config.get("init_adapter") or a.config.get("sft_data"):  # a stage of an SFT -> RL chain
+        rows.append(("format compliance", format_html(a)))
     if a.config.get("init_adapter"):
         rows.append(("started from", parent_html(a)))
     if a.summary and a.summary.get("train_seconds") is not None:

@@ -191,6 +191,12 @@ class Attempt:
 
         return read_state(self.run_dir)
 
+    def format_points(self) -> list[tuple[int, float]]:
+        """(step, \\boxed{} rate) of the held-out greedy evals (eval/step_N.json), whose per-problem
+        results carry has_boxed: the format compliance before and after a stage."""
+        return [(s, sum(r.get("has_boxed", 0.0) for r in d["results"]) / len(d["results"]))
+                for s, d in self.evals.items() if d.get("results") and "has_boxed" in d["results"][0]]
+
     @property
     def parent(self) -> Path | None:
         """The attempt whose adapter this one started from (``init_adapter`` inside a run directory:
@@ -265,6 +271,11 @@ def add_note(run_dir: str | Path, text: str, *, date: str | None = None) -> dict
     with open(run_dir / NOTES_FILE, "a") as f:
         f.write(json.dumps(note) + "\n")
     return note
+
+
+def conclude(run_dir: str | Path, text: str) -> dict[str, str] | None:
+    """The notebooks' conclusion cell: :func:`add_note` when ``text`` is not empty, else nothing (None)."""
+    return add_note(run_dir, text) if text.strip() else None
 
 
 def read_notes(run_dir: str | Path) -> list[dict[str, str]]:

@@ -92,6 +92,15 @@ def trackers_html(a: Attempt) -> str:
     return "<br>".join(rows) or "<i>none</i>"
 
 
+def format_html(a: Attempt) -> str:
+    """The \\boxed{} rate at the first and the last held-out eval (seed 003 section 12's 95% bar)."""
+    pts = a.format_points()
+    if not pts:
+        return "<i>no held-out eval with has_boxed</i>"
+    (s0, f0), (s1, f1) = pts[0], pts[-1]
+    return f"{esc(pct(f0))} at step {s0} &rarr; <b>{esc(pct(f1))}</b> at step {s1} (seed 003: SFT first below 95%)"
+
+
 def parent_html(a: Attempt) -> str:
     """The attempt this one started from (its SFT parent), linked to the parent's report, with the
     parent's own before/after numbers; "" when it started from the base model."""
