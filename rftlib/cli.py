@@ -13,7 +13,7 @@
     rft ab -p P --vary policy_loss=ppo_clip,gspo,cispo [--set k=v]   one attempt per value, then compare
     rft index [--runs runs] [--out reports] reports/index.html, rebuilt from the run directories
     rft note RUN_DIR "text" [--no-report]  append a dated conclusion to an attempt; its report and the index show it
-    rft sft [-p sft-tiny] [--set k=v]      SFT (TRL SFTTrainer + LoRA) through notebooks/sft.ipynb -> an adapter for init_adapter
+    rft sft [-p sft-arithmetic-boxed] [--set k=v]  SFT (TRL SFTTrainer + LoRA) via notebooks/sft.ipynb -> adapter/ for init_adapter
     rft launch -p P [--set k=v] [--dry-run]   a detached multi-process attempt (trainer ranks + vLLM engines)
     rft launch --resume RUN_DIR            relaunch a stopped/crashed attempt from its step_latest
     rft attach RUN_DIR                     stream a launched attempt's progress (Ctrl-C detaches)

@@ -173,6 +173,7 @@ def run_sft(cfg: RunConfig, run_dir: str | Path | None = None, *, write=print) -
                        target_modules=cfg.lora_target_modules)
     amp = autocast_dtype(cfg.autocast)
     engine = HFEngine(model, tok, amp=amp)
+    load_seconds = time.time() - t0
     try:
         before = format_eval(engine, tok, task, task.eval, cfg, 0, run_dir)
         logger.log(before)
@@ -200,7 +201,8 @@ def run_sft(cfg: RunConfig, run_dir: str | Path | None = None, *, write=print) -
                    "format_before": before[FORMAT_KEY], "format_after": after[FORMAT_KEY],
                    "format_threshold": FORMAT_THRESHOLD, "eval_mode": "greedy_pass@1", "eval_dataset": "heldout",
                    "eval_n": len(task.eval), "sft_rows": len(rows), "output": str(out),
-                   "load_seconds": round(t1 - t0, 1), "train_seconds": round(train_seconds, 1),
+                   "load_seconds": round(load_seconds, 1), "baseline_eval_seconds": round(t1 - t0 - load_seconds, 1),
+                   "train_seconds": round(train_seconds, 1),
                    "next": f"rft train -p RL_PRESET {nxt}  (RL from this SFT {'adapter' if cfg.lora_rank else 'model'})"}
         write_json(run_dir / "summary.json", summary)  # before the logger closes: the trackers send its numbers
         if (run_dir / "sft_trainer").is_dir() and not any((run_dir / "sft_trainer").iterdir()):

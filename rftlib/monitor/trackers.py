@@ -7,6 +7,9 @@ trainer writes to logs/metrics.jsonl (numbers only, keyed by step), and at the e
 
 Offline by default (``tracker_offline``): wandb in offline mode, MLflow's file store and trackio's
 local store, all under ``<runs_root>/trackers/`` so every attempt of a runs root is one project.
+Reading them back: ``wandb sync <path>`` uploads an offline run later (:func:`read_wandb_offline`
+reads it here); ``MLFLOW_ALLOW_FILE_STORE=true mlflow ui --backend-store-uri <runs_root>/trackers/mlruns``
+(MLflow 3 keeps the file store behind that opt-in); ``TRACKIO_DIR=<runs_root>/trackers/trackio trackio show``.
 ``tracker_offline: false`` uses the services: wandb online, MLflow at ``$MLFLOW_TRACKING_URI``,
 trackio's own default store.
 
