@@ -87,7 +87,7 @@ class WandB:
                               id=resume.get("run_id"), resume="allow" if resume.get("run_id") else None,
                               dir=str(store), config=config, mode="offline" if offline else "online",
                               reinit="create_new", settings=wandb.Settings(console="off", silent=True))
-        self.info = {"run_id": self.run.id, "url": self.run.url,
+        self.info = {"run_id": self.run.id, "url": None if offline else self.run.url,  # offline: no URL (wandb warns)
                      "path": str(Path(self.run.dir).parent)}  # .../wandb/offline-run-<time>-<id>
 
     def log(self, metrics: dict[str, float], step: int) -> None:
