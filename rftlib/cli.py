@@ -12,6 +12,8 @@
     rft compare RUN_A RUN_B [...]          notebooks/compare.ipynb -> reports/compare-<A>-vs-<B>.html
     rft ab -p P --vary policy_loss=ppo_clip,gspo,cispo [--set k=v]   one attempt per value, then compare
     rft index [--runs runs] [--out reports] reports/index.html, rebuilt from the run directories
+    rft note RUN_DIR "text" [--no-report]  append a dated conclusion to an attempt; its report and the index show it
+    rft sft [-p sft-arithmetic-boxed] [--set k=v]  SFT (TRL SFTTrainer + LoRA) via notebooks/sft.ipynb -> adapter/ for init_adapter
     rft launch -p P [--set k=v] [--dry-run]   a detached multi-process attempt (trainer ranks + vLLM engines)
     rft launch --resume RUN_DIR            relaunch a stopped/crashed attempt from its step_latest
     rft attach RUN_DIR                     stream a launched attempt's progress (Ctrl-C detaches)
@@ -310,6 +312,51 @@ def cmd_index(args) -> int:
     return 0
 
 
+def cmd_sft(args) -> int:
+    """notebooks/sft.ipynb under papermill into a new attempt directory; prints before/after and the next step."""
+    import papermill as pm
+
+    from rftlib.attempts import next_attempt_id, runs_root as resolve_runs
+    from rftlib.config import make_config
+    from rftlib.sft import sft_data_path, sft_result_text
+
+    sets = _parse_sets(args.set)
+    cfg = make_config(args.preset, sets)
+    sft_data_path(cfg)  # fails fast, before a kernel starts
+    root = resolve_runs(cfg.runs_root)
+    attempt_id = next_attempt_id(root, cfg.name)
+    (root / attempt_id).mkdir(parents=True, exist_ok=False)
+    out_nb = root / attempt_id / "notebook.ipynb"
+    params = {"preset": args.preset, "overrides": {k: v for k, v in sets.items() if k != "runs_root"},
+              "runs_root": str(root), "attempt_id": attempt_id}
+    with headless_env():
+        pm.execute_notebook(str(REPO / "notebooks" / "sft.ipynb"), str(out_nb), parameters=params, cwd=str(REPO),
+                            progress_bar=False, log_output=True, stdout_file=sys.stdout, stderr_file=sys.stderr)
+    print(sft_result_text(json.loads((root / attempt_id / "summary.json").read_text())))
+    if line := _report_line(root / attempt_id):
+        print(line)
+    return 0
+
+
+def cmd_note(args) -> int:
+    """Append the conclusion, then rebuild the index (and the attempt's report when it has one)."""
+    from rftlib.attempts import run_dir_path
+    from rftlib.report.attempt import add_note
+    from rftlib.report.index import reports_dir_for, write_index
+
+    run_dir = run_dir_path(args.run_dir)
+    note = add_note(run_dir, args.text)
+    print(f"[rft] note {note['date']} -> {run_dir / 'notes.jsonl'}")
+    out = Path(args.out) if args.out else reports_dir_for(run_dir.parent)
+    if not args.no_report and (out / f"{run_dir.name}.html").exists():
+        from rftlib.report.publish import write_report
+
+        print(f"[rft] report: {write_report(run_dir, out)}")
+    else:
+        print(f"[rft] index: {write_index(run_dir.parent, out)}")
+    return 0
+
+
 def cmd_preflight(args) -> int:
     from rftlib.config import make_config
     from rftlib.train.loop import lr_schedule_preview
@@ -410,6 +457,14 @@ def main(argv: list[str] | None = None) -> int:
     i.add_argument("--runs", default=None, help="runs root (default: $RFTLIB_RUNS, else <project root>/runs)")
     i.add_argument("--out", default=None, help="default: reports/ beside --runs")
     i.add_argument("--baseline", default=None, help="attempt id the config differences are taken against")
+    sf = sub.add_parser("sft", help="SFT stage (TRL SFTTrainer + LoRA) through notebooks/sft.ipynb: an adapter for init_adapter")
+    sf.add_argument("-p", "--preset", default="sft-arithmetic-boxed")
+    sf.add_argument("--set", action="append", default=[], metavar="NAME=VALUE")
+    no = sub.add_parser("note", help="append a dated conclusion (lessons learned, next step) to an attempt")
+    no.add_argument("run_dir", help="the attempt's run directory (e.g. runs/attempt-03-default)")
+    no.add_argument("text", help="what the attempt taught you and what to try next")
+    no.add_argument("--out", default=None, help="reports directory (default: reports/ beside the runs root)")
+    no.add_argument("--no-report", action="store_true", help="only rebuild the index, not the attempt's report")
     la = sub.add_parser("launch", help="start an attempt detached: trainer ranks and vLLM engines (plan.json)")
     la.add_argument("-p", "--preset", default="default")
     la.add_argument("--set", action="append", default=[], metavar="NAME=VALUE")
@@ -429,7 +484,7 @@ def main(argv: list[str] | None = None) -> int:
 
     verbs = {"demo": cmd_demo, "train": cmd_train, "resume": cmd_resume, "preflight": cmd_preflight,
              "validate": cmd_validate, "eval": cmd_eval, "report": cmd_report, "compare": cmd_compare,
-             "ab": cmd_ab,
+             "ab": cmd_ab, "note": cmd_note, "sft": cmd_sft,
              "index": cmd_index, "launch": cmd_launch, "attach": cmd_attach, "stop": cmd_stop,
              "status": cmd_status}
     try:

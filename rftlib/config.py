@@ -69,6 +69,8 @@ class RunConfig:
     """extra arguments of the task's builder (e.g. data_dir for 'prepared'); unknown ones are errors"""
     eval_size: int = 100
     """held-out problems used for greedy_pass@1 during training (disjoint from the pool)"""
+    sft_data: str | None = None
+    """the SFT split rft sft trains on: JSONL rows {"input", "output"} (prepare's sft_train.jsonl); relative to the project root"""
 
     # ---- rollout ------------------------------------------------------------------------------
     n_samples_per_prompt: int = 8
@@ -220,6 +222,13 @@ class RunConfig:
     """keep at most this many training_state/step_N (seed 003: 2-3)"""
     log_samples: int = 4
     """completions written to samples/ per save"""
+    report_to: list = field(default_factory=lambda: ["tensorboard"])
+    """experiment trackers that get the metrics rows, config and eval results (TRL's report_to): any of
+    tensorboard, wandb, mlflow, trackio (the last three: pip install 'rftlib[trackers]'); [] for none"""
+    tracker_project: str = "rftlib"
+    """the wandb / trackio project and MLflow experiment the attempt's run goes to (run name: the attempt id)"""
+    tracker_offline: bool = True
+    """wandb offline, MLflow file store, trackio local store, under <runs_root>/trackers/; False: the services"""
     gns_probe: bool = False
     """log the gradient noise scale from micro-batch vs batch grad norms (seed 001; McCandlish 2018)"""
     spike_grad_norm: float = 50.0
@@ -652,6 +661,16 @@ def validate(cfg: RunConfig) -> None:
     _validate_scale(cfg, bad)
     _validate_seed_schedule(cfg, bad)
     _validate_algo(cfg, bad)
+    _validate_trackers(cfg, bad)
+
+
+def _validate_trackers(cfg: RunConfig, bad) -> None:
+    """report_to names registered trackers, each once (rftlib.monitor.trackers)."""
+    from rftlib.monitor.trackers import TRACKERS
+
+    unknown = [t for t in cfg.report_to if t not in TRACKERS]
+    if unknown or len(set(cfg.report_to)) != len(cfg.report_to):
+        bad(f"report_to={cfg.report_to}: name each tracker once, from {', '.join(TRACKERS.names())} ([] for none)")
 
 
 def _check_finite(cfg: RunConfig, bad) -> None:

@@ -16,10 +16,10 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 stamp="$VENV/.rftlib-setup-$(sha1sum pyproject.toml | cut -c1-12)"
 if [ ! -f "$stamp" ]; then
-  echo "[setup] installing torch==2.13.0 (CPU) then rftlib[dev,lab,math]"
+  echo "[setup] installing torch==2.13.0 (CPU) then rftlib[dev,lab,math,sft,trackers]"
   "$VENV/bin/pip" install -q --disable-pip-version-check torch==2.13.0 2>&1 | grep -v "is ignored" || true
-  "$VENV/bin/pip" install -q --disable-pip-version-check -e ".[dev,lab,math]" 2>&1 | grep -v "is ignored" || true
-  "$VENV/bin/python" -c "import torch, transformers, peft, papermill, rftlib" \
+  "$VENV/bin/pip" install -q --disable-pip-version-check -e ".[dev,lab,math,sft,trackers]" 2>&1 | grep -v "is ignored" || true
+  "$VENV/bin/python" -c "import torch, transformers, peft, papermill, trl, wandb, mlflow, trackio, rftlib" \
     || { echo "[setup] FAILED: the venv cannot import its deps (see pip output above)"; exit 1; }
   "$VENV/bin/python" -m ipykernel install --sys-prefix --name python3 >/dev/null
   rm -f "$VENV"/.rftlib-setup-* && touch "$stamp"

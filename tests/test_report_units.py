@@ -181,7 +181,7 @@ def test_live_view_updates_widgets_with_curves_and_verdicts():
 
 
 # ---- templates -----------------------------------------------------------------------------------
-@pytest.mark.parametrize("name", ["train.ipynb", "validate.ipynb", "analysis.ipynb", "compare.ipynb"])
+@pytest.mark.parametrize("name", ["train.ipynb", "sft.ipynb", "validate.ipynb", "analysis.ipynb", "compare.ipynb"])
 def test_committed_notebook_is_generated_clean_with_literal_parameters(name):
     from rftlib.report.templates import TEMPLATES
 

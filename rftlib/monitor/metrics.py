@@ -1,14 +1,19 @@
-"""Per-step metrics as JSONL (one flushed line per step: nothing lost on a crash) + TensorBoard,
-sample completions, and the spike log (seed 003 section 7's three outputs, in the run directory).
+"""Per-step metrics as JSONL (one flushed line per step: nothing lost on a crash), sample
+completions and the spike log (seed 003 section 7's three outputs, in the run directory), and the
+same rows sent to the attempt's experiment trackers (``report_to``: TensorBoard by default, wandb,
+MLflow, trackio; :mod:`rftlib.monitor.trackers`).
 """
 
 from __future__ import annotations
 
 import json
 import math
-import warnings
 from pathlib import Path
 from typing import Any
+
+import yaml
+
+from rftlib.monitor.trackers import Trackers
 
 
 def _clean(v: Any) -> Any:
@@ -19,32 +24,37 @@ def _clean(v: Any) -> Any:
     return v
 
 
+def _saved_config(run_dir: Path) -> dict[str, Any]:
+    """The resolved config in <run_dir>/config.yaml ({} when the directory has none)."""
+    try:
+        return (yaml.safe_load((run_dir / "config.yaml").read_text()) or {}).get("config") or {}
+    except OSError:
+        return {}
+
+
 class MetricsLogger:
-    def __init__(self, run_dir: str | Path, *, tensorboard: bool = True):
+    """The run directory's logs and the trackers. ``report_to`` / ``config`` default to the attempt's
+    saved config (config.yaml), so whoever opens the logger needs only the run directory;
+    ``tensorboard=False`` leaves TensorBoard out whatever report_to says."""
+
+    def __init__(self, run_dir: str | Path, *, tensorboard: bool = True, report_to: list[str] | None = None,
+                 config: dict[str, Any] | None = None):
         self.run_dir = Path(run_dir)
         (self.run_dir / "logs" / "samples").mkdir(parents=True, exist_ok=True)
         self.path = self.run_dir / "logs" / "metrics.jsonl"
         self.spike_path = self.run_dir / "logs" / "spike_log.jsonl"
         self._f = open(self.path, "a", buffering=1)
-        self.tb = None
-        if tensorboard:
-            try:
-                from torch.utils.tensorboard import SummaryWriter
-
-                self.tb = SummaryWriter(str(self.run_dir / "tensorboard"))
-            except ImportError as e:  # tensorboard is a pinned dep; say so rather than crash a run
-                warnings.warn(f"TensorBoard events disabled: {e}")
+        config = config if config is not None else _saved_config(self.run_dir)
+        names = list(report_to if report_to is not None else config.get("report_to", ["tensorboard"]))
+        if not tensorboard and "tensorboard" in names:
+            names.remove("tensorboard")
+        self.trackers = Trackers(self.run_dir, names, config, offline=config.get("tracker_offline", True))
 
     def log(self, row: dict[str, Any]) -> None:
         row = {k: _clean(v) for k, v in row.items()}
         self._f.write(json.dumps(row) + "\n")
         self._f.flush()
-        if self.tb is not None:
-            step = int(row.get("step", 0))
-            for k, v in row.items():
-                if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "step":
-                    self.tb.add_scalar(k, v, step)
-            self.tb.flush()
+        self.trackers.log(row)
 
     def samples(self, step: int, rows: list[dict[str, Any]]) -> None:
         with open(self.run_dir / "logs" / "samples" / f"samples_step{step}.jsonl", "w") as f:
@@ -56,9 +66,9 @@ class MetricsLogger:
             f.write(json.dumps({k: _clean(v) for k, v in row.items()}) + "\n")
 
     def close(self) -> None:
+        """Close the metrics file; the trackers get the eval results (summary.json, eval/) and finish."""
         self._f.close()
-        if self.tb is not None:
-            self.tb.close()
+        self.trackers.finish()
 
 
 def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:

@@ -11,6 +11,7 @@ from typing import Any
 
 from rftlib.report.attempt import Attempt, key_differences, load_attempt
 from rftlib.report.html import Html, esc, fmt, join, kv_table, pct, pre, section, status_badge, table
+from rftlib.report.index import format_html, parent_html, research_log_html, trackers_html
 
 
 def header(a: Attempt) -> Html:
@@ -27,13 +28,17 @@ def header(a: Attempt) -> Html:
     rows = [("attempt", esc(a.attempt_id)), ("status", esc(a.status)), ("created", esc(a.created)),
             ("git", f"<code>{esc(a.sha)}</code>"), ("model / task", esc(f"{a.config.get('model')} / {a.config.get('task')}")),
             ("held-out eval", f"{result}<br><small>{esc(a.eval_label())}</small>"), ("health", health),
-            ("run directory", f"<code>{esc(a.run_dir)}</code>")]
+            ("run directory", f"<code>{esc(a.run_dir)}</code>"), ("trackers", trackers_html(a))]
+    if a.config.get("init_adapter") or a.config.get("sft_data"):  # a stage of an SFT -> RL chain
+        rows.append(("format compliance", format_html(a)))
+    if a.config.get("init_adapter"):
+        rows.append(("started from", parent_html(a)))
     if a.summary and a.summary.get("train_seconds") is not None:
         t = float(a.summary["train_seconds"])
         rows.insert(5, ("train time", esc((f"{t / 60:.1f} min" if t >= 60 else f"{t:.0f} s") +
                                           f" for {a.summary.get('steps')} steps")))
     out = [f"<h2>{esc(a.attempt_id)}</h2>", kv_table(rows, raw_values=True)]
-    out.append(notes_block(notes))
+    out.append(notes_block(notes) if not a.conclusions else research_log_html(a))
     return join(*out)
 
 

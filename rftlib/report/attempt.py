@@ -21,7 +21,9 @@ from rftlib.monitor.metrics import read_metrics
 
 EVAL_KEY = "eval/heldout/greedy_pass@1"  # what the trainer logs (rftlib.train.loop.EVAL_KEY)
 # config fields that are bookkeeping, not the experiment: left out of "key differences"
-BOOKKEEPING = ("name", "notes", "runs_root", "stop_after_steps", "torch_threads", "eval_batch_size", "log_samples")
+BOOKKEEPING = ("name", "notes", "runs_root", "stop_after_steps", "torch_threads", "eval_batch_size", "log_samples",
+               "report_to", "tracker_project", "tracker_offline")
+NOTES_FILE = "notes.jsonl"  # <run_dir>/notes.jsonl: the researcher's dated conclusions (rft note)
 _STEP_FILE = re.compile(r"^(ckpt_)?step_(\d+)\.json$")
 
 
@@ -171,6 +173,43 @@ class Attempt:
                 out[v.status] += 1
         return out
 
+    # ---- the research log: hypothesis at launch, conclusions after, lineage, trackers ------------
+    @property
+    def hypothesis(self) -> str:
+        """What the researcher expected, set at launch (the ``notes`` field)."""
+        return str(self.config.get("notes") or "")
+
+    @property
+    def conclusions(self) -> list[dict[str, str]]:
+        """The dated conclusions written after the run ({"date", "text"}, oldest first; ``rft note``)."""
+        return read_notes(self.run_dir)
+
+    @property
+    def trackers(self) -> dict[str, dict[str, Any]]:
+        """Each experiment tracker's run: status, run id, URL or local path, warnings (trackers.json)."""
+        from rftlib.monitor.trackers import read_state
+
+        return read_state(self.run_dir)
+
+    def format_points(self) -> list[tuple[int, float]]:
+        """(step, \\boxed{} rate) of the held-out greedy evals (eval/step_N.json), whose per-problem
+        results carry has_boxed: the format compliance before and after a stage."""
+        return [(s, sum(r.get("has_boxed", 0.0) for r in d["results"]) / len(d["results"]))
+                for s, d in self.evals.items() if d.get("results") and "has_boxed" in d["results"][0]]
+
+    @property
+    def parent(self) -> Path | None:
+        """The attempt whose adapter this one started from (``init_adapter`` inside a run directory:
+        an SFT attempt's ``adapter/``), or None."""
+        ad = self.config.get("init_adapter")
+        if not ad:
+            return None
+        d = Path(ad).expanduser().resolve()
+        for cand in (d, *d.parents[:3]):
+            if (cand / "config.yaml").exists():
+                return cand
+        return None
+
     @property
     def created(self) -> str:
         return str(self.provenance.get("created", ""))
@@ -210,3 +249,38 @@ def key_differences(config: dict[str, Any], baseline: dict[str, Any] | None) -> 
 
     base = baseline if baseline is not None else to_dict(RunConfig())
     return {k: v for k, v in diff(base, config).items() if k not in BOOKKEEPING}
+
+
+def add_note(run_dir: str | Path, text: str, *, date: str | None = None) -> dict[str, str]:
+    """Append a dated conclusion to an attempt (seed 003's research log: lessons learned, next steps).
+
+    The hypothesis stays in config.yaml (``notes``, set at launch); conclusions go to notes.jsonl, one
+    line each, so writing one never rewrites the attempt's record.
+    """
+    import datetime as _dt
+
+    from rftlib.attempts import run_dir_path
+
+    run_dir = run_dir_path(run_dir)
+    if not (run_dir / "config.yaml").exists():
+        raise FileNotFoundError(f"{run_dir}: not an attempt directory (no config.yaml); give a run directory "
+                                "such as runs/attempt-01-default")
+    if not text or not text.strip():
+        raise ValueError("the note is empty: write what the attempt taught you (and the next step)")
+    note = {"date": date or _dt.datetime.now().isoformat(timespec="seconds"), "text": text.strip()}
+    with open(run_dir / NOTES_FILE, "a") as f:
+        f.write(json.dumps(note) + "\n")
+    return note
+
+
+def conclude(run_dir: str | Path, text: str) -> dict[str, str] | None:
+    """The notebooks' conclusion cell: :func:`add_note` when ``text`` is not empty, else nothing (None)."""
+    return add_note(run_dir, text) if text.strip() else None
+
+
+def read_notes(run_dir: str | Path) -> list[dict[str, str]]:
+    """The conclusions of an attempt (notes.jsonl), oldest first; [] when none were written."""
+    p = Path(run_dir) / NOTES_FILE
+    if not p.exists():
+        return []
+    return [json.loads(x) for x in p.read_text().splitlines() if x.strip()]

@@ -2,7 +2,8 @@
 
 It replaces the hand-kept research log (seed 003 ``rl_grpo_research.md``): one row per attempt
 with its date, git SHA, the key config differences from a baseline attempt, the held-out eval
-(step-0 baseline vs best, with the mode), the health verdicts, the notes and a link to its report.
+(step-0 baseline vs best, with the mode), the health verdicts, the hypothesis set at launch beside the conclusions written after (``rft note``), the SFT parent
+it started from, and a link to its report.
 Nothing is stored between builds, so deleting or adding a run directory and rebuilding is all it
 takes to keep it true (``rft index --runs runs --out reports``).
 """
@@ -13,7 +14,7 @@ import datetime as _dt
 from pathlib import Path
 from typing import Sequence
 
-from rftlib.report.attempt import Attempt, key_differences, list_attempts
+from rftlib.report.attempt import Attempt, key_differences, list_attempts, load_attempt
 from rftlib.report.html import Html, esc, pct, status_badge, table
 
 PAGE = """<!DOCTYPE html>
@@ -63,6 +64,59 @@ def _diff_cell(a: Attempt, baseline: Attempt | None) -> str:
     return "<br>".join(items)
 
 
+def research_log_html(a: Attempt, *, width: str = "none") -> str:
+    """The hypothesis set at launch and the dated conclusions written after (``rft note``), side by side
+    in one block: what the index's and the report's notes show."""
+    style = f"white-space:pre-wrap;max-width:{width}"
+    hyp = (f'<div style="{style}"><b>Hypothesis.</b> {esc(a.hypothesis)}</div>' if a.hypothesis else
+           f'<div style="{style};color:#6b7280"><i>No hypothesis: set <code>notes</code> at launch.</i></div>')
+    concl = "".join(f'<div class="rft-conclusion" style="{style};margin-top:4px"><b>Conclusion '
+                    f'{esc(n.get("date", "")[:16].replace("T", " "))}.</b> {esc(n.get("text", ""))}</div>'
+                    for n in a.conclusions)
+    if not concl:
+        concl = (f'<div style="{style};color:#6b7280;margin-top:4px"><i>No conclusion yet: '
+                 f'rft note {esc(a.run_dir.name)} "what you learned; next step"</i></div>')
+    return hyp + concl
+
+
+def trackers_html(a: Attempt) -> str:
+    """Each tracker's run (URL, else local path) and any failure warning, for the report header."""
+    rows = []
+    for name, t in a.trackers.items():
+        where = t.get("url") or t.get("path") or t.get("tracking_uri") or ""
+        link = f'<a href="{esc(where)}">{esc(where)}</a>' if str(where).startswith("http") else f"<code>{esc(where)}</code>"
+        run = f" run <code>{esc(t['run_id'])}</code>" if t.get("run_id") else ""
+        warn = "".join(f'<br><span style="color:#b91c1c">&#9888; {esc(w.get("message", ""))}</span>'
+                       for w in t.get("warnings", []))
+        rows.append(f"<b>{esc(name)}</b> ({esc(t.get('status', '?'))}){run}: {link}{warn}")
+    return "<br>".join(rows) or "<i>none</i>"
+
+
+def format_html(a: Attempt) -> str:
+    """The \\boxed{} rate at the first and the last held-out eval (seed 003 section 12's 95% bar)."""
+    pts = a.format_points()
+    if not pts:
+        return "<i>no held-out eval with has_boxed</i>"
+    (s0, f0), (s1, f1) = pts[0], pts[-1]
+    return f"{esc(pct(f0))} at step {s0} &rarr; <b>{esc(pct(f1))}</b> at step {s1} (seed 003: SFT first below 95%)"
+
+
+def parent_html(a: Attempt) -> str:
+    """The attempt this one started from (its SFT parent), linked to the parent's report, with the
+    parent's own before/after numbers; "" when it started from the base model."""
+    parent = a.parent
+    if parent is None:
+        ad = a.config.get("init_adapter")
+        return f"adapter <code>{esc(ad)}</code> (not an attempt directory)" if ad else ""
+    p = load_attempt(parent)
+    s = p.summary or {}
+    extra = ""
+    if "format_after" in s:
+        extra = (f" &mdash; {esc(p.config.get('task'))}: format compliance {esc(pct(s.get('format_before')))} &rarr; "
+                 f"{esc(pct(s.get('format_after')))}, held-out {esc(pct(s.get('baseline')))} &rarr; {esc(pct(s.get('final')))}")
+    return f'<a href="{esc(p.attempt_id)}.html">{esc(p.attempt_id)}</a>{extra}'
+
+
 def build_index(runs_root: str | Path, out_dir: str | Path, *, baseline: str | None = None,
                 title: str = "rftlib attempts") -> Html:
     """The index page's HTML. ``baseline``: the attempt id the config differences are taken
@@ -85,9 +139,10 @@ def build_index(runs_root: str | Path, out_dir: str | Path, *, baseline: str | N
                 f"{esc(a.attempt_id)}<br><small>no report: rft report {esc(a.run_dir)}</small>")
         rows.append((link, esc(a.created.replace("T", " ")), f"<code>{esc(a.sha)}</code>", esc(a.status),
                      _diff_cell(a, base), _eval_cell(a), _verdict_cell(a),
-                     f'<div style="white-space:pre-wrap;max-width:320px">{esc(a.config.get("notes") or "")}</div>'))
+                     research_log_html(a, width="320px") + (f"<br><small>from {parent_html(a)}</small>"
+                                                             if a.config.get("init_adapter") else "")))
     body = table(["attempt", "date", "git", "status", f"key config vs {base.attempt_id if base else '-'}",
-                  "held-out: step 0 \u2192 best", "health", "notes"], rows, raw=tuple(range(8)), cls="rft-index")
+                  "held-out: step 0 \u2192 best", "health", "hypothesis and conclusions"], rows, raw=tuple(range(8)), cls="rft-index")
     comps = sorted(out_dir.glob("compare-*.html")) if out_dir.is_dir() else []
     if comps:
         body += "<h2>Comparisons</h2><ul>" + "".join(f'<li><a href="{esc(p.name)}">{esc(p.stem)}</a></li>' for p in comps) + "</ul>"

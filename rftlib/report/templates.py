@@ -6,6 +6,7 @@ Each has one ``parameters`` cell of typed, commented literals (papermill ``-p NA
 rftlib.report.* where the tests reach it.
 
     train.ipynb     one attempt: config -> train -> plots -> every checkpoint evaluated -> report
+    sft.ipynb       the SFT stage: format compliance and accuracy before/after, the adapter RL starts from
     validate.ipynb  seed 002's loop validation: component, timing and memory tables with evidence
     analysis.ipynb  one attempt's report (reports/<attempt-id>.html)
     compare.ipynb   A/B of two or more attempts with paired-bootstrap CIs
@@ -59,8 +60,55 @@ def train_notebook() -> nbformat.NotebookNode:
            "reused). Then the attempt's report, `reports/<attempt-id>.html`, and the index are (re)written."),
         code("from rftlib.report import checkpoints, publish\n\nckpt = checkpoints.eval_checkpoints(run.run_dir)"),
         code("report = publish.write_report(run.run_dir)\nprint(f\"report: {report}\\nindex:  {report.parent / 'index.html'}\")"),
+        md("## Format compliance\n\nSeed 003 section 12: when the base model's \\\\boxed{} rate on the step-0 held-out eval "
+           "is below 95%, run SFT first (`rft sft`, notebooks/sft.ipynb) and start RL from its adapter."),
+        code("from rftlib.sft import format_check\n\nprint(format_check(run.run_dir))"),
+        *conclusion_cells("run.run_dir"),
     ]
     return _notebook("train", cells)
+
+
+def conclusion_cells(run_dir: str) -> list:
+    """The research-log cell: after reading the report, a dated conclusion appended to the attempt
+    (what ``rft note`` does); an empty text writes nothing."""
+    return [
+        md("## Conclusions\n\nAfter reading the report: what did this attempt teach, and what comes next? "
+           "Write it in the cell below and run it (or `rft note RUN_DIR \"...\"` from a shell); the report and "
+           "the index show it, dated, beside the hypothesis (`notes`) set at launch."),
+        code("from rftlib.report import attempt as research_log\n\n"
+             f"if research_log.conclude({run_dir}, \"\"):  # <- your conclusion here\n"
+             f"    print(publish.write_report({run_dir}))"),
+    ]
+
+
+SFT_PARAMS = '''\
+# Parameters (papermill -p NAME VALUE). Typed literals only; the work is in rftlib.sft.
+preset: str = "sft-arithmetic-boxed"  # params/<name>.yaml: model, task, sft_data (the SFT split) and the schedule
+overrides: dict = {}  # RunConfig fields over the preset, e.g. {"num_steps": 10, "report_to": ["tensorboard", "mlflow"]}
+notes: str = ""  # the hypothesis, shown in the report and the index ("" keeps the preset's)
+runs_root: str = "runs"  # where the attempt's run directory is made
+attempt_id: str = ""  # run directory name; "" picks the next attempt-NN-<name>
+'''
+
+
+def sft_notebook() -> nbformat.NotebookNode:
+    cells = [
+        md("# SFT stage\n\nSeed 003 section 12: when the base model's format compliance (the \\\\boxed{} rate) is "
+           "below 95%, SFT on the prepared split first; seed 001 starts RL from the SFT adapter. TRL's SFTTrainer "
+           "trains a LoRA (or, with `lora_rank` 0, the full model) with completion-only loss; the held-out set is "
+           "evaluated greedily before and after. The attempt's `adapter/` is what an RL preset starts from "
+           "(`init_adapter`), and that attempt's report links back here. Headless: `rft sft -p PRESET`."),
+        _params(SFT_PARAMS),
+        code("from rftlib import sft\n\ncfg, run_dir = sft.start(preset, overrides, notes=notes, runs_root=runs_root, "
+             "attempt_id=attempt_id)\nprint(run_dir)"),
+        code("summary = sft.run_sft(cfg, run_dir)"),
+        code("sft.before_after(run_dir)"),
+        code("sft.loss_plot(run_dir)"),
+        md("## Report\n\nThe attempt's report, `reports/<attempt-id>.html`, and the index are (re)written."),
+        code("from rftlib.report import publish\n\nreport = publish.write_report(run_dir)\nprint(f\"report: {report}\")"),
+        *conclusion_cells("run_dir"),
+    ]
+    return _notebook("sft", cells)
 
 
 VALIDATE_PARAMS = '''\
@@ -182,7 +230,7 @@ def _launch_notebook():
     return launch_notebook()
 
 
-TEMPLATES = {"train.ipynb": train_notebook, "validate.ipynb": validate_notebook,
+TEMPLATES = {"train.ipynb": train_notebook, "sft.ipynb": sft_notebook, "validate.ipynb": validate_notebook,
              "analysis.ipynb": analysis_notebook, "compare.ipynb": compare_notebook, "launch.ipynb": _launch_notebook}
 
 
