@@ -195,6 +195,14 @@ def autocast_dtype(mode: str) -> torch.dtype | None:
         return None
 
 
+def compute_dtype(weights_dtype: str, mode: str) -> torch.dtype | None:
+    """The dtype forward passes run in: the half dtype the weights were loaded in (bfloat16/float16: the
+    trainable ones are float32 masters, rftlib.train.backends.torch_backend), else ``autocast_dtype(mode)``."""
+    if weights_dtype in ("bfloat16", "float16"):
+        return DTYPES[weights_dtype]
+    return autocast_dtype(mode)
+
+
 def autocast(dtype: torch.dtype | None, device_type: str | None = None):
     """A context running forward passes on ``device_type`` in ``dtype`` (a no-op context when None)."""
     if dtype is None:

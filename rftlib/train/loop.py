@@ -33,7 +33,7 @@ from rftlib.attempts import create_attempt, read_attempt, write_json
 from rftlib.config import ConfigError, RunConfig, make_config
 from rftlib.data.tasks import build_task
 from rftlib.eval import evaluate, format_prompts, greedy_eval
-from rftlib.models.loading import (Reference, apply_lora, autocast_dtype, causal_lm, is_peft, load_adapter_weights,
+from rftlib.models.loading import (Reference, apply_lora, causal_lm, compute_dtype, is_peft, load_adapter_weights,
                                    load_model_and_tokenizer)
 from rftlib.monitor.metrics import MetricsLogger
 from rftlib.rollout.factory import make_engine
@@ -105,8 +105,9 @@ class Trainer:
         self.warmup_steps = warmup_steps_for(self.total_opt_steps, cfg.warmup_ratio)
         self.backend = make_backend(cfg, D, self.model, total_opt_steps=self.total_opt_steps,
                                     warmup_steps=self.warmup_steps)
-        # bf16 autocast where the hardware has native bf16 (auto); float16 weights run as they are
-        self.amp = None if cfg.dtype == "float16" else autocast_dtype(cfg.autocast)
+        # forward passes in the weights' half dtype (trainable masters are float32), else bf16 autocast where the
+        # hardware has native bf16 (auto)
+        self.amp = compute_dtype(cfg.dtype, cfg.autocast)
         if engine is None and cfg.rollout_engine == "hf":
             engine = HFEngine(self.model, self.tok, amp=self.amp,
                               synced_gpus=cfg.backend == "deepspeed" and cfg.zero_stage == 3 and D.distributed)
