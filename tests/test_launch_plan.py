@@ -54,7 +54,7 @@ def test_a28b_matches_seed003_allocation():
         eng = command(out, f"vllm_engine_{k}")
         assert f"CUDA_VISIBLE_DEVICES={gpus} " in eng
         assert "-m vllm.entrypoints.openai.api_server --model openai/gpt-oss-20b" in eng
-        assert "--tensor-parallel-size 2 --gpu-memory-utilization 0.85" in eng and "--enable-lora" in eng
+        assert "--tensor-parallel-size 2 " in eng and "--gpu-memory-utilization 0.85" in eng and "--enable-lora" in eng
         assert f"--port {8000 + k}" in eng
     assert "dry run on a machine without the GPUs" in out and "nothing was started" in out
     # 16 samples (2 prompts) per optimizer step over 4 ranks: 4 samples each, as OpenRLHF splits them
@@ -67,7 +67,8 @@ def test_120b_adds_cpu_offload_on_the_same_gpus():
     assert [g for g, r in roles.items() if r.startswith("trainer")] == [4, 5, 6, 7]
     # seed: ZeRO-3 + CPU offload (--offload = parameters, --adam_offload = optimizer)
     assert all(r.endswith("ZeRO-3 + CPU offload (params, optimizer)") for g, r in roles.items() if g >= 4)
-    assert len([ln for ln in out.splitlines() if "--tensor-parallel-size 2 --gpu-memory-utilization 0.85" in ln]) == 2
+    assert len([ln for ln in out.splitlines()
+                if "--tensor-parallel-size 2 " in ln and "--gpu-memory-utilization 0.85" in ln]) == 2
     assert "--model openai/gpt-oss-120b" in out
 
 
@@ -94,6 +95,52 @@ def test_two_nodes_span_hosts():
     sh = commands_sh(plan)
     assert "# ---- node 0: gpu-a ----" in sh and "# ---- node 1: gpu-b ----" in sh
     assert sh.count("--node_rank=1") == 1 and "/r/A/logs/trainer_node1.log" in sh
+
+
+def test_plan_engines_are_the_trainers_engines(tmp_path):
+    """Issue 21 item 4: the plan's engine command and environment come from the function the trainer's own
+    server engines use, so every flag the trainer relies on is there: runtime LoRA updating, the served
+    name it asks for, processed logprobs (TIS), --generation-config vllm, the worker extension, and a
+    --max-lora-rank vLLM accepts (seed 003's 20B rank 32; a rank 24 rounds up to 32)."""
+    from rftlib.rollout.vllm import VLLMSettings
+    from rftlib.rollout.vllm_server import server_command, server_env
+
+    cfg = make_config("seed003-gpt-oss-20b-a28b", {"lora_rank": 24, "lora_alpha": 48})
+    plan = make_plan(cfg, "r", gpus_per_node=8)
+    engines = [p for p in plan.processes if p.role == "vllm"]
+    s = VLLMSettings.for_launch(cfg, on_gpu=True)
+    for k, p in enumerate(engines):
+        assert p.cmd[1:] == server_command(s, k, p.port)[1:]  # the same function (the python path aside)
+        assert {key: p.env[key] for key in server_env(s, k)} == {**server_env(s, k),
+                                                                 "CUDA_VISIBLE_DEVICES": ",".join(map(str, p.gpus))}
+        flags = " ".join(p.cmd)
+        for f in ("--served-model-name base", "--logprobs-mode processed_logprobs", "--generation-config vllm",
+                  "--worker-extension-cls rftlib.rollout.vllm_worker.RftlibWorkerExtension", "--max-lora-rank 32",
+                  "--host 127.0.0.1"):
+            assert f in flags, f
+        assert p.env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "True"
+        assert "VLLM_SERVER_DEV_MODE" not in p.env  # LoRA sync needs no dev routes
+    assert [p.gpus for p in engines] == [[0, 1], [2, 3]]
+
+
+def test_engines_listen_on_loopback_or_with_a_key():
+    """Issue 21 item 5: one node binds loopback and needs no key; across nodes engines listen beyond
+    loopback with an API key (in the environment, not on the command line) that the trainer is given;
+    full-weight sync needs the dev routes --api-key does not guard, so across nodes it is refused."""
+    one = make_plan(make_config("seed003-gpt-oss-20b-a28b"), "r", gpus_per_node=8)
+    assert all("--host 127.0.0.1" in p.shell() and "VLLM_API_KEY" not in p.env for p in one.processes
+               if p.role == "vllm")
+    assert all(u.startswith("http://127.0.0.1:") for u in one.engine_urls)
+    two_cfg = make_config("seed003-gpt-oss-20b-a28b", {"nnodes": 2, "hosts": ["gpu-a", "gpu-b"]})
+    two = make_plan(two_cfg, "r", gpus_per_node=8)
+    keys = {p.env["VLLM_API_KEY"] for p in two.processes if p.role == "vllm"}
+    trainer_keys = {p.env["RFTLIB_VLLM_API_KEY"] for p in two.processes if p.role == "trainer"}
+    assert len(keys) == 1 and keys == trainer_keys and len(keys.pop()) >= 24
+    assert all("--host 0.0.0.0" in " ".join(p.cmd) and "api-key" not in " ".join(p.cmd)
+               for p in two.processes if p.role == "vllm")
+    full = make_config("seed003-gpt-oss-20b-a28b", {"nnodes": 2, "hosts": ["gpu-a", "gpu-b"], "lora_rank": 0})
+    with pytest.raises(LaunchError, match="dev routes.*train a LoRA"):
+        make_plan(full, "r", gpus_per_node=8)
 
 
 def test_engines_elsewhere_start_no_engine_process():

