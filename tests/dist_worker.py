@@ -33,8 +33,8 @@ class PerPromptSeededEngine:
     def __init__(self, inner):
         self.inner, self.calls = inner, 0
 
-    def sync_weights(self, model) -> dict:
-        return self.inner.sync_weights(model)
+    def sync_weights(self, model, *args, **kw) -> dict:
+        return self.inner.sync_weights(model, *args, **kw)
 
     def close(self) -> None:
         self.inner.close()

@@ -28,10 +28,20 @@ class SyncProbeError(RuntimeError):
 @torch.no_grad()
 def probe_max_diff(engine, model) -> float:
     """max |engine - trainer| logprob over the probe's sampled tokens (temperature 1)."""
+    trainer, behaviour, mask = probe_logprobs(engine, model)
+    diff = (trainer.float() - behaviour).abs() * mask  # (N, T)
+    return float(diff.max())
+
+
+@torch.no_grad()
+def probe_logprobs(engine, model) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(trainer logprobs, engine logprobs, completion mask), each (N, T) on the trainer's device: the
+    engine's rollout comes back on the host (vLLM), so it moves to the model's device first."""
     from rftlib.train.forward import completion_logprobs
 
     ro = engine.generate(PROBE_PROMPTS, group_size=1, max_new_tokens=PROBE_TOKENS, temperature=1.0,
                          seed=PROBE_SEED)
+    ro = ro.to(next(model.parameters()).device)
     was_training = model.training
     model.eval()
     try:
@@ -39,8 +49,7 @@ def probe_max_diff(engine, model) -> float:
                                          ro.completion_mask, temperature=1.0, with_entropy=False)  # (N, T)
     finally:
         model.train(was_training)
-    diff = (trainer.float() - ro.behaviour_logprobs).abs() * ro.completion_mask  # (N, T)
-    return float(diff.max())
+    return trainer, ro.behaviour_logprobs, ro.completion_mask
 
 
 def check_sync(engine, model, tol: float) -> float:

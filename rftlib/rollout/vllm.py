@@ -31,6 +31,7 @@ import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -165,6 +166,7 @@ class _VLLMBase:
     """generate / sync_weights / close on top of three placement hooks: _sample, _load_lora, _load_full."""
 
     shares_trainer_module = False  # the trainer must compute old logprobs itself and apply TIS
+    shared_across_ranks = False  # colocated: each rank owns its engine; server engines: one set, rank 0 loads
 
     def __init__(self, settings: VLLMSettings, tok, run_dir):
         self.s = settings
@@ -208,29 +210,49 @@ class _VLLMBase:
         samples = self._sample(lists, params)
         return assemble_rollout(self.tok, ids, mask, samples, group_size=group_size, stop_ids=self.stop_ids)
 
-    def sync_weights(self, model) -> dict:
-        """Push the trainer's weights, then probe; {seconds, bytes, probe_max_diff} or SyncProbeError."""
+    def sync_weights(self, model, adapter_state: dict | None = None, *, push: bool = True,
+                     barrier: Callable[[], None] | None = None) -> dict:
+        """Make the engine sample the trainer's current weights, then probe them on every rank.
+
+        ``adapter_state``: the trainable tensors gathered whole (the backend's ``adapter_state()``; under
+        ZeRO-3 the peft model's own tensors are empty partitions, and ``save_pretrained`` alone writes
+        those). ``push``: this rank writes and loads them; an engine several ranks share
+        (``shared_across_ranks``: server engines) is pushed to by rank 0 alone, and the others wait at
+        ``barrier`` and then use the adapter name every rank derives from the sync count (vLLM answers
+        400 to a second load of one name). The probe runs on every rank: under ZeRO-3 the trainer's
+        forward is a collective. Returns {seconds, bytes, probe_max_diff}, or raises SyncProbeError.
+        """
         t = time.time()
         self.sync_count += 1
-        path = self.sync_root / f"sync_{self.sync_count:06d}"
-        self._before_load()
-        if self.s.lora_rank > 0:
-            model.save_pretrained(path)  # a PeftModel saves the adapter only (adapter_config + weights)
-            # a fresh id every sync: vLLM caches adapters by id and would keep serving the old one
-            self._load_lora(f"policy-{self.sync_count}", self.sync_count, path)
-            nbytes = sum(f.stat().st_size for f in path.iterdir() if f.is_file())
-        else:
-            nbytes = sum(v.numel() * v.element_size() for _, v in tied_lm_head_weights(model))
-            self._load_full(model, path)
-        self._after_load()
+        name, path, nbytes = f"policy-{self.sync_count}", self.sync_root / f"sync_{self.sync_count:06d}", 0
+        if push:
+            self._before_load()
+            if self.s.lora_rank > 0:
+                # a PeftModel saves the adapter only (adapter_config + weights)
+                model.save_pretrained(path, **({"state_dict": adapter_state} if adapter_state else {}))
+                # a fresh id every sync: vLLM caches adapters by id and would keep serving the old one
+                self._load_lora(name, self.sync_count, path)
+                nbytes = sum(f.stat().st_size for f in path.iterdir() if f.is_file())
+            else:
+                nbytes = sum(v.numel() * v.element_size() for _, v in tied_lm_head_weights(model))
+                self._load_full(model, path)
+            self._after_load()
+            self._prune_sync_dirs()
+        if barrier is not None:
+            barrier()  # the new weights are in the engine before any rank samples or probes
+        if not push and self.s.lora_rank > 0:
+            self._follow_lora(name)
         seconds = time.time() - t
-        self._prune_sync_dirs()
         self.probing = True
         try:
             diff = check_sync(self, model, self.s.probe_tol)
         finally:
             self.probing = False
         return {"seconds": seconds, "bytes": nbytes, "probe_max_diff": diff}
+
+    def _follow_lora(self, name: str) -> None:
+        """Sample from adapter ``name``, which another rank has loaded (engines shared across ranks only)."""
+        raise NotImplementedError(f"{type(self).__name__} is not shared across ranks: each rank loads its own")
 
     def _prune_sync_dirs(self) -> None:
         for old in sorted(self.sync_root.glob("sync_*"))[:-KEEP_SYNC_DIRS]:

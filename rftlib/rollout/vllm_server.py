@@ -197,7 +197,9 @@ class _RemoteServer(_Server):
 
 
 class VLLMServerEngine(_VLLMBase):
-    """N vLLM server processes (server placement)."""
+    """N vLLM server processes (server placement), shared by every trainer rank: rank 0 loads adapters."""
+
+    shared_across_ranks = True
 
     def __init__(self, settings: VLLMSettings, tok, run_dir):
         super().__init__(settings, tok, run_dir)
@@ -252,6 +254,9 @@ class VLLMServerEngine(_VLLMBase):
         if previous is not None:
             for srv in self.servers:
                 srv.post("/v1/unload_lora_adapter", {"lora_name": previous}, "unloading the previous adapter")
+
+    def _follow_lora(self, name):
+        self.model_name = name
 
     def _load_full(self, model, path):
         model.save_pretrained(path)  # safetensors the server reloads from (names as in the checkpoint)

@@ -111,7 +111,7 @@ class Trainer:
         if engine is None and cfg.rollout_engine == "hf":
             engine = HFEngine(self.model, self.tok, amp=self.amp,
                               synced_gpus=cfg.backend == "deepspeed" and cfg.zero_stage == 3 and D.distributed)
-        self.engine = engine or make_engine(cfg, self.model, self.tok, self.run_dir)  # vLLM: synced once already
+        self.engine = engine or make_engine(cfg, self.model, self.tok, self.run_dir, sync=False)
         # an engine that is not the trainer's module samples from its own numerics: the old logprobs
         # come from the trainer, and truncated IS weights correct the loss for the mismatch
         self.on_policy = self.on_policy and self.engine.shares_trainer_module
@@ -131,6 +131,8 @@ class Trainer:
                                                 chunk_rows=self.logprob_chunk_size)
         if resume:
             self._resume()
+        if not self.engine.shares_trainer_module:  # once the weights are final: a resume restored the adapter
+            self.engine.initial_sync = self._sync_engine()
 
     def _fit_prompts(self, max_len: int) -> None:
         """Drop training prompts longer than prompt_max_len tokens, chat template included (OpenRLHF's
@@ -201,6 +203,16 @@ class Trainer:
 
         return ckpt.save_step(self.run_dir, self.step_num, dist=self.dist, write=write,
                               trainer_state=self._trainer_state(), max_keep=self.cfg.max_ckpt_num)
+
+    def _sync_engine(self) -> dict:
+        """Hand the engine the current weights: every rank gathers the adapter (a collective under ZeRO-3),
+        the rank that owns the engine loads it (rank 0 for engines all ranks share), every rank probes."""
+        eng, D = self.engine, self.dist
+        if eng.shares_trainer_module:
+            return eng.sync_weights(self.model)
+        state = self.backend.adapter_state() if is_peft(self.model) else None
+        return eng.sync_weights(self.model, state, push=D.is_main or not eng.shared_across_ranks,
+                                barrier=D.barrier if D.distributed else None)
 
     def _resume(self) -> None:
         d = ckpt.latest_dir(self.run_dir)
@@ -406,7 +418,7 @@ class Trainer:
         t = time.time()
         upd = self._update(ro, advantages_dev, ref_lp, old_lp, lmask)
         timing["update"] = time.time() - t
-        sync = self.engine.sync_weights(self.model)  # the engine samples the new policy next step (probe-checked)
+        sync = self._sync_engine()  # the engine samples the new policy next step (probe-checked)
         timing["sync"] = sync.get("seconds", 0.0)
         self.step_num += 1
         timing["step"] = time.time() - t_step
