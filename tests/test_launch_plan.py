@@ -185,3 +185,20 @@ def test_papermill_dry_run_headless(tmp_path):
     assert "GPU 4: trainer rank 0 (local) - ZeRO-3" in text
     assert "dry run on a machine without the GPUs" in text
     assert not (tmp_path / "runs").exists()  # nothing launched
+
+
+def test_rft_stop_waits_for_the_attempts_own_step_time(tmp_path):
+    """Issue 21 item 12: a flat 300 s killed a 20B attempt mid-step (seed 003: 10-13 min a step), without
+    the checkpoint the stop was for. The wait is twice the longest measured step plus eval."""
+    import json
+
+    from rftlib.launch.supervise import MIN_STOP_WAIT_S, stop_wait_seconds
+
+    assert stop_wait_seconds(tmp_path) == MIN_STOP_WAIT_S == 300  # nothing measured yet
+    (tmp_path / "logs").mkdir()
+    rows = [{"step": 0, "eval/heldout/greedy_pass@1": 0.3, "timing/eval": 95.0},
+            {"step": 1, "timing/step": 610.0}, {"step": 2, "timing/step": 780.0}]  # 20B-like: 13 min
+    (tmp_path / "logs" / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert stop_wait_seconds(tmp_path) == 2 * (780 + 95)  # 29 min, not 5
+    (tmp_path / "logs" / "metrics.jsonl").write_text(json.dumps({"step": 1, "timing/step": 3.0}) + "\n")
+    assert stop_wait_seconds(tmp_path) == 300  # the floor for fast attempts

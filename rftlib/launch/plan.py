@@ -147,7 +147,7 @@ def make_plan(cfg: RunConfig, run_dir: str | Path, *, preset: str = "", resume: 
     if n_eng and len(rollout) != n_eng * tp:
         raise LaunchError(f"rollout_gpus={rollout} holds {len(rollout)} GPU(s), but vllm_num_engines={n_eng} x "
                           f"vllm_tensor_parallel_size={tp} needs {n_eng * tp}: change one of them")
-    if not n_eng:
+    if not n_eng or not gpu:  # a CPU plan (the rehearsal): engines share the cores, no GPU to hand out
         rollout = []
     if cfg.train_gpus is not None:
         train = list(cfg.train_gpus)
@@ -175,7 +175,7 @@ def make_plan(cfg: RunConfig, run_dir: str | Path, *, preset: str = "", resume: 
     for node in range(cfg.nnodes):
         host = hosts[node]
         for k in range(n_eng):
-            gpus = rollout[k * tp:(k + 1) * tp]
+            gpus = rollout[k * tp:(k + 1) * tp]  # [] on a CPU plan
             port = cfg.vllm_base_port + k
             try:  # the trainer's own engine command and environment (rftlib.rollout.vllm_server), this GPU slice
                 node_engine = dataclasses.replace(engine, rollout_gpus=tuple(rollout))

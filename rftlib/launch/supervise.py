@@ -35,6 +35,7 @@ from typing import Any
 
 from rftlib.attempts import write_json
 from rftlib.launch.plan import LaunchPlan, check_plan, format_plan, make_plan
+from rftlib.monitor.metrics import read_metrics
 from rftlib.train.launch import rank_env
 
 TAIL_LINES = 60
@@ -259,10 +260,27 @@ def _read_json(path: Path) -> Any:
         return None
 
 
-def stop(run_dir: str | Path, timeout: float = 300.0, write=print) -> dict[str, Any]:
-    """Ask the trainer to checkpoint and stop (control/stop), wait up to ``timeout`` s for the
-    attempt to end, then terminate what is left; the final control/status.json."""
+MIN_STOP_WAIT_S = 300.0  # before a step has been measured, and the floor after
+
+
+def stop_wait_seconds(run_dir: str | Path) -> float:
+    """How long ``rft stop`` waits for a clean stop: the trainer finishes the step it is in, may run an
+    eval, then checkpoints, so twice the longest measured step plus the longest eval (metrics.jsonl's
+    timing/step, timing/eval), at least MIN_STOP_WAIT_S. Seed 003's 20B steps took 10-13 min: a flat
+    300 s killed them mid-step, without the checkpoint the stop was for."""
+    rows = read_metrics(run_dir)
+    step = max((r.get("timing/step", 0.0) for r in rows), default=0.0)
+    ev = max((r.get("timing/eval", 0.0) for r in rows), default=0.0)
+    return max(MIN_STOP_WAIT_S, 2 * (step + ev))
+
+
+def stop(run_dir: str | Path, timeout: float | None = None, write=print) -> dict[str, Any]:
+    """Ask the trainer to checkpoint and stop (control/stop), wait up to ``timeout`` s (default:
+    :func:`stop_wait_seconds`) for the attempt to end, then terminate what is left; the final
+    control/status.json."""
     run_dir = Path(run_dir)
+    if timeout is None:
+        timeout = stop_wait_seconds(run_dir)
     st = read_status(run_dir)
     if not st:
         raise FileNotFoundError(f"{run_dir}/control/status.json: {run_dir} was not launched with rft launch")
@@ -270,7 +288,8 @@ def stop(run_dir: str | Path, timeout: float = 300.0, write=print) -> dict[str, 
         write(f"[rft] {run_dir.name} is not running (state {st.get('state')})")
         return st
     (run_dir / "control" / "stop").write_text(time.strftime("%Y-%m-%dT%H:%M:%S") + " rft stop\n")
-    write(f"[rft] asked {run_dir.name} to stop (control/stop): the trainer checkpoints at the end of its step")
+    write(f"[rft] asked {run_dir.name} to stop (control/stop): the trainer checkpoints at the end of its step "
+          f"(waiting up to {timeout:.0f} s)")
     deadline = time.time() + timeout
     while time.time() < deadline and _supervisor_alive(run_dir):
         time.sleep(0.5)

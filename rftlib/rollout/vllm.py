@@ -93,6 +93,7 @@ class VLLMSettings:
     host: str = "127.0.0.1"  # what a server engine binds: loopback unless trainer ranks on other nodes reach it
     api_key: str | None = None  # sent by the trainer, required by the engine's /v1 routes (other nodes)
     rollout_gpus: tuple = ()  # the GPUs server engines take, TP-sized slices in order (rollout_gpus)
+    cpu_threads: int = 0  # CPU engines: torch threads each (torch_threads; 0 = vLLM's default)
 
     @classmethod
     def from_config(cls, cfg, model, run_dir) -> "VLLMSettings":
@@ -141,7 +142,8 @@ class VLLMSettings:
                    gpu_memory_utilization=cfg.vllm_gpu_memory_utilization, enforce_eager=cfg.vllm_enforce_eager,
                    tensor_parallel_size=cfg.vllm_tensor_parallel_size, num_engines=cfg.vllm_num_engines,
                    sleep_mode=cfg.vllm_sleep_mode and on_gpu, probe_tol=cfg.vllm_sync_probe_tol, seed=cfg.seed,
-                   on_gpu=on_gpu, urls=tuple(cfg.vllm_urls), rollout_gpus=tuple(cfg.rollout_gpus or ()), **kw)
+                   on_gpu=on_gpu, urls=tuple(cfg.vllm_urls), rollout_gpus=tuple(cfg.rollout_gpus or ()),
+                   cpu_threads=cfg.torch_threads, **kw)
 
     @property
     def max_lora_rank(self) -> int:

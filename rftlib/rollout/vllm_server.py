@@ -100,8 +100,11 @@ def server_env(s: VLLMSettings, k: int) -> dict[str, str]:
         env["VLLM_API_KEY"] = s.api_key  # the environment, not the command line: ps and commands.sh stay clean
     if s.on_gpu:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(engine_gpus(s, k))
-    elif "VLLM_CPU_OMP_THREADS_BIND" not in os.environ:
-        env["VLLM_CPU_OMP_THREADS_BIND"] = "nobind"
+    else:
+        if "VLLM_CPU_OMP_THREADS_BIND" not in os.environ:
+            env["VLLM_CPU_OMP_THREADS_BIND"] = "nobind"  # no pinning: the trainer's ranks share these cores
+        if s.cpu_threads:  # several torch pools on few cores run 5-10x slower unless each is sized
+            env["OMP_NUM_THREADS"] = str(s.cpu_threads)
     return env
 
 

@@ -252,6 +252,7 @@ class Trainer:
         """greedy_pass@1 on every eval probe, sharded over ranks (the same number as one process
         gives); results in eval/step_N[_probe].json and the history."""
         D = self.dist
+        t0 = time.time()
         summary: dict[str, Any] = {"step": self.step_num}
         if D.is_main:
             (self.run_dir / "eval").mkdir(exist_ok=True)
@@ -287,6 +288,7 @@ class Trainer:
                 write_json(self.run_dir / "eval" / f"step_{self.step_num}{suffix}.json", res)
             summary[f"eval/{probe}/greedy_pass@1"] = res["greedy_pass@1"]
             summary[f"eval/{probe}/mean_length"] = res["mean_length"]
+        summary["timing/eval"] = time.time() - t0  # rft stop sizes its wait from this and timing/step
         self.eval_history.append(summary)
         return summary
 
