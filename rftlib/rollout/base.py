@@ -53,11 +53,12 @@ class RolloutEngine(Protocol):
         ...
 
     def sync_weights(self, model, adapter_state: dict | None = None, *, push: bool = True,
-                     barrier=None) -> dict:
+                     barrier=None, verify: bool = False) -> dict:
         """Make the engine sample from the trainer's current weights (no-op when they share them).
 
         ``adapter_state``: trainable tensors gathered whole (ZeRO-3); ``push``/``barrier``: an engine shared
-        across ranks is loaded by one rank while the others wait (rftlib.rollout.vllm).
+        across ranks is loaded by one rank while the others wait; ``verify``: first check that the engine
+        follows a non-zero adapter at all (rftlib.rollout.vllm).
         Returns {seconds, bytes, probe_max_diff}; raises rftlib.rollout.SyncProbeError on stale weights."""
         ...
 

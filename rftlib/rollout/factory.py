@@ -34,7 +34,7 @@ def make_engine(cfg, model, tok, run_dir, *, sync: bool = True):
         raise ValueError(f"vllm_placement='{cfg.vllm_placement}': choose colocate or server")
     if sync:
         try:
-            engine.initial_sync = engine.sync_weights(model)
+            engine.initial_sync = engine.sync_weights(model, verify=True)
         except BaseException:
             engine.close()
             raise

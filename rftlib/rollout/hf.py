@@ -156,7 +156,8 @@ class HFEngine:
         if tokenizer.padding_side != "left":
             raise ValueError("HFEngine needs a left-padding tokenizer (pass padding_side='left')")
 
-    def sync_weights(self, model, adapter_state=None, *, push: bool = True, barrier=None) -> dict:
+    def sync_weights(self, model, adapter_state=None, *, push: bool = True, barrier=None,
+                     verify: bool = False) -> dict:
         """The engine is the trainer's module: nothing moves (every rank generates with its own)."""
         self.model = model
         return {"seconds": 0.0, "bytes": 0, "probe_max_diff": 0.0}

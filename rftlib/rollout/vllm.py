@@ -37,11 +37,13 @@ import torch
 
 from rftlib.rollout.assemble import assemble_rollout, encode_prompts
 from rftlib.rollout.base import Rollout, stop_token_ids
-from rftlib.rollout.sync_probe import check_sync
+from rftlib.rollout.sync_probe import (CANARY_MIN_SHIFT, PROBE_PROMPTS, PROBE_SEED, PROBE_TOKENS, SyncProbeError,
+                                       canary_state, check_sync, first_token_shift)
 
 LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vLLM's allowed max_lora_rank values
 WORKER_EXTENSION = "rftlib.rollout.vllm_worker.RftlibWorkerExtension"  # adds rftlib_reload_weights
 KEEP_SYNC_DIRS = 2  # adapter / weight dirs kept on disk (the live one and the one before)
+CANARY_ID_BASE = 1_000_000  # LoRA ids of start-up canary adapters (sync adapters count from 1)
 API_KEY_ENV = "RFTLIB_VLLM_API_KEY"  # the trainer's copy of the engines' API key (rft launch sets it across nodes)
 
 
@@ -64,6 +66,18 @@ def engine_max_len(cfg, max_positions: int | None) -> int:
     when unset) + ``max_new_tokens``, capped at the model's position limit when it is known."""
     want = cfg.vllm_max_model_len or (cfg.prompt_max_len or 1024) + cfg.max_new_tokens
     return min(want, max_positions) if max_positions and not cfg.vllm_max_model_len else want
+
+
+SERVER_GPU_MEMORY = 0.85  # seed 003's --vllm_gpu_memory_utilization: the engines own their GPUs
+COLOCATED_GPU_MEMORY = 0.3  # TRL's colocate default: the trainer holds the rest of the GPU
+
+
+def engine_gpu_memory(cfg) -> float:
+    """``vllm_gpu_memory_utilization``, else the placement's default (a colocated engine at 0.85 would leave
+    the trainer on the same GPU 15% of it)."""
+    if cfg.vllm_gpu_memory_utilization is not None:
+        return cfg.vllm_gpu_memory_utilization
+    return COLOCATED_GPU_MEMORY if cfg.vllm_placement == "colocate" else SERVER_GPU_MEMORY
 
 
 def engines_on_gpu(cfg) -> bool:
@@ -139,7 +153,7 @@ class VLLMSettings:
     def _make(cls, cfg, *, max_positions: int | None, on_gpu: bool | None = None, **kw) -> "VLLMSettings":
         on_gpu = engines_on_gpu(cfg) if on_gpu is None else on_gpu
         return cls(max_model_len=engine_max_len(cfg, max_positions), kv_cache_gib=cfg.vllm_kv_cache_gib,
-                   gpu_memory_utilization=cfg.vllm_gpu_memory_utilization, enforce_eager=cfg.vllm_enforce_eager,
+                   gpu_memory_utilization=engine_gpu_memory(cfg), enforce_eager=cfg.vllm_enforce_eager,
                    tensor_parallel_size=cfg.vllm_tensor_parallel_size, num_engines=cfg.vllm_num_engines,
                    sleep_mode=cfg.vllm_sleep_mode and on_gpu, probe_tol=cfg.vllm_sync_probe_tol, seed=cfg.seed,
                    on_gpu=on_gpu, urls=tuple(cfg.vllm_urls), rollout_gpus=tuple(cfg.rollout_gpus or ()),
@@ -178,6 +192,7 @@ class _VLLMBase:
         self.sync_count = 0
         self.rng = random.Random(settings.seed)  # the per-call base seeds
         self.probing = False  # True while the sync probe samples (colocate: no sleep after it)
+        self.probe_baseline: float | None = None  # the gap right after the first sync (later probes judged by it)
 
     # ---- placement hooks -----------------------------------------------------------------------
     def _sample(self, prompt_id_lists: list[list[int]], params: list[dict]) -> list[tuple[list[int], list[float]]]:
@@ -213,7 +228,7 @@ class _VLLMBase:
         return assemble_rollout(self.tok, ids, mask, samples, group_size=group_size, stop_ids=self.stop_ids)
 
     def sync_weights(self, model, adapter_state: dict | None = None, *, push: bool = True,
-                     barrier: Callable[[], None] | None = None) -> dict:
+                     barrier: Callable[[], None] | None = None, verify: bool = False) -> dict:
         """Make the engine sample the trainer's current weights, then probe them on every rank.
 
         ``adapter_state``: the trainable tensors gathered whole (the backend's ``adapter_state()``; under
@@ -222,8 +237,13 @@ class _VLLMBase:
         (``shared_across_ranks``: server engines) is pushed to by rank 0 alone, and the others wait at
         ``barrier`` and then use the adapter name every rank derives from the sync count (vLLM answers
         400 to a second load of one name). The probe runs on every rank: under ZeRO-3 the trainer's
-        forward is a collective. Returns {seconds, bytes, probe_max_diff}, or raises SyncProbeError.
+        forward is a collective. ``verify`` (the first sync): before it, check that the engine follows a
+        deliberately non-zero adapter at all (a fresh adapter's B is 0, so the probe alone could not tell).
+        The first sync's gap becomes the baseline later probes are judged by (rftlib.rollout.sync_probe).
+        Returns {seconds, bytes, probe_max_diff, probe_baseline}, or raises SyncProbeError.
         """
+        if verify and push and self.s.lora_rank > 0:
+            self._check_follows_adapter(model, adapter_state)
         t = time.time()
         self.sync_count += 1
         name, path, nbytes = f"policy-{self.sync_count}", self.sync_root / f"sync_{self.sync_count:06d}", 0
@@ -247,10 +267,41 @@ class _VLLMBase:
         seconds = time.time() - t
         self.probing = True
         try:
-            diff = check_sync(self, model, self.s.probe_tol)
+            diff = check_sync(self, model, self.s.probe_tol, self.probe_baseline)
         finally:
             self.probing = False
-        return {"seconds": seconds, "bytes": nbytes, "probe_max_diff": diff}
+        if self.probe_baseline is None:
+            self.probe_baseline = diff
+        return {"seconds": seconds, "bytes": nbytes, "probe_max_diff": diff, "probe_baseline": self.probe_baseline}
+
+    def _check_follows_adapter(self, model, adapter_state: dict | None) -> float:
+        """Load a canary adapter (LoRA B non-zero) and check that the engine's probe samples move; the real
+        adapter is loaded right after by the sync. Returns the shift; SyncProbeError when nothing moved."""
+        def sample():
+            self.probing = True
+            try:
+                return self.generate(PROBE_PROMPTS, group_size=1, max_new_tokens=PROBE_TOKENS, temperature=1.0,
+                                     seed=PROBE_SEED)
+            finally:
+                self.probing = False
+
+        before = sample()
+        named = adapter_state.items() if adapter_state else [(n, p) for n, p in model.named_parameters()
+                                                             if p.requires_grad]
+        path = self.sync_root / f"canary_{self.sync_count + 1:06d}"
+        self._before_load()
+        model.save_pretrained(path, state_dict=canary_state(named, seed=self.s.seed))
+        self._load_lora(f"canary-{self.sync_count + 1}", CANARY_ID_BASE + self.sync_count + 1, path)
+        self._after_load()
+        shift = first_token_shift(before, sample())
+        shutil.rmtree(path, ignore_errors=True)
+        if not shift >= CANARY_MIN_SHIFT:
+            raise SyncProbeError(
+                f"start-up check: a canary adapter (LoRA B ~ N(0, 0.05^2)) moved the engine's first-token log-probs "
+                f"by {shift:.3g} < {CANARY_MIN_SHIFT:g} on {len(PROBE_PROMPTS)} fixed prompts: the engine does not "
+                "sample from the adapters it is given (a LoRA load that keeps the old adapter, LoRA disabled in "
+                "the engine), so every later sync would pass its probe with the base model; refusing to start")
+        return shift
 
     def _follow_lora(self, name: str) -> None:
         """Sample from adapter ``name``, which another rank has loaded (engines shared across ranks only)."""
@@ -328,6 +379,10 @@ class VLLMEngine(_VLLMBase):
             kw.update(enable_lora=True, max_lora_rank=s.max_lora_rank, max_loras=1)
         if s.on_gpu:
             kw.update(gpu_memory_utilization=s.gpu_memory_utilization, enable_sleep_mode=s.sleep_mode)
+            if int(os.environ.get("WORLD_SIZE", 1)) > 1:
+                # under torchrun each rank's in-process engine joins the launcher's ranks and takes that rank's
+                # GPU (LOCAL_RANK), as TRL's colocate mode does; without it every rank's engine took cuda:0
+                kw.update(distributed_executor_backend="external_launcher")
         else:
             kw.update(kv_cache_memory_bytes=int(s.kv_cache_gib * 2**30))
         return kw
