@@ -132,7 +132,10 @@ class Trainer:
         if resume:
             self._resume()
         if not self.engine.shares_trainer_module:  # once the weights are final: a resume restored the adapter
-            self.engine.initial_sync = self._sync_engine()
+            self.engine.initial_sync = sync = self._sync_engine(verify=True)
+            if D.is_main:
+                print(f"[rft] engine synced at step {self.step_num}{' (resumed)' if resume else ''}: probe gap "
+                      f"{sync['probe_max_diff']:.3g} (the baseline later syncs are judged by)", flush=True)
 
     def _fit_prompts(self, max_len: int) -> None:
         """Drop training prompts longer than prompt_max_len tokens, chat template included (OpenRLHF's
@@ -204,7 +207,20 @@ class Trainer:
         return ckpt.save_step(self.run_dir, self.step_num, dist=self.dist, write=write,
                               trainer_state=self._trainer_state(), max_keep=self.cfg.max_ckpt_num)
 
-    def _sync_engine(self) -> dict:
+    def _global_advantages(self, shaped: torch.Tensor, G: int) -> torch.Tensor:
+        """This rank's advantages, computed over the whole global batch: every rank's shaped rewards (whole
+        groups each) gathered in rank order, the estimator run once, this rank's rows taken back. Group
+        estimators would give the same per rank, but batch statistics (reinforce_pp_baseline's mean/std,
+        scale_rewards: batch) over one rank's share differ from one process's. shaped: (N,) -> (N,)."""
+        D = self.dist
+        parts = D.gather_objects(shaped.tolist())  # float32 -> float -> float32 is exact
+        every = torch.tensor([x for p in parts for x in p], dtype=shaped.dtype)  # (sum of N over ranks,)
+        adv = compute_advantages(self.cfg.advantage_estimator, every, G, self.cfg.adv_eps,
+                                 scale_rewards=self.cfg.scale_rewards)
+        start = sum(len(p) for p in parts[:D.rank])
+        return adv[start:start + shaped.shape[0]]  # (N,)
+
+    def _sync_engine(self, verify: bool = False) -> dict:
         """Hand the engine the current weights: every rank gathers the adapter (a collective under ZeRO-3),
         the rank that owns the engine loads it (rank 0 for engines all ranks share), every rank probes."""
         eng, D = self.engine, self.dist
@@ -212,7 +228,7 @@ class Trainer:
             return eng.sync_weights(self.model)
         state = self.backend.adapter_state() if is_peft(self.model) else None
         return eng.sync_weights(self.model, state, push=D.is_main or not eng.shared_across_ranks,
-                                barrier=D.barrier if D.distributed else None)
+                                barrier=D.barrier if D.distributed else None, verify=verify)
 
     def _resume(self) -> None:
         d = ckpt.latest_dir(self.run_dir)
@@ -411,8 +427,7 @@ class Trainer:
             cfg, batch.rewards, ro.lengths().cpu(),
             behaviour_logprobs=(old_lp if old_lp is not None else ro.behaviour_logprobs).cpu(),
             ref_logprobs=None if ref_lp is None else ref_lp.cpu(), completion_mask=ro.completion_mask.cpu())
-        advantages = compute_advantages(cfg.advantage_estimator, shaped, G, cfg.adv_eps,
-                                        scale_rewards=cfg.scale_rewards)  # (N,) host
+        advantages = self._global_advantages(shaped, G)  # (N,) host
         advantages_dev = advantages.to(D.device)
         lmask = steps.loss_mask(cfg, ro.completion_mask, ro.truncated,
                                 None if cfg.dynamic_sampling == "off" else batch.row_mask.to(D.device))  # (N, T)
@@ -442,7 +457,8 @@ class Trainer:
             row.update(self.sampler.metrics())
         row.update(step_memory(D.device))
         if not self.engine.shares_trainer_module:
-            row.update({"sync/bytes": float(sync.get("bytes", 0)), "sync/probe_max_diff": sync.get("probe_max_diff", 0.0)})
+            row.update({"sync/bytes": float(sync.get("bytes", 0)), "sync/probe_max_diff": sync.get("probe_max_diff", 0.0),
+                        "sync/probe_baseline": sync.get("probe_baseline", 0.0)})
         if self.memory_estimate is not None:
             row["memory/preflight_gib"] = self.memory_estimate
         self._group = self._sample_group(allr, G)
@@ -475,10 +491,11 @@ class Trainer:
     def _skips_rows(self) -> bool:
         """Whether the update may leave out rows that add nothing to the gradient: no loss term may read
         a row beyond its advantage (a KL in the loss, an entropy bonus), the GNS probe's per-micro-batch
-        gradients assume full micro-batches, and DDP/DeepSpeed need every rank to run the same micro-batches."""
+        gradients assume full micro-batches, DDP needs every rank to run the same micro-batches, and a
+        backend that counts micro-steps itself (DeepSpeed, even on one rank) needs all of them."""
         cfg = self.cfg
         return (cfg.skip_zero_advantage_rows and steps.loss_kwargs(cfg)["beta"] == 0 and cfg.entropy_coef == 0
-                and not cfg.gns_probe and self.dist.world_size == 1)
+                and not cfg.gns_probe and self.dist.world_size == 1 and not self.backend.fixed_micro_steps)
 
     def _micro_batches(self, ro, batch: torch.Tensor, advantages: torch.Tensor, lmask: torch.Tensor,
                        skip: bool) -> list[torch.Tensor]:
