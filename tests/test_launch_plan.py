@@ -202,3 +202,22 @@ def test_rft_stop_waits_for_the_attempts_own_step_time(tmp_path):
     assert stop_wait_seconds(tmp_path) == 2 * (780 + 95)  # 29 min, not 5
     (tmp_path / "logs" / "metrics.jsonl").write_text(json.dumps({"step": 1, "timing/step": 3.0}) + "\n")
     assert stop_wait_seconds(tmp_path) == 300  # the floor for fast attempts
+
+
+def test_colocated_engines_leave_the_trainer_its_gpu(monkeypatch):
+    """Issue 21 item 10: a colocated engine took 0.85 of a GPU the trainer uses (TRL's colocate default is
+    0.3), and under torchrun every rank's in-process engine landed on cuda:0. Now colocate defaults to 0.3,
+    server engines keep seed 003's 0.85, an explicit value wins, and a GPU engine under several ranks joins
+    the launcher's ranks (vLLM's external_launcher backend: each rank's engine on its own GPU)."""
+    from rftlib.rollout.vllm import VLLMEngine, VLLMSettings, engine_gpu_memory
+
+    colo = make_config("tiny", {"rollout_engine": "vllm", "vllm_placement": "colocate"})
+    assert engine_gpu_memory(colo) == 0.3
+    assert engine_gpu_memory(make_config("seed003-gpt-oss-20b-a28b")) == 0.85
+    assert engine_gpu_memory(make_config("tiny", {"rollout_engine": "vllm", "vllm_gpu_memory_utilization": 0.5})) == 0.5
+    s = VLLMSettings.for_launch(colo, on_gpu=True)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    kw = VLLMEngine.llm_kwargs(s)
+    assert kw["gpu_memory_utilization"] == 0.3 and kw["distributed_executor_backend"] == "external_launcher"
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    assert "distributed_executor_backend" not in VLLMEngine.llm_kwargs(s)

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from rftlib.config import RunConfig
-from rftlib.rollout.vllm import API_KEY_ENV, VLLMSettings, engine_max_len
+from rftlib.rollout.vllm import API_KEY_ENV, VLLMSettings, engine_gpu_memory, engine_max_len
 from rftlib.rollout.vllm_server import server_command, server_env
 from rftlib.train.launch import torchrun_command
 
@@ -249,7 +249,7 @@ def memory_checks(plan: LaunchPlan, cfg: RunConfig) -> list[tuple[str, Any]]:
     eng = [p for p in plan.processes if p.role == "vllm"]
     if eng:
         out.append(("vllm", estimate_rollout_memory(
-            shape, gpu=cfg.launch_gpu_type, gpu_memory_utilization=cfg.vllm_gpu_memory_utilization,
+            shape, gpu=cfg.launch_gpu_type, gpu_memory_utilization=engine_gpu_memory(cfg),
             tensor_parallel=cfg.vllm_tensor_parallel_size, weight_dtype="mxfp4" if "gpt-oss" in shape else "bf16",
             max_model_len=_max_len(cfg),
             title=f"vLLM engine GPU ({cfg.launch_gpu_type}, TP {cfg.vllm_tensor_parallel_size})")))

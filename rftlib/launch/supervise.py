@@ -36,6 +36,7 @@ from typing import Any
 from rftlib.attempts import write_json
 from rftlib.launch.plan import LaunchPlan, check_plan, format_plan, make_plan
 from rftlib.monitor.metrics import read_metrics
+from rftlib.report.publish import write_report
 from rftlib.train.launch import rank_env
 
 TAIL_LINES = 60
@@ -113,6 +114,12 @@ def launch(preset: str = "default", overrides: dict[str, Any] | None = None, *, 
         if read_status(run_dir).get("state") == RUNNING and _supervisor_alive(run_dir):
             raise RuntimeError(f"{run_dir} is still running (control/status.json); `rft stop {run_dir}` first")
         cfg = resume_config(run_dir, **overrides)
+        # the engines the last launch started (their URLs were written into the config for the trainer) are
+        # gone with it: plan them again, unless the user names engines of their own now
+        before = _read_json(run_dir / "plan.json") or {}
+        started = {p.get("url") for p in before.get("processes", []) if p.get("role") == "vllm"}
+        if started and "vllm_urls" not in overrides:
+            cfg.vllm_urls = [u for u in cfg.vllm_urls if u not in started]
     else:
         cfg = make_config(preset, overrides)
         run_dir = Path(cfg.runs_root) / next_attempt_id(cfg.runs_root, cfg.name)
@@ -196,6 +203,16 @@ def terminate(procs: dict[str, subprocess.Popen | int], grace: float = 20.0) -> 
             pass
 
 
+def _write_report(run_dir: Path) -> None:
+    """The attempt's HTML report (held-out before/after, curves, verdicts), as a notebook run writes it; a
+    report that fails is said in the log, never turned into a failed attempt."""
+    try:
+        print(f"[supervisor] report: {write_report(run_dir)}", flush=True)
+    except Exception as e:  # noqa: BLE001 -- the training result stands whatever the report does
+        print(f"[supervisor] the report could not be written ({type(e).__name__}: {e}); run `rft report {run_dir}`",
+              flush=True)
+
+
 def supervise(run_dir: str | Path, node: int = 0, poll: float = 0.5, handle_signals: bool = False) -> int:
     """The supervisor's body: start node ``node``'s processes, wait, stop all when one ends.
     ``handle_signals`` (the detached supervisor process): SIGTERM/SIGINT terminate every process."""
@@ -238,6 +255,7 @@ def supervise(run_dir: str | Path, node: int = 0, poll: float = 0.5, handle_sign
         terminate(rest)
     if name == trainer and code == 0:
         summary = _read_json(run_dir / "summary.json") or {}
+        _write_report(run_dir)
         reason = summary.get("stop_reason")
         state = "stopped" if reason == "stopped by user" else "finished"
         _write_status(run_dir, state=state, reason=reason or f"the trainer finished {summary.get('steps', '?')} "

@@ -40,6 +40,7 @@ def keep_float32_masters(params: list[torch.nn.Parameter]) -> None:
 
 class TorchBackend:
     name = "single"
+    fixed_micro_steps = False  # the optimizer steps when the loop says so: micro-batches may be skipped
 
     def __init__(self, cfg, dist, model, *, total_opt_steps: int, warmup_steps: int):
         self.cfg, self.dist, self.model = cfg, dist, model
