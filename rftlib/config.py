@@ -273,8 +273,9 @@ class RunConfig:
     vllm_gpu_memory_utilization: float | None = None
     """fraction of an engine GPU's memory vLLM may take; null: 0.85 for server engines on GPUs of their own
     (seed 003), 0.3 colocated (TRL's colocate default: the trainer's weights and activations share the GPU)"""
-    vllm_enforce_eager: bool = True
-    """no CUDA graphs (start-up in seconds; required on CPU)"""
+    vllm_enforce_eager: bool | None = None
+    """no CUDA graphs; null: on for CPU engines (required there), off on GPUs (CUDA graphs: the fast
+    decode, at tens of seconds of capture at start-up)"""
     vllm_max_model_len: int | None = None
     """vLLM context length; None means prompt_max_len + max_new_tokens"""
     vllm_kv_cache_gib: float = 1.0

@@ -221,3 +221,6 @@ def test_colocated_engines_leave_the_trainer_its_gpu(monkeypatch):
     assert kw["gpu_memory_utilization"] == 0.3 and kw["distributed_executor_backend"] == "external_launcher"
     monkeypatch.setenv("WORLD_SIZE", "1")
     assert "distributed_executor_backend" not in VLLMEngine.llm_kwargs(s)
+    # issue 22 item 6: CUDA graphs on GPUs unless asked otherwise; eager on CPU, where it is required
+    assert not s.enforce_eager and VLLMSettings.for_launch(colo, on_gpu=False).enforce_eager
+    assert VLLMSettings.for_launch(make_config("tiny", {"vllm_enforce_eager": True}), on_gpu=True).enforce_eager

@@ -153,7 +153,8 @@ class VLLMSettings:
     def _make(cls, cfg, *, max_positions: int | None, on_gpu: bool | None = None, **kw) -> "VLLMSettings":
         on_gpu = engines_on_gpu(cfg) if on_gpu is None else on_gpu
         return cls(max_model_len=engine_max_len(cfg, max_positions), kv_cache_gib=cfg.vllm_kv_cache_gib,
-                   gpu_memory_utilization=engine_gpu_memory(cfg), enforce_eager=cfg.vllm_enforce_eager,
+                   gpu_memory_utilization=engine_gpu_memory(cfg),
+                   enforce_eager=(not on_gpu) if cfg.vllm_enforce_eager is None else cfg.vllm_enforce_eager,
                    tensor_parallel_size=cfg.vllm_tensor_parallel_size, num_engines=cfg.vllm_num_engines,
                    sleep_mode=cfg.vllm_sleep_mode and on_gpu, probe_tol=cfg.vllm_sync_probe_tol, seed=cfg.seed,
                    on_gpu=on_gpu, urls=tuple(cfg.vllm_urls), rollout_gpus=tuple(cfg.rollout_gpus or ()),
