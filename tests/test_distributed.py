@@ -108,8 +108,12 @@ def test_one_rank_deepspeed_with_row_skipping_follows_one_process(tmp_path):
     assert len(ra) == len(rb) == 4 and any(r["update/skipped_row_frac"] > 0 for r in ra)  # rows were skipped
     for x, y in zip(ra, rb):
         assert x["advantage_std"] > 0 and x["reward_mean"] == y["reward_mean"]
-        for k in ("loss", "policy_loss", "grad_norm"):
-            assert math.isclose(x[k], y[k], rel_tol=1e-5, abs_tol=1e-9), (x["step"], k, x[k], y[k])
+        # the loss is a sum of O(1) terms A * ratio that cancel to ~0 (advantages are zero-mean per group), and
+        # the two runs sum different micro-batches (one skips rows): its float32 rounding is absolute,
+        # ~ (terms) x eps x |term| ~ 1e-6, not relative; the grad norm is not near 0, so relative
+        for k, tol in (("loss", dict(abs_tol=1e-5)), ("policy_loss", dict(abs_tol=1e-5)),
+                       ("grad_norm", dict(rel_tol=1e-5))):
+            assert math.isclose(x[k], y[k], **tol), (x["step"], k, x[k], y[k])
     for k in one["weights"]:
         assert torch.allclose(one["weights"][k], ds["weights"][k], atol=1e-5, rtol=0), k
 
@@ -181,11 +185,16 @@ def test_zero3_lora_checkpoints_are_adapter_sized_and_deepspeed_state_optional(z
     def sizes(run_dir):
         step = Path(run_dir) / "training_state" / "step_2"
         adapter = sum(f.stat().st_size for f in (step / "adapter").iterdir())
-        return sum(f.stat().st_size for f in step.rglob("*") if f.is_file()), adapter, step
+        files = [f.stat().st_size for f in step.rglob("*") if f.is_file()]
+        # no file holds the base model (a leaked shard would be a large part of its weights): the tiny model's
+        # LoRA is a sixth of it, so the bound is half the model, not a multiple of the adapter
+        assert max(files) < base / 2, (max(files), base)
+        return sum(files), adapter, step
 
     full = run_worker(tmp_path / "with_ds", *ds, "--stop-after", "2", nproc=2)
     total, adapter, step = sizes(full["run_dir"])
-    assert (step / "deepspeed").is_dir() and total < 12 * adapter and total < base / 2, (total, adapter, base)
+    # the adapter, the gathered trainable tensors, and DeepSpeed's partitions of them with AdamW's m, v
+    assert (step / "deepspeed").is_dir() and total < 12 * adapter, (total, adapter, base)
     lean = run_worker(tmp_path / "lean", *ds, "--set", "deepspeed_checkpoint=false", "--stop-after", "2", nproc=2)
     lean_total, adapter, step = sizes(lean["run_dir"])
     assert not (step / "deepspeed").exists() and lean_total < 4 * adapter and lean_total < total, (lean_total, total)
