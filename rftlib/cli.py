@@ -17,7 +17,8 @@
     rft launch -p P [--set k=v] [--dry-run]   a detached multi-process attempt (trainer ranks + vLLM engines)
     rft launch --resume RUN_DIR            relaunch a stopped/crashed attempt from its step_latest
     rft attach RUN_DIR                     stream a launched attempt's progress (Ctrl-C detaches)
-    rft stop RUN_DIR [--timeout S]         checkpoint and stop it (terminates what is left after S)
+    rft stop RUN_DIR [--timeout S]         checkpoint and stop it (terminates what is left after S;
+                                           default: twice its longest step + eval, at least 300 s)
     rft status [--runs runs]               attempts with step, reward, held-out, health, state; GPUs
 
 Attempts go to ``<project root>/runs/`` (or ``$RFTLIB_RUNS``, or ``--set runs_root=...``; a relative
@@ -476,7 +477,9 @@ def main(argv: list[str] | None = None) -> int:
     at.add_argument("--timeout", type=float, default=None, help="detach after this many seconds")
     so = sub.add_parser("stop", help="stop a launched attempt cleanly (checkpoint first)")
     so.add_argument("run_dir")
-    so.add_argument("--timeout", type=float, default=300.0, help="seconds to wait before terminating what is left")
+    so.add_argument("--timeout", type=float, default=None,
+                    help="seconds to wait before terminating what is left (default: twice the attempt's longest "
+                         "step + eval, at least 300)")
     st = sub.add_parser("status", help="running and finished attempts at a glance, and the GPUs")
     st.add_argument("--runs", default=None, help="runs root (default: $RFTLIB_RUNS, else <project root>/runs)")
     args = p.parse_args(argv)

@@ -274,6 +274,10 @@ class RunConfig:
     deepspeed_config: str | None = None
     """a DeepSpeed JSON template (params/deepspeed/*.json) merged under the values rftlib derives;
     None uses the generated config alone"""
+    deepspeed_checkpoint: bool = True
+    """each checkpoint also holds DeepSpeed's own (ZeRO partitions of the optimizer: an exact resume); false =
+    seed 003's --disable_ds_ckpt: the trainable weights/adapter and LR schedule only, and a resume restarts
+    AdamW's moments"""
 
     # ---- rollout engine ------------------------------------------------------------------------
     rollout_engine: str = "hf"
@@ -285,10 +289,12 @@ class RunConfig:
     """vLLM engines (seed 003: 2)"""
     vllm_tensor_parallel_size: int = 1
     """GPUs per vLLM engine (seed 003: 2)"""
-    vllm_gpu_memory_utilization: float = 0.85
-    """fraction of an engine GPU's memory vLLM may take (seed 003: 0.85)"""
-    vllm_enforce_eager: bool = True
-    """no CUDA graphs (start-up in seconds; required on CPU)"""
+    vllm_gpu_memory_utilization: float | None = None
+    """fraction of an engine GPU's memory vLLM may take; null: 0.85 for server engines on GPUs of their own
+    (seed 003), 0.3 colocated (TRL's colocate default: the trainer's weights and activations share the GPU)"""
+    vllm_enforce_eager: bool | None = None
+    """no CUDA graphs; null: on for CPU engines (required there), off on GPUs (CUDA graphs: the fast
+    decode, at tens of seconds of capture at start-up)"""
     vllm_max_model_len: int | None = None
     """vLLM context length; None means prompt_max_len + max_new_tokens"""
     vllm_kv_cache_gib: float = 1.0
@@ -757,7 +763,7 @@ def _validate_scale(cfg: RunConfig, bad) -> None:
         bad(f"vllm_placement='{cfg.vllm_placement}': choose colocate or server")
     if cfg.vllm_num_engines < 1 or cfg.vllm_tensor_parallel_size < 1:
         bad("vllm_num_engines and vllm_tensor_parallel_size must be at least 1")
-    if not 0 < cfg.vllm_gpu_memory_utilization <= 1:
+    if cfg.vllm_gpu_memory_utilization is not None and not 0 < cfg.vllm_gpu_memory_utilization <= 1:
         bad(f"vllm_gpu_memory_utilization={cfg.vllm_gpu_memory_utilization}: must be in (0, 1]")
     if cfg.tis_cap < 1:
         bad(f"tis_cap={cfg.tis_cap}: the truncated-IS cap must be >= 1 (verl and TRL use 2)")

@@ -33,8 +33,8 @@ class PerPromptSeededEngine:
     def __init__(self, inner):
         self.inner, self.calls = inner, 0
 
-    def sync_weights(self, model) -> dict:
-        return self.inner.sync_weights(model)
+    def sync_weights(self, model, *args, **kw) -> dict:
+        return self.inner.sync_weights(model, *args, **kw)
 
     def close(self) -> None:
         self.inner.close()
@@ -103,7 +103,7 @@ def main(argv=None) -> None:
     dist = init_dist(cfg)
     run_dir = out / "runs" / "attempt-01-dist" if a.resume else None  # the first session's attempt
     tr = Trainer(cfg, run_dir=run_dir, resume=a.resume, progress=False, reward_override=reward, dist=dist)
-    init = tr.backend.trainable_state() if not a.resume else None  # the weights before any update
+    init = tr.backend.trainable_state()  # the weights before this session's first update (a resume: restored)
     tr.engine = PerPromptSeededEngine(HFEngine(tr.model, tr.tok, amp=None, synced_gpus=tr.engine.synced_gpus))
     if a.resume:
         tr.engine.calls = tr.step_num

@@ -80,6 +80,44 @@ def test_ddp_two_ranks_match_one_process(single, ddp):
     assert_same_run(single, ddp)
 
 
+@pytest.mark.parametrize("sets", [
+    ("advantage_estimator=reinforce_pp_baseline", "loss_agg_mode=token-mean"),
+    ("scale_rewards=batch", "loss_agg_mode=seq-mean-token-sum-norm"),
+], ids=["reinforce_pp-token_mean", "batch_scale-seq_sum_norm"])
+def test_batch_statistics_and_aggregations_match_one_process_on_two_ranks(tmp_path, sets):
+    """Issue 21 item 9: advantages that use batch statistics (REINFORCE++'s batch mean/std, GRPO with
+    scale_rewards: batch) are computed over the global batch, so 2 ranks equal one process; and the
+    token-mean and seq-mean-token-sum-norm aggregations normalise by global totals as the default does.
+    Per-rank statistics (the old code) give other advantages, so other losses and weights."""
+    args = [a for s in sets for a in ("--set", s)]
+    one = run_worker(tmp_path / "one", "--backend", "single", *args)
+    two = run_worker(tmp_path / "two", "--backend", "ddp", *args, nproc=2)
+    assert_same_run(one, two)
+
+
+def test_one_rank_deepspeed_with_row_skipping_follows_one_process(tmp_path):
+    """Issue 21 item 8: DeepSpeed steps its optimizer after a fixed count of micro-batches; skipping
+    zero-advantage rows (on by default) ran fewer, so optimizer steps fell out of line with the schedule
+    and gradients spilled into the next rollout. One DeepSpeed rank (no torchrun) with skipping asked for
+    must train as one process does: the same losses, grad norms and weights. (entropy_mean is not
+    compared: the single process, which does skip, measures it over the rows it ran.)"""
+    skip = ("--set", "skip_zero_advantage_rows=true")
+    one = run_worker(tmp_path / "one", "--backend", "single", *skip)
+    ds = run_worker(tmp_path / "ds", "--backend", "deepspeed", "--set", "zero_stage=2", *skip)
+    ra, rb = _train_rows(one), _train_rows(ds)
+    assert len(ra) == len(rb) == 4 and any(r["update/skipped_row_frac"] > 0 for r in ra)  # rows were skipped
+    for x, y in zip(ra, rb):
+        assert x["advantage_std"] > 0 and x["reward_mean"] == y["reward_mean"]
+        # the loss is a sum of O(1) terms A * ratio that cancel to ~0 (advantages are zero-mean per group), and
+        # the two runs sum different micro-batches (one skips rows): its float32 rounding is absolute,
+        # ~ (terms) x eps x |term| ~ 1e-6, not relative; the grad norm is not near 0, so relative
+        for k, tol in (("loss", dict(abs_tol=1e-5)), ("policy_loss", dict(abs_tol=1e-5)),
+                       ("grad_norm", dict(rel_tol=1e-5))):
+            assert math.isclose(x[k], y[k], **tol), (x["step"], k, x[k], y[k])
+    for k in one["weights"]:
+        assert torch.allclose(one["weights"][k], ds["weights"][k], atol=1e-5, rtol=0), k
+
+
 def test_ddp_stop_and_resume_equals_uninterrupted(ddp, tmp_path):
     """2 ranks, 2 steps, a stop (checkpoint), a relaunch that resumes for 2 more: the same weights and
     Adam moments, bit for bit, as 4 uninterrupted steps (gloo's reductions are deterministic)."""
@@ -132,6 +170,41 @@ def test_zero3_stop_and_resume_equals_uninterrupted(zero3, tmp_path):
         for k in ("exp_avg", "exp_avg_sq"):
             assert torch.equal(a[i][k], b[i][k]), (i, k)
             assert a[i][k].abs().max() > 0
+
+
+def test_zero3_lora_checkpoints_are_adapter_sized_and_deepspeed_state_optional(zero3, tmp_path):
+    """Issue 21 item 11: a LoRA checkpoint under ZeRO-3 holds adapter-sized files only (seed 003's PeftModel
+    + ZeRO-3 save wrote ~203 GB of full-model shards beside a 91 MB adapter), and DeepSpeed's own
+    checkpoint can be left out as the seed's --disable_ds_ckpt does; such a checkpoint still resumes the
+    weights and the LR schedule exactly (AdamW's moments restart)."""
+    from rftlib.models.tiny import tiny_model_dir
+
+    base = sum(f.stat().st_size for f in tiny_model_dir().glob("*.safetensors"))  # the whole model's weights
+    ds = ("--backend", "deepspeed", "--set", f"deepspeed_config={ZERO3}", "--set", "save_steps=1")
+
+    def sizes(run_dir):
+        step = Path(run_dir) / "training_state" / "step_2"
+        adapter = sum(f.stat().st_size for f in (step / "adapter").iterdir())
+        files = [f.stat().st_size for f in step.rglob("*") if f.is_file()]
+        # no file holds the base model (a leaked shard would be a large part of its weights): the tiny model's
+        # LoRA is a sixth of it, so the bound is half the model, not a multiple of the adapter
+        assert max(files) < base / 2, (max(files), base)
+        return sum(files), adapter, step
+
+    full = run_worker(tmp_path / "with_ds", *ds, "--stop-after", "2", nproc=2)
+    total, adapter, step = sizes(full["run_dir"])
+    # the adapter, the gathered trainable tensors, and DeepSpeed's partitions of them with AdamW's m, v
+    assert (step / "deepspeed").is_dir() and total < 12 * adapter, (total, adapter, base)
+    lean = run_worker(tmp_path / "lean", *ds, "--set", "deepspeed_checkpoint=false", "--stop-after", "2", nproc=2)
+    lean_total, adapter, step = sizes(lean["run_dir"])
+    assert not (step / "deepspeed").exists() and lean_total < 4 * adapter and lean_total < total, (lean_total, total)
+    resumed = run_worker(tmp_path / "lean", *ds, "--set", "deepspeed_checkpoint=false", "--resume", nproc=2)
+    assert resumed["step"] == 4
+    for k in lean["weights"]:  # scattered back into the partitions exactly as they were saved
+        assert torch.equal(lean["weights"][k], resumed["init"][k]), k
+    assert any(not torch.equal(resumed["init"][k], resumed["weights"][k]) for k in lean["weights"])  # and trained on
+    print(f"ZeRO-3 LoRA step dir: {total / 1e3:.0f} kB with DeepSpeed's state, {lean_total / 1e3:.0f} kB without; "
+          f"adapter {adapter / 1e3:.0f} kB, whole tiny model {base / 1e3:.0f} kB")
 
 
 @pytest.mark.slow

@@ -54,7 +54,7 @@ def test_a28b_matches_seed003_allocation():
         eng = command(out, f"vllm_engine_{k}")
         assert f"CUDA_VISIBLE_DEVICES={gpus} " in eng
         assert "-m vllm.entrypoints.openai.api_server --model openai/gpt-oss-20b" in eng
-        assert "--tensor-parallel-size 2 --gpu-memory-utilization 0.85" in eng and "--enable-lora" in eng
+        assert "--tensor-parallel-size 2 " in eng and "--gpu-memory-utilization 0.85" in eng and "--enable-lora" in eng
         assert f"--port {8000 + k}" in eng
     assert "dry run on a machine without the GPUs" in out and "nothing was started" in out
     # 16 samples (2 prompts) per optimizer step over 4 ranks: 4 samples each, as OpenRLHF splits them
@@ -67,7 +67,8 @@ def test_120b_adds_cpu_offload_on_the_same_gpus():
     assert [g for g, r in roles.items() if r.startswith("trainer")] == [4, 5, 6, 7]
     # seed: ZeRO-3 + CPU offload (--offload = parameters, --adam_offload = optimizer)
     assert all(r.endswith("ZeRO-3 + CPU offload (params, optimizer)") for g, r in roles.items() if g >= 4)
-    assert len([ln for ln in out.splitlines() if "--tensor-parallel-size 2 --gpu-memory-utilization 0.85" in ln]) == 2
+    assert len([ln for ln in out.splitlines()
+                if "--tensor-parallel-size 2 " in ln and "--gpu-memory-utilization 0.85" in ln]) == 2
     assert "--model openai/gpt-oss-120b" in out
 
 
@@ -94,6 +95,52 @@ def test_two_nodes_span_hosts():
     sh = commands_sh(plan)
     assert "# ---- node 0: gpu-a ----" in sh and "# ---- node 1: gpu-b ----" in sh
     assert sh.count("--node_rank=1") == 1 and "/r/A/logs/trainer_node1.log" in sh
+
+
+def test_plan_engines_are_the_trainers_engines(tmp_path):
+    """Issue 21 item 4: the plan's engine command and environment come from the function the trainer's own
+    server engines use, so every flag the trainer relies on is there: runtime LoRA updating, the served
+    name it asks for, processed logprobs (TIS), --generation-config vllm, the worker extension, and a
+    --max-lora-rank vLLM accepts (seed 003's 20B rank 32; a rank 24 rounds up to 32)."""
+    from rftlib.rollout.vllm import VLLMSettings
+    from rftlib.rollout.vllm_server import server_command, server_env
+
+    cfg = make_config("seed003-gpt-oss-20b-a28b", {"lora_rank": 24, "lora_alpha": 48})
+    plan = make_plan(cfg, "r", gpus_per_node=8)
+    engines = [p for p in plan.processes if p.role == "vllm"]
+    s = VLLMSettings.for_launch(cfg, on_gpu=True)
+    for k, p in enumerate(engines):
+        assert p.cmd[1:] == server_command(s, k, p.port)[1:]  # the same function (the python path aside)
+        assert {key: p.env[key] for key in server_env(s, k)} == {**server_env(s, k),
+                                                                 "CUDA_VISIBLE_DEVICES": ",".join(map(str, p.gpus))}
+        flags = " ".join(p.cmd)
+        for f in ("--served-model-name base", "--logprobs-mode processed_logprobs", "--generation-config vllm",
+                  "--worker-extension-cls rftlib.rollout.vllm_worker.RftlibWorkerExtension", "--max-lora-rank 32",
+                  "--host 127.0.0.1"):
+            assert f in flags, f
+        assert p.env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "True"
+        assert "VLLM_SERVER_DEV_MODE" not in p.env  # LoRA sync needs no dev routes
+    assert [p.gpus for p in engines] == [[0, 1], [2, 3]]
+
+
+def test_engines_listen_on_loopback_or_with_a_key():
+    """Issue 21 item 5: one node binds loopback and needs no key; across nodes engines listen beyond
+    loopback with an API key (in the environment, not on the command line) that the trainer is given;
+    full-weight sync needs the dev routes --api-key does not guard, so across nodes it is refused."""
+    one = make_plan(make_config("seed003-gpt-oss-20b-a28b"), "r", gpus_per_node=8)
+    assert all("--host 127.0.0.1" in p.shell() and "VLLM_API_KEY" not in p.env for p in one.processes
+               if p.role == "vllm")
+    assert all(u.startswith("http://127.0.0.1:") for u in one.engine_urls)
+    two_cfg = make_config("seed003-gpt-oss-20b-a28b", {"nnodes": 2, "hosts": ["gpu-a", "gpu-b"]})
+    two = make_plan(two_cfg, "r", gpus_per_node=8)
+    keys = {p.env["VLLM_API_KEY"] for p in two.processes if p.role == "vllm"}
+    trainer_keys = {p.env["RFTLIB_VLLM_API_KEY"] for p in two.processes if p.role == "trainer"}
+    assert len(keys) == 1 and keys == trainer_keys and len(keys.pop()) >= 24
+    assert all("--host 0.0.0.0" in " ".join(p.cmd) and "api-key" not in " ".join(p.cmd)
+               for p in two.processes if p.role == "vllm")
+    full = make_config("seed003-gpt-oss-20b-a28b", {"nnodes": 2, "hosts": ["gpu-a", "gpu-b"], "lora_rank": 0})
+    with pytest.raises(LaunchError, match="dev routes.*train a LoRA"):
+        make_plan(full, "r", gpus_per_node=8)
 
 
 def test_engines_elsewhere_start_no_engine_process():
@@ -138,3 +185,42 @@ def test_papermill_dry_run_headless(tmp_path):
     assert "GPU 4: trainer rank 0 (local) - ZeRO-3" in text
     assert "dry run on a machine without the GPUs" in text
     assert not (tmp_path / "runs").exists()  # nothing launched
+
+
+def test_rft_stop_waits_for_the_attempts_own_step_time(tmp_path):
+    """Issue 21 item 12: a flat 300 s killed a 20B attempt mid-step (seed 003: 10-13 min a step), without
+    the checkpoint the stop was for. The wait is twice the longest measured step plus eval."""
+    import json
+
+    from rftlib.launch.supervise import MIN_STOP_WAIT_S, stop_wait_seconds
+
+    assert stop_wait_seconds(tmp_path) == MIN_STOP_WAIT_S == 300  # nothing measured yet
+    (tmp_path / "logs").mkdir()
+    rows = [{"step": 0, "eval/heldout/greedy_pass@1": 0.3, "timing/eval": 95.0},
+            {"step": 1, "timing/step": 610.0}, {"step": 2, "timing/step": 780.0}]  # 20B-like: 13 min
+    (tmp_path / "logs" / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert stop_wait_seconds(tmp_path) == 2 * (780 + 95)  # 29 min, not 5
+    (tmp_path / "logs" / "metrics.jsonl").write_text(json.dumps({"step": 1, "timing/step": 3.0}) + "\n")
+    assert stop_wait_seconds(tmp_path) == 300  # the floor for fast attempts
+
+
+def test_colocated_engines_leave_the_trainer_its_gpu(monkeypatch):
+    """Issue 21 item 10: a colocated engine took 0.85 of a GPU the trainer uses (TRL's colocate default is
+    0.3), and under torchrun every rank's in-process engine landed on cuda:0. Now colocate defaults to 0.3,
+    server engines keep seed 003's 0.85, an explicit value wins, and a GPU engine under several ranks joins
+    the launcher's ranks (vLLM's external_launcher backend: each rank's engine on its own GPU)."""
+    from rftlib.rollout.vllm import VLLMEngine, VLLMSettings, engine_gpu_memory
+
+    colo = make_config("tiny", {"rollout_engine": "vllm", "vllm_placement": "colocate"})
+    assert engine_gpu_memory(colo) == 0.3
+    assert engine_gpu_memory(make_config("seed003-gpt-oss-20b-a28b")) == 0.85
+    assert engine_gpu_memory(make_config("tiny", {"rollout_engine": "vllm", "vllm_gpu_memory_utilization": 0.5})) == 0.5
+    s = VLLMSettings.for_launch(colo, on_gpu=True)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    kw = VLLMEngine.llm_kwargs(s)
+    assert kw["gpu_memory_utilization"] == 0.3 and kw["distributed_executor_backend"] == "external_launcher"
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    assert "distributed_executor_backend" not in VLLMEngine.llm_kwargs(s)
+    # issue 22 item 6: CUDA graphs on GPUs unless asked otherwise; eager on CPU, where it is required
+    assert not s.enforce_eager and VLLMSettings.for_launch(colo, on_gpu=False).enforce_eager
+    assert VLLMSettings.for_launch(make_config("tiny", {"vllm_enforce_eager": True}), on_gpu=True).enforce_eager

@@ -29,7 +29,7 @@ def test_assemble_cuts_at_first_eos_pads_and_flags_truncation(tok):
         ([E], [-0.125]),  # EOS at once: length 1, not truncated
         ([9, 10, 11], [-1.0, -1.0, -1.0]),  # no EOS, length 3 (the longest): T = 3
     ]
-    ro = assemble_rollout(tok, ids, mask, samples, group_size=2, eos_token_id=E)
+    ro = assemble_rollout(tok, ids, mask, samples, group_size=2, stop_ids=[E])
     assert ro.completion_ids.tolist() == [[5, 6, E], [8, pad, pad], [E, pad, pad], [9, 10, 11]]
     assert ro.completion_mask.tolist() == [[1, 1, 1], [1, 0, 0], [1, 0, 0], [1, 1, 1]]
     assert ro.behaviour_logprobs.tolist() == [[-1.0, -2.0, -0.5], [-0.25, 0, 0], [-0.125, 0, 0], [-1.0, -1.0, -1.0]]
@@ -39,7 +39,26 @@ def test_assemble_cuts_at_first_eos_pads_and_flags_truncation(tok):
     assert torch.equal(ro.prompt_ids[2], ids[1]) and torch.equal(ro.prompt_ids[3], ids[1])
     assert ro.texts[0] == tok.decode([5, 6])  # EOS and padding stripped, as HFEngine decodes
     with pytest.raises(RuntimeError, match="3 completions for 2 prompts x G=2"):
-        assemble_rollout(tok, ids, mask, samples[:3], group_size=2, eos_token_id=E)
+        assemble_rollout(tok, ids, mask, samples[:3], group_size=2, stop_ids=[E])
+
+
+def test_every_stop_token_ends_a_completion(tok):
+    """gpt-oss ends a turn with <|return|> or <|call|>, Llama 3 with <|eot_id|>: each id of the model's
+    generation-config eos list ends a completion like the tokenizer's EOS (kept, not truncated, and
+    not part of the text), so the truncation flag agrees with what the engine stopped on."""
+    from rftlib.rollout.base import stop_token_ids
+
+    E, pad = tok.eos_token_id, tok.pad_token_id
+    R, C = 40, 41  # stand-ins for <|return|> and <|call|>
+    stops = stop_token_ids(tok, [R, C, E])
+    assert stops == (E, R, C)  # the tokenizer's EOS first, no repeats
+    assert stop_token_ids(tok, R) == (E, R) and stop_token_ids(tok, None) == (E,)
+    ids, mask, _ = encode_prompts(tok, ["a", "b"])
+    samples = [([5, R, 7], [-1.0, -2.0, -3.0]), ([6, C], [-1.0, -0.5]), ([5, 6, 7], [-1.0] * 3), ([E], [-0.5])]
+    ro = assemble_rollout(tok, ids, mask, samples, group_size=2, stop_ids=stops)
+    assert ro.completion_ids.tolist() == [[5, R, pad], [6, C, pad], [5, 6, 7], [E, pad, pad]]
+    assert ro.truncated.tolist() == [False, False, True, False]
+    assert ro.texts[0] == tok.decode([5]) and ro.texts[1] == tok.decode([6])
 
 
 def test_make_engine_hf_is_the_trainer_module(tiny_cfg):

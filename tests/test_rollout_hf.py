@@ -322,3 +322,24 @@ def test_decode_drops_only_the_ending_eos_and_padding(tiny_dir):
     masks = [[1.0] * (len(a) + 1) + [0.0] * (T - len(a) - 1), [1.0] * len(b) + [0.0] * (T - len(b))]
     texts = decode_completions(tok, torch.tensor(rows), torch.tensor(masks))
     assert texts == ["The answer is 4.", "5<|im_start|>user"]
+
+
+def test_generation_config_eos_list_stops_hf_rollouts(tiny_dir):
+    """A model whose generation config lists several ends (gpt-oss: <|return|>, <|call|>; Llama 3:
+    <|eot_id|>) stops at each of them, not only at the tokenizer's EOS: greedy decoding's first token is
+    made a stop, so every row that starts with it is one token long and not truncated."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from rftlib.rollout.hf import HFEngine
+
+    tok = AutoTokenizer.from_pretrained(tiny_dir, padding_side="left")
+    model = AutoModelForCausalLM.from_pretrained(tiny_dir)
+    prompts = ["Calculate 1 + 2.", "hi"]
+    before = HFEngine(model, tok).generate(prompts, group_size=1, max_new_tokens=6, temperature=1.0, greedy=True)
+    first = int(before.completion_ids[0, 0])
+    assert first != tok.eos_token_id and before.lengths()[0] > 1  # the model runs on past that token today
+    model.generation_config.eos_token_id = [tok.eos_token_id, first]
+    ro = HFEngine(model, tok).generate(prompts, group_size=1, max_new_tokens=6, temperature=1.0, greedy=True)
+    assert ro.completion_ids[0, 0] == first and ro.lengths()[0] == 1 and not ro.truncated[0]
+    assert ro.texts[0] == ""  # the stop token is not text a reward reads
+    assert model.generation_config.eos_token_id == [tok.eos_token_id, first]  # the model's config is put back

@@ -212,9 +212,16 @@ def test_planted_stale_tied_lm_head_is_caught(tmp_path, monkeypatch):
         eng.close()
 
 
-def test_server_placement_generate_lora_sync_and_dead_engine(tmp_path):
+def test_server_placement_generate_lora_sync_and_dead_engine(tmp_path, monkeypatch):
+    """With an API key (what rft launch gives engines other nodes reach, issue 21 item 5): the engine
+    refuses a request without it, and the trainer's engine, local or remote, sends it on every call."""
+    import json
+    import urllib.error
+    import urllib.request
+
     from rftlib.rollout.vllm_server import EngineDiedError, VLLMServerEngine
 
+    monkeypatch.setenv("RFTLIB_VLLM_API_KEY", "test-key-0123456789")
     cfg = _cfg(tmp_path, lora_rank=16, vllm_placement="server")
     model, tok = _policy(cfg)
     run_dir = tmp_path / "run"
@@ -224,6 +231,13 @@ def test_server_placement_generate_lora_sync_and_dead_engine(tmp_path):
         print(f"server start-up {eng.start_seconds:.1f} s")
         ro = eng.generate(PROMPTS, group_size=2, max_new_tokens=6, temperature=1.0)
         _check_contract(ro, tok, 2, 6)
+        body = json.dumps({"model": "base", "prompt": [1, 2], "max_tokens": 1}).encode()
+        for route in ("/v1/completions", "/v1/load_lora_adapter"):
+            req = urllib.request.Request(eng.servers[0].url + route, data=body,
+                                         headers={"Content-Type": "application/json"})
+            with pytest.raises(urllib.error.HTTPError) as refused:  # no key: refused before anything runs
+                urllib.request.urlopen(req, timeout=30)
+            assert refused.value.code == 401, route
         _perturb(model, "lora_B", 0.3, seed=6)
         stale = probe_max_diff(eng, model)
         info = eng.sync_weights(model)  # /v1/load_lora_adapter under a fresh name, probe passes

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import secrets
 import shlex
 import shutil
 import subprocess
@@ -25,6 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from rftlib.config import RunConfig
+from rftlib.rollout.vllm import API_KEY_ENV, VLLMSettings, engine_gpu_memory, engine_max_len
+from rftlib.rollout.vllm_server import server_command, server_env
 from rftlib.train.launch import torchrun_command
 
 DEFAULT_RDZV_PORT = 29400
@@ -92,8 +96,11 @@ class LaunchPlan:
     def save(self, run_dir: str | Path) -> None:
         """plan.json (what the supervisor reads) and commands.sh (what a person can re-run by hand)."""
         run_dir = Path(run_dir)
-        (run_dir / "plan.json").write_text(json.dumps(self.to_json(), indent=1))
-        (run_dir / "commands.sh").write_text(commands_sh(self))
+        for name, text in (("plan.json", json.dumps(self.to_json(), indent=1)), ("commands.sh", commands_sh(self))):
+            path = run_dir / name
+            path.write_text(text)
+            if any(API_KEY_ENV in p.env or "VLLM_API_KEY" in p.env for p in self.processes):
+                os.chmod(path, 0o600)  # they hold the engines' API key
 
 
 def detect_gpus() -> int:
@@ -140,7 +147,7 @@ def make_plan(cfg: RunConfig, run_dir: str | Path, *, preset: str = "", resume: 
     if n_eng and len(rollout) != n_eng * tp:
         raise LaunchError(f"rollout_gpus={rollout} holds {len(rollout)} GPU(s), but vllm_num_engines={n_eng} x "
                           f"vllm_tensor_parallel_size={tp} needs {n_eng * tp}: change one of them")
-    if not n_eng:
+    if not n_eng or not gpu:  # a CPU plan (the rehearsal): engines share the cores, no GPU to hand out
         rollout = []
     if cfg.train_gpus is not None:
         train = list(cfg.train_gpus)
@@ -162,26 +169,26 @@ def make_plan(cfg: RunConfig, run_dir: str | Path, *, preset: str = "", resume: 
 
     procs: list[Process] = []
     urls: list[str] = list(cfg.vllm_urls)
-    max_len = _max_len(cfg)
+    # engines on other nodes' reach listen beyond loopback, so they require a key the trainer sends
+    api_key = secrets.token_urlsafe(24) if n_eng and cfg.nnodes > 1 else None
+    engine = VLLMSettings.for_launch(cfg, on_gpu=gpu, api_key=api_key) if n_eng else None
     for node in range(cfg.nnodes):
         host = hosts[node]
         for k in range(n_eng):
-            gpus = rollout[k * tp:(k + 1) * tp]
+            gpus = rollout[k * tp:(k + 1) * tp]  # [] on a CPU plan
             port = cfg.vllm_base_port + k
-            cmd = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", cfg.model,
-                   "--tensor-parallel-size", str(tp), "--gpu-memory-utilization", str(cfg.vllm_gpu_memory_utilization),
-                   "--host", "0.0.0.0", "--port", str(port), "--max-model-len", str(max_len), "--dtype",
-                   cfg.dtype if cfg.dtype != "float32" else "auto", "--seed", str(cfg.seed + k)]
-            if cfg.lora_rank:
-                cmd += ["--enable-lora", "--max-lora-rank", str(cfg.lora_rank), "--max-loras", "1"]
-            if cfg.vllm_enforce_eager:
-                cmd.append("--enforce-eager")
+            try:  # the trainer's own engine command and environment (rftlib.rollout.vllm_server), this GPU slice
+                node_engine = dataclasses.replace(engine, rollout_gpus=tuple(rollout))
+                cmd = server_command(node_engine, k, port, python=python)
+                env = {**server_env(node_engine, k), **NCCL_DEFAULTS, **cfg.nccl_env}
+            except ValueError as e:
+                raise LaunchError(str(e)) from None
+            if not gpu:
+                env.pop("CUDA_VISIBLE_DEVICES", None)
             name = f"vllm_engine_{k}" + (f"_node{node}" if node else "")
-            url = f"http://{host}:{port}/v1"
+            url = f"http://{host if cfg.nnodes > 1 else '127.0.0.1'}:{port}/v1"
             urls.append(url)
-            procs.append(Process(name, "vllm", node, host, gpus, cmd,
-                                 {"CUDA_VISIBLE_DEVICES": ",".join(map(str, gpus)), **NCCL_DEFAULTS, **cfg.nccl_env},
-                                 f"logs/{name}.log", url=url, port=port))
+            procs.append(Process(name, "vllm", node, host, gpus, cmd, env, f"logs/{name}.log", url=url, port=port))
     for node in range(cfg.nnodes):
         args = ["train", "--run-dir", run_dir] + (["--resume"] if resume else [])
         cmd = torchrun_command(ranks, args, nnodes=cfg.nnodes, node_rank=node, rdzv_endpoint=rdzv, python=python)
@@ -189,6 +196,8 @@ def make_plan(cfg: RunConfig, run_dir: str | Path, *, preset: str = "", resume: 
         if gpu or cfg.nnodes > 1:
             env.update(NCCL_DEFAULTS)
         env.update(cfg.nccl_env)
+        if api_key:
+            env[API_KEY_ENV] = api_key  # the trainer sends it to the engines (rftlib.rollout.vllm_server)
         name = "trainer" + (f"_node{node}" if node else "")
         procs.insert(node, Process(name, "trainer", node, hosts[node], train, cmd, env, f"logs/{name}.log"))
     return LaunchPlan(run_dir=run_dir, preset=preset, nnodes=cfg.nnodes, hosts=hosts, gpus_per_node=n_gpu,
@@ -199,8 +208,8 @@ def make_plan(cfg: RunConfig, run_dir: str | Path, *, preset: str = "", resume: 
 
 
 def _max_len(cfg: RunConfig) -> int:
-    """Tokens per sequence: vllm_max_model_len, else prompt_max_len (1024 when unset) + max_new_tokens."""
-    return cfg.vllm_max_model_len or (cfg.prompt_max_len or 1024) + cfg.max_new_tokens
+    """Tokens per sequence: the engines' rule (vllm_max_model_len, else prompt_max_len or 1024 + max_new_tokens)."""
+    return engine_max_len(cfg, None)
 
 
 def _shape_name(model: str) -> str | None:
@@ -240,7 +249,7 @@ def memory_checks(plan: LaunchPlan, cfg: RunConfig) -> list[tuple[str, Any]]:
     eng = [p for p in plan.processes if p.role == "vllm"]
     if eng:
         out.append(("vllm", estimate_rollout_memory(
-            shape, gpu=cfg.launch_gpu_type, gpu_memory_utilization=cfg.vllm_gpu_memory_utilization,
+            shape, gpu=cfg.launch_gpu_type, gpu_memory_utilization=engine_gpu_memory(cfg),
             tensor_parallel=cfg.vllm_tensor_parallel_size, weight_dtype="mxfp4" if "gpt-oss" in shape else "bf16",
             max_model_len=_max_len(cfg),
             title=f"vLLM engine GPU ({cfg.launch_gpu_type}, TP {cfg.vllm_tensor_parallel_size})")))

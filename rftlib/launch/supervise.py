@@ -35,6 +35,8 @@ from typing import Any
 
 from rftlib.attempts import ensure_unlocked, write_json
 from rftlib.launch.plan import LaunchPlan, check_plan, format_plan, make_plan
+from rftlib.monitor.metrics import read_metrics
+from rftlib.report.publish import write_report
 from rftlib.train.launch import rank_env
 
 TAIL_LINES = 60
@@ -113,6 +115,12 @@ def launch(preset: str = "default", overrides: dict[str, Any] | None = None, *, 
             raise RuntimeError(f"{run_dir} is still running (control/status.json); `rft stop {run_dir}` first")
         ensure_unlocked(run_dir)  # a trainer outside rft launch (a notebook, rft resume) holds it: refused
         cfg = resume_config(run_dir, **overrides)
+        # the engines the last launch started (their URLs were written into the config for the trainer) are
+        # gone with it: plan them again, unless the user names engines of their own now
+        before = _read_json(run_dir / "plan.json") or {}
+        started = {p.get("url") for p in before.get("processes", []) if p.get("role") == "vllm"}
+        if started and "vllm_urls" not in overrides:
+            cfg.vllm_urls = [u for u in cfg.vllm_urls if u not in started]
     else:
         cfg = make_config(preset, overrides)
         run_dir = Path(cfg.runs_root) / next_attempt_id(cfg.runs_root, cfg.name)
@@ -196,6 +204,16 @@ def terminate(procs: dict[str, subprocess.Popen | int], grace: float = 20.0) -> 
             pass
 
 
+def _write_report(run_dir: Path) -> None:
+    """The attempt's HTML report (held-out before/after, curves, verdicts), as a notebook run writes it; a
+    report that fails is said in the log, never turned into a failed attempt."""
+    try:
+        print(f"[supervisor] report: {write_report(run_dir)}", flush=True)
+    except Exception as e:  # noqa: BLE001 -- the training result stands whatever the report does
+        print(f"[supervisor] the report could not be written ({type(e).__name__}: {e}); run `rft report {run_dir}`",
+              flush=True)
+
+
 def supervise(run_dir: str | Path, node: int = 0, poll: float = 0.5, handle_signals: bool = False) -> int:
     """The supervisor's body: start node ``node``'s processes, wait, stop all when one ends.
     ``handle_signals`` (the detached supervisor process): SIGTERM/SIGINT terminate every process."""
@@ -238,6 +256,7 @@ def supervise(run_dir: str | Path, node: int = 0, poll: float = 0.5, handle_sign
         terminate(rest)
     if name == trainer and code == 0:
         summary = _read_json(run_dir / "summary.json") or {}
+        _write_report(run_dir)
         reason = summary.get("stop_reason")
         state = "stopped" if reason == "stopped by user" else "finished"
         _write_status(run_dir, state=state, reason=reason or f"the trainer finished {summary.get('steps', '?')} "
@@ -260,10 +279,27 @@ def _read_json(path: Path) -> Any:
         return None
 
 
-def stop(run_dir: str | Path, timeout: float = 300.0, write=print) -> dict[str, Any]:
-    """Ask the trainer to checkpoint and stop (control/stop), wait up to ``timeout`` s for the
-    attempt to end, then terminate what is left; the final control/status.json."""
+MIN_STOP_WAIT_S = 300.0  # before a step has been measured, and the floor after
+
+
+def stop_wait_seconds(run_dir: str | Path) -> float:
+    """How long ``rft stop`` waits for a clean stop: the trainer finishes the step it is in, may run an
+    eval, then checkpoints, so twice the longest measured step plus the longest eval (metrics.jsonl's
+    timing/step, timing/eval), at least MIN_STOP_WAIT_S. Seed 003's 20B steps took 10-13 min: a flat
+    300 s killed them mid-step, without the checkpoint the stop was for."""
+    rows = read_metrics(run_dir)
+    step = max((r.get("timing/step", 0.0) for r in rows), default=0.0)
+    ev = max((r.get("timing/eval", 0.0) for r in rows), default=0.0)
+    return max(MIN_STOP_WAIT_S, 2 * (step + ev))
+
+
+def stop(run_dir: str | Path, timeout: float | None = None, write=print) -> dict[str, Any]:
+    """Ask the trainer to checkpoint and stop (control/stop), wait up to ``timeout`` s (default:
+    :func:`stop_wait_seconds`) for the attempt to end, then terminate what is left; the final
+    control/status.json."""
     run_dir = Path(run_dir)
+    if timeout is None:
+        timeout = stop_wait_seconds(run_dir)
     st = read_status(run_dir)
     if not st:
         raise FileNotFoundError(f"{run_dir}/control/status.json: {run_dir} was not launched with rft launch")
@@ -271,7 +307,8 @@ def stop(run_dir: str | Path, timeout: float = 300.0, write=print) -> dict[str, 
         write(f"[rft] {run_dir.name} is not running (state {st.get('state')})")
         return st
     (run_dir / "control" / "stop").write_text(time.strftime("%Y-%m-%dT%H:%M:%S") + " rft stop\n")
-    write(f"[rft] asked {run_dir.name} to stop (control/stop): the trainer checkpoints at the end of its step")
+    write(f"[rft] asked {run_dir.name} to stop (control/stop): the trainer checkpoints at the end of its step "
+          f"(waiting up to {timeout:.0f} s)")
     deadline = time.time() + timeout
     while time.time() < deadline and _supervisor_alive(run_dir):
         time.sleep(0.5)

@@ -11,6 +11,7 @@ import contextlib
 import copy
 import os
 import re
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
@@ -102,38 +103,46 @@ def _gguf_converted_dir(gguf: Path) -> Path:
     return cache_dir() / "models" / f"{gguf.stem}-hf-{st.st_size}-{int(st.st_mtime)}"
 
 
-def load_model_and_tokenizer(name: str, dtype: str = "float32"):
-    """Load a causal LM and its tokenizer (left padding, pad = eos when the model has no pad).
+def hf_model_source(name: str) -> Path | str:
+    """What ``from_pretrained`` (and a vLLM engine) reads for ``name``: an HF directory, or a hub id.
 
     A GGUF file is dequantised by transformers (via the `gguf` package) once and cached as a
-    safetensors copy beside it: the conversion costs ~20 s, the cached load well under a second.
+    safetensors copy beside it (~20 s once; the cached load takes well under a second); that copy's
+    directory is returned, so the trainer and its engines read the same weights.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     path = resolve_model_path(name)
+    if isinstance(path, str) or path.suffix != ".gguf":
+        return path
+    conv = _gguf_converted_dir(path)
+    if not (conv / "config.json").exists():
+        tok = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+        model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
+        # the weights are already dequantised to fp32; drop the GGUF quantizer so the copy saves as
+        # a plain safetensors model
+        model.hf_quantizer = None
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
+        tmp = conv.with_name(conv.name + f".tmp{os.getpid()}")
+        model.save_pretrained(tmp)
+        tok.save_pretrained(tmp)
+        try:
+            os.replace(tmp, conv)
+        except OSError:  # another process converted it first
+            shutil.rmtree(tmp, ignore_errors=True)
+    return conv
+
+
+def load_model_and_tokenizer(name: str, dtype: str = "float32"):
+    """Load a causal LM and its tokenizer (left padding, pad = eos when the model has no pad), from
+    :func:`hf_model_source` (a GGUF file's cached safetensors copy)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = hf_model_source(name)
     torch_dtype = DTYPES["float32" if dtype == "auto" else dtype]  # the trainer resolves auto per device first
     if isinstance(path, str):  # a hub id transformers downloads; say which when it cannot
         return _load_from_hub(path, torch_dtype)
-    if path.suffix == ".gguf":
-        conv = _gguf_converted_dir(path)
-        if not (conv / "config.json").exists():
-            tok = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
-            model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
-            # the weights are already dequantised to fp32; drop the GGUF quantizer so the copy saves as
-            # a plain safetensors model
-            model.hf_quantizer = None
-            if hasattr(model.config, "quantization_config"):
-                del model.config.quantization_config
-            tmp = conv.with_name(conv.name + f".tmp{os.getpid()}")
-            model.save_pretrained(tmp)
-            tok.save_pretrained(tmp)
-            try:
-                os.replace(tmp, conv)
-            except OSError:  # another process converted it first
-                import shutil
-
-                shutil.rmtree(tmp, ignore_errors=True)
-        path = conv
     tok = AutoTokenizer.from_pretrained(path, padding_side="left")
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype)
     return _finish(name, model, tok)
@@ -193,6 +202,14 @@ def autocast_dtype(mode: str) -> torch.dtype | None:
         return torch.bfloat16 if torch.ops.mkldnn._is_mkldnn_bf16_supported() else None
     except (AttributeError, RuntimeError):
         return None
+
+
+def compute_dtype(weights_dtype: str, mode: str) -> torch.dtype | None:
+    """The dtype forward passes run in: the half dtype the weights were loaded in (bfloat16/float16: the
+    trainable ones are float32 masters, rftlib.train.backends.torch_backend), else ``autocast_dtype(mode)``."""
+    if weights_dtype in ("bfloat16", "float16"):
+        return DTYPES[weights_dtype]
+    return autocast_dtype(mode)
 
 
 def autocast(dtype: torch.dtype | None, device_type: str | None = None):

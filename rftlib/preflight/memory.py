@@ -27,8 +27,9 @@ What each term assumes (``estimate_train_memory``; every number is bytes per GPU
   ``torch.optim.AdamW`` on bf16 weights keeps them in bf16). /world under ZeRO-1/2/3; 0 with
   ``adam_offload``.
 - master weights: an fp32 copy of the trainable parameters, kept by mixed-precision optimizers
-  (DeepSpeed bf16/fp16, apex) for full fine-tuning in half precision. Partitioned and offloaded
-  like the optimizer.
+  for full fine-tuning in half precision: DeepSpeed bf16/fp16 (partitioned and offloaded like the
+  optimizer), and rftlib's single/DDP backends, whose trainable parameters *are* float32 masters with
+  their gradients in float32 too (autocast holds the half copies the weights line counts).
 - ZeRO-3 gather: under ZeRO-3 the layer being computed is gathered whole, and the next one is
   prefetched: ``2 * largest layer's params * bytes(train_dtype)``. For MoE layers that is every
   expert (the HF gpt-oss experts are fused tensors).
@@ -319,7 +320,7 @@ def estimate_train_memory(
     lora_adapter_dtype: str | None = None,  # None: fp32 (peft) without ZeRO, train_dtype under DeepSpeed
     reference: str | None = None,  # "copy" | "adapter_disabled" | "none"; None: LoRA -> adapter_disabled, full -> copy
     optimizer_dtype: str = "fp32",  # AdamW m and v
-    master_weights: bool | None = None,  # None: yes for full FT in half precision under ZeRO, no otherwise
+    master_weights: bool | None = None,  # None: yes for full FT in half precision, no otherwise
     sequences: int = 1,  # N: sequences per forward/backward micro-batch
     seq_len: int = 1024,  # T: prompt + completion tokens
     gradient_checkpointing: bool = True,
@@ -383,7 +384,10 @@ def estimate_train_memory(
     else:
         trainable, ad, ab = P, train_dtype, b
         grad_b = b
-        master = (train_dtype != "fp32" and zero_stage > 0) if master_weights is None else master_weights
+        master = (train_dtype != "fp32") if master_weights is None else master_weights
+        if master and zero_stage == 0:
+            grad_b = 4.0  # torch backends: the gradients are the float32 masters'
+
     ob = _bytes(optimizer_dtype)
     add("optimizer states (AdamW m+v)", trainable * 2 * ob / shard_o,
         f"{trainable / 1e6:,.1f}M trainable x 2 x {ob:g} B ({optimizer_dtype})"

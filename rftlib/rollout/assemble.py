@@ -1,12 +1,16 @@
 """Turn an engine's per-row samples (token ids and their logprobs) into the ``Rollout`` contract.
 
 Shared by every engine that hands back token lists rather than a padded tensor (vLLM in-process
-and over HTTP), so the cut at the first EOS, the padding and the truncation flags are written once:
-a completion is its tokens up to and including the first EOS (the model learns to stop), padded
-after with pad_token_id; it is truncated when no EOS came within max_new_tokens.
+and over HTTP), so the cut at the first stop token, the padding and the truncation flags are written
+once: a completion is its tokens up to and including the first stop token (the model learns to stop),
+padded after with pad_token_id; it is truncated when no stop token came within max_new_tokens. The stop
+set is the engine's (rftlib.rollout.base.stop_token_ids), the one it asked the engine to stop on, so the
+truncation flag agrees with what the engine did.
 """
 
 from __future__ import annotations
+
+from typing import Sequence
 
 import torch
 
@@ -24,7 +28,7 @@ def encode_prompts(tok, prompts: list[str]) -> tuple[torch.Tensor, torch.Tensor,
 
 
 def assemble_rollout(tok, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, samples: list[tuple[list[int], list[float]]],
-                     *, group_size: int, eos_token_id: int) -> Rollout:
+                     *, group_size: int, stop_ids: Sequence[int]) -> Rollout:
     """Build a Rollout from N = B*G prompt-major samples (token ids, logprob per token).
 
     prompt_ids/prompt_mask are (B, P) and get repeated G times; logprob lists may be empty (greedy),
@@ -34,11 +38,13 @@ def assemble_rollout(tok, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, s
     N = B * group_size
     if len(samples) != N:
         raise RuntimeError(f"the engine returned {len(samples)} completions for {B} prompts x G={group_size}")
+    stops = set(stop_ids)
     cut = []
     for ids, lps in samples:
         ids = list(ids)
-        if eos_token_id in ids:
-            ids = ids[:ids.index(eos_token_id) + 1]  # keep the EOS: the model learns to stop
+        end = next((k for k, t in enumerate(ids) if t in stops), None)
+        if end is not None:
+            ids = ids[:end + 1]  # keep the stop token: the model learns to stop
         cut.append((ids, list(lps)[:len(ids)] if lps else [0.0] * len(ids)))
     T = max(1, max(len(ids) for ids, _ in cut))
     completion_ids = torch.full((N, T), tok.pad_token_id, dtype=torch.long)  # (N, T)
@@ -51,8 +57,8 @@ def assemble_rollout(tok, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, s
             completion_ids[i, :n] = torch.tensor(ids)
             completion_mask[i, :n] = 1.0
             behaviour[i, :n] = torch.tensor(lps, dtype=torch.float32)
-        truncated[i] = not ids or ids[-1] != eos_token_id
-    texts = decode_completions(tok, completion_ids, completion_mask)  # the HF engine's rule: Harmony markers kept
+        truncated[i] = not ids or ids[-1] not in stops
+    texts = decode_completions(tok, completion_ids, completion_mask, stops)  # the HF engine's rule: Harmony markers kept
     return Rollout(prompt_ids=prompt_ids.repeat_interleave(group_size, 0),  # (N, P)
                    prompt_mask=prompt_mask.repeat_interleave(group_size, 0).float(),  # (N, P)
                    completion_ids=completion_ids, completion_mask=completion_mask, behaviour_logprobs=behaviour,

@@ -1,14 +1,19 @@
 """The rollout engine interface and what every engine returns.
 
 Engines (HF generate here, vLLM on GPUs) differ in speed, not in contract: prompt-major rows,
-completions cut at the first EOS (kept, so the model learns to stop), behaviour logprobs of the
+completions cut at the first stop token (kept, so the model learns to stop), behaviour logprobs of the
 sampled tokens under the sampling distribution (temperature applied), truncation flags.
+
+The stop set is :func:`stop_token_ids`, the same for every engine: the tokenizer's EOS plus every id the
+model's generation config lists as an end (gpt-oss: ``<|return|>`` and ``<|call|>``; Llama 3:
+``<|eot_id|>``). Stopping only at the tokenizer's single EOS let those models run on to max_new_tokens
+and marked every completion truncated.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Iterable, Protocol
 
 import torch
 
@@ -17,11 +22,11 @@ import torch
 class Rollout:
     prompt_ids: torch.Tensor  # (N, P) left-padded prompt tokens, each prompt repeated G times
     prompt_mask: torch.Tensor  # (N, P) float {0,1}
-    completion_ids: torch.Tensor  # (N, T) sampled tokens, pad after EOS
-    completion_mask: torch.Tensor  # (N, T) float {0,1}: tokens up to and including the first EOS
+    completion_ids: torch.Tensor  # (N, T) sampled tokens, pad after the stop token
+    completion_mask: torch.Tensor  # (N, T) float {0,1}: tokens up to and including the first stop token
     behaviour_logprobs: torch.Tensor  # (N, T) float32 log pi_behaviour(token), 0 where masked
-    truncated: torch.Tensor  # (N,) bool: hit max_new_tokens without EOS
-    texts: list[str]  # N decoded completions (special tokens kept but the ending EOS and padding: decode_completions)
+    truncated: torch.Tensor  # (N,) bool: hit max_new_tokens without a stop token
+    texts: list[str]  # N decoded completions (special tokens kept but the ending stop token and padding)
     group_size: int  # G
 
     @property
@@ -47,9 +52,13 @@ class RolloutEngine(Protocol):
         """Sample group_size completions for each chat-formatted prompt (rows prompt-major)."""
         ...
 
-    def sync_weights(self, model) -> dict:
+    def sync_weights(self, model, adapter_state: dict | None = None, *, push: bool = True,
+                     barrier=None, verify: bool = False) -> dict:
         """Make the engine sample from the trainer's current weights (no-op when they share them).
 
+        ``adapter_state``: trainable tensors gathered whole (ZeRO-3); ``push``/``barrier``: an engine shared
+        across ranks is loaded by one rank while the others wait; ``verify``: first check that the engine
+        follows a non-zero adapter at all (rftlib.rollout.vllm).
         Returns {seconds, bytes, probe_max_diff}; raises rftlib.rollout.SyncProbeError on stale weights."""
         ...
 
@@ -58,11 +67,31 @@ class RolloutEngine(Protocol):
         ...
 
 
-def decode_completions(tok, completion_ids: torch.Tensor, completion_mask: torch.Tensor) -> list[str]:
-    """N texts: each row's sampled tokens with special tokens kept, but for the EOS that ended it
-    and any padding (pad/EOS ids carry no text a reward should read; Harmony's ``<|channel|>``,
+def stop_token_ids(tok, generation_eos: int | Iterable[int] | None = None) -> tuple[int, ...]:
+    """The ids that end a completion: the tokenizer's EOS, then each id of ``generation_eos`` (the model's
+    ``generation_config.eos_token_id``: an int, a list, or None), in that order, without repeats."""
+    extra = [generation_eos] if isinstance(generation_eos, int) else list(generation_eos or [])
+    out: list[int] = []
+    for t in [tok.eos_token_id, *extra]:
+        if t is not None and int(t) not in out:
+            out.append(int(t))
+    if not out:
+        raise ValueError("neither the tokenizer nor the model's generation config names an end-of-sequence token")
+    return tuple(out)
+
+
+def model_stop_token_ids(tok, model) -> tuple[int, ...]:
+    """:func:`stop_token_ids` for a loaded model (a peft wrapper forwards ``generation_config``)."""
+    gen = getattr(model, "generation_config", None)
+    return stop_token_ids(tok, getattr(gen, "eos_token_id", None))
+
+
+def decode_completions(tok, completion_ids: torch.Tensor, completion_mask: torch.Tensor,
+                       stop_ids: Iterable[int] = ()) -> list[str]:
+    """N texts: each row's sampled tokens with special tokens kept, but for the stop token that ended it
+    and any padding (pad/EOS/stop ids carry no text a reward should read; Harmony's ``<|channel|>``,
     ``<|message|>``, ``<|end|>``, ``<|start|>`` do, and ``skip_special_tokens`` would drop them)."""
-    drop = {t for t in (tok.eos_token_id, tok.pad_token_id) if t is not None}
+    drop = {t for t in (tok.eos_token_id, tok.pad_token_id, *stop_ids) if t is not None}
     rows = []
     for ids, mask in zip(completion_ids.tolist(), completion_mask.tolist()):
         rows.append([t for t, m in zip(ids, mask) if m > 0 and t not in drop])

@@ -10,13 +10,15 @@ from __future__ import annotations
 
 
 
-def make_engine(cfg, model, tok, run_dir):
-    """The engine for cfg.rollout_engine; a vLLM engine has had one sync (its result in .initial_sync)."""
+def make_engine(cfg, model, tok, run_dir, *, sync: bool = True):
+    """The engine for cfg.rollout_engine; with ``sync`` a vLLM engine has had one sync (its result in
+    .initial_sync). The trainer passes sync=False and syncs itself once its state is final (a resume
+    restores the adapter after the engine starts; several ranks share a server engine's load)."""
     if cfg.rollout_engine == "hf":
-        from rftlib.models.loading import autocast_dtype
+        from rftlib.models.loading import compute_dtype
         from rftlib.rollout.hf import HFEngine
 
-        return HFEngine(model, tok, amp=autocast_dtype(cfg.autocast))
+        return HFEngine(model, tok, amp=compute_dtype(cfg.dtype, cfg.autocast))
     if cfg.rollout_engine != "vllm":
         raise ValueError(f"rollout_engine='{cfg.rollout_engine}': choose hf or vllm")
     from rftlib.rollout.vllm import VLLMEngine, VLLMSettings
@@ -30,9 +32,10 @@ def make_engine(cfg, model, tok, run_dir):
         engine = VLLMServerEngine(settings, tok, run_dir)
     else:
         raise ValueError(f"vllm_placement='{cfg.vllm_placement}': choose colocate or server")
-    try:
-        engine.initial_sync = engine.sync_weights(model)
-    except BaseException:
-        engine.close()
-        raise
+    if sync:
+        try:
+            engine.initial_sync = engine.sync_weights(model, verify=True)
+        except BaseException:
+            engine.close()
+            raise
     return engine

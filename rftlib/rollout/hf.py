@@ -17,8 +17,11 @@ really sampled (``pi(. | x)`` at temperature T, nucleus top_p, nothing else):
   the drawn token): one (N, V) log-softmax a step, and no ``torch.multinomial``, whose CPU kernel
   draws an exponential for each of the N x V entries (~14% of a SmolLM2 rollout).
 - **Any device.** Inputs go to the model's device; every Rollout tensor comes back on it.
-- **Texts keep what the model wrote.** Only the EOS that ended a completion and the padding after
-  it are dropped, so Harmony channel markers (gpt-oss) reach the reward's final-channel extraction.
+- **Texts keep what the model wrote.** Only the stop token that ended a completion and the padding
+  after it are dropped, so Harmony channel markers (gpt-oss) reach the reward's final-channel extraction.
+- **Every end the model knows stops it.** The stop set is :func:`~rftlib.rollout.base.model_stop_token_ids`
+  (the tokenizer's EOS and the generation config's eos list), read once when the engine is made:
+  generate is given the whole list, and the cut and truncation flag below use the same set.
 
 Dimensions: ``N = B*G`` rows (prompt-major), ``P`` prompt tokens, ``T`` completion tokens, ``V`` vocab.
 """
@@ -32,10 +35,10 @@ from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopPLogitsWarper
 
 from rftlib.models.loading import autocast
-from rftlib.rollout.base import Rollout, decode_completions  # noqa: F401  (decode_completions: re-exported)
+from rftlib.rollout.base import Rollout, decode_completions, model_stop_token_ids
 
 
-def sampling_config(*, max_new_tokens: int, eos_token_id: int, pad_token_id: int) -> GenerationConfig:
+def sampling_config(*, max_new_tokens: int, eos_token_id: int | list[int], pad_token_id: int) -> GenerationConfig:
     """The complete generation config of a rollout, from these arguments only.
 
     Every field that can change the next-token distribution is set to its neutral value, so
@@ -148,10 +151,14 @@ class HFEngine:
         self.tok = tokenizer
         self.amp = amp  # autocast dtype for generation (None: the weights' dtype)
         self.synced_gpus = synced_gpus  # ZeRO-3 ranks keep stepping until every rank is done (HF generate)
+        # read before any call: _only_this_config sets the model's own generation config aside during generate
+        self.stop_ids = model_stop_token_ids(tokenizer, model)
         if tokenizer.padding_side != "left":
             raise ValueError("HFEngine needs a left-padding tokenizer (pass padding_side='left')")
 
-    def sync_weights(self, model) -> dict:
+    def sync_weights(self, model, adapter_state=None, *, push: bool = True, barrier=None,
+                     verify: bool = False) -> dict:
+        """The engine is the trainer's module: nothing moves (every rank generates with its own)."""
         self.model = model
         return {"seconds": 0.0, "bytes": 0, "probe_max_diff": 0.0}
 
@@ -170,7 +177,7 @@ class HFEngine:
         prompt_ids = ids.repeat_interleave(group_size, 0)  # (N, P)
         prompt_mask = mask.repeat_interleave(group_size, 0)  # (N, P)
         # sampling runs in generate's greedy mode: SampleAndRecord draws the token, argmax takes it
-        config = sampling_config(max_new_tokens=max_new_tokens, eos_token_id=tok.eos_token_id,
+        config = sampling_config(max_new_tokens=max_new_tokens, eos_token_id=list(self.stop_ids),
                                  pad_token_id=tok.pad_token_id)
         processors = LogitsProcessorList()
         recorder = None
@@ -197,8 +204,9 @@ class HFEngine:
         P = prompt_ids.shape[1]
         completion_ids = sequences[:, P:]  # (N, T)
         N, T = completion_ids.shape
-        is_eos = completion_ids == tok.eos_token_id  # (N, T)
-        # tokens up to and including the first EOS are the completion
+        stops = torch.tensor(self.stop_ids, device=completion_ids.device)  # (S,)
+        is_eos = torch.isin(completion_ids, stops)  # (N, T) a stop token
+        # tokens up to and including the first stop token are the completion
         after_eos = (is_eos.long().cumsum(-1) - is_eos.long()) > 0  # (N, T) strictly after the first EOS
         completion_mask = (~after_eos).float()  # (N, T)
         truncated = ~is_eos.any(-1)  # (N,)
@@ -211,4 +219,5 @@ class HFEngine:
             behaviour = torch.where(completion_mask > 0, behaviour, torch.zeros_like(behaviour))  # (N, T)
         return Rollout(prompt_ids=prompt_ids, prompt_mask=prompt_mask.float(), completion_ids=completion_ids,
                        completion_mask=completion_mask, behaviour_logprobs=behaviour, truncated=truncated,
-                       texts=decode_completions(tok, completion_ids, completion_mask), group_size=group_size)
+                       texts=decode_completions(tok, completion_ids, completion_mask, self.stop_ids),
+                       group_size=group_size)

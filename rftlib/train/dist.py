@@ -89,7 +89,10 @@ def resolve_device(name: str, local_rank: int = 0) -> torch.device:
 
 
 def resolve_dtype(name: str, device: torch.device) -> str:
-    """``auto``: bfloat16 on a CUDA device that supports it (weights and autocast), else float32."""
+    """``auto``: bfloat16 on a CUDA device that supports it (weights and autocast), else float32.
+    float16 is refused off CUDA (the config refuses ``device: cpu`` with it; this catches ``auto`` on a CPU)."""
+    if name == "float16" and device.type != "cuda":
+        raise ValueError("dtype float16 needs a CUDA device (CPUs have no fast float16); use float32 or bfloat16 on CPU")
     if name != "auto":
         return name
     return "bfloat16" if device.type == "cuda" and torch.cuda.is_bf16_supported() else "float32"

@@ -33,7 +33,7 @@ from rftlib.attempts import STOP_FILE, AttemptLockedError, create_attempt, lock_
 from rftlib.config import ConfigError, RunConfig, make_config
 from rftlib.data.tasks import build_task
 from rftlib.eval import evaluate, format_prompts, greedy_eval
-from rftlib.models.loading import (Reference, apply_lora, autocast_dtype, causal_lm, is_peft, load_adapter_weights,
+from rftlib.models.loading import (Reference, apply_lora, causal_lm, compute_dtype, is_peft, load_adapter_weights,
                                    load_model_and_tokenizer)
 from rftlib.monitor.metrics import MetricsLogger
 from rftlib.rollout.factory import make_engine
@@ -135,12 +135,13 @@ class Trainer:
         self.warmup_steps = warmup_steps_for(self.total_opt_steps, cfg.warmup_ratio)
         self.backend = make_backend(cfg, D, self.model, total_opt_steps=self.total_opt_steps,
                                     warmup_steps=self.warmup_steps)
-        # bf16 autocast where the hardware has native bf16 (auto); float16 weights run as they are
-        self.amp = None if cfg.dtype == "float16" else autocast_dtype(cfg.autocast)
+        # forward passes in the weights' half dtype (trainable masters are float32), else bf16 autocast where the
+        # hardware has native bf16 (auto)
+        self.amp = compute_dtype(cfg.dtype, cfg.autocast)
         if engine is None and cfg.rollout_engine == "hf":
             engine = HFEngine(self.model, self.tok, amp=self.amp,
                               synced_gpus=cfg.backend == "deepspeed" and cfg.zero_stage == 3 and D.distributed)
-        self.engine = engine or make_engine(cfg, self.model, self.tok, self.run_dir)  # vLLM: synced once already
+        self.engine = engine or make_engine(cfg, self.model, self.tok, self.run_dir, sync=False)
         # an engine that is not the trainer's module samples from its own numerics: the old logprobs
         # come from the trainer, and truncated IS weights correct the loss for the mismatch
         self.on_policy = self.on_policy and self.engine.shares_trainer_module
@@ -160,6 +161,11 @@ class Trainer:
                                                 chunk_rows=self.logprob_chunk_size)
         if resume:
             self._resume()
+        if not self.engine.shares_trainer_module:  # once the weights are final: a resume restored the adapter
+            self.engine.initial_sync = sync = self._sync_engine(verify=True)
+            if D.is_main:
+                print(f"[rft] engine synced at step {self.step_num}{' (resumed)' if resume else ''}: probe gap "
+                      f"{sync['probe_max_diff']:.3g} (the baseline later syncs are judged by)", flush=True)
 
     def _fit_prompts(self, max_len: int) -> None:
         """Drop training prompts longer than prompt_max_len tokens, chat template included (OpenRLHF's
@@ -231,6 +237,29 @@ class Trainer:
         return ckpt.save_step(self.run_dir, self.step_num, dist=self.dist, write=write,
                               trainer_state=self._trainer_state(), max_keep=self.cfg.max_ckpt_num)
 
+    def _global_advantages(self, shaped: torch.Tensor, G: int) -> torch.Tensor:
+        """This rank's advantages, computed over the whole global batch: every rank's shaped rewards (whole
+        groups each) gathered in rank order, the estimator run once, this rank's rows taken back. Group
+        estimators would give the same per rank, but batch statistics (reinforce_pp_baseline's mean/std,
+        scale_rewards: batch) over one rank's share differ from one process's. shaped: (N,) -> (N,)."""
+        D = self.dist
+        parts = D.gather_objects(shaped.tolist())  # float32 -> float -> float32 is exact
+        every = torch.tensor([x for p in parts for x in p], dtype=shaped.dtype)  # (sum of N over ranks,)
+        adv = compute_advantages(self.cfg.advantage_estimator, every, G, self.cfg.adv_eps,
+                                 scale_rewards=self.cfg.scale_rewards)
+        start = sum(len(p) for p in parts[:D.rank])
+        return adv[start:start + shaped.shape[0]]  # (N,)
+
+    def _sync_engine(self, verify: bool = False) -> dict:
+        """Hand the engine the current weights: every rank gathers the adapter (a collective under ZeRO-3),
+        the rank that owns the engine loads it (rank 0 for engines all ranks share), every rank probes."""
+        eng, D = self.engine, self.dist
+        if eng.shares_trainer_module:
+            return eng.sync_weights(self.model)
+        state = self.backend.adapter_state() if is_peft(self.model) else None
+        return eng.sync_weights(self.model, state, push=D.is_main or not eng.shared_across_ranks,
+                                barrier=D.barrier if D.distributed else None, verify=verify)
+
     def _resume(self) -> None:
         d = ckpt.latest_dir(self.run_dir)
         ts = json.loads((d / "trainer_state.json").read_text())
@@ -269,6 +298,7 @@ class Trainer:
         """greedy_pass@1 on every eval probe, sharded over ranks (the same number as one process
         gives); results in eval/step_N[_probe].json and the history."""
         D = self.dist
+        t0 = time.time()
         summary: dict[str, Any] = {"step": self.step_num}
         if D.is_main:
             (self.run_dir / "eval").mkdir(exist_ok=True)
@@ -304,6 +334,7 @@ class Trainer:
                 write_json(self.run_dir / "eval" / f"step_{self.step_num}{suffix}.json", res)
             summary[f"eval/{probe}/greedy_pass@1"] = res["greedy_pass@1"]
             summary[f"eval/{probe}/mean_length"] = res["mean_length"]
+        summary["timing/eval"] = time.time() - t0  # rft stop sizes its wait from this and timing/step
         self.eval_history.append(summary)
         return summary
 
@@ -426,8 +457,7 @@ class Trainer:
             cfg, batch.rewards, ro.lengths().cpu(),
             behaviour_logprobs=(old_lp if old_lp is not None else ro.behaviour_logprobs).cpu(),
             ref_logprobs=None if ref_lp is None else ref_lp.cpu(), completion_mask=ro.completion_mask.cpu())
-        advantages = compute_advantages(cfg.advantage_estimator, shaped, G, cfg.adv_eps,
-                                        scale_rewards=cfg.scale_rewards)  # (N,) host
+        advantages = self._global_advantages(shaped, G)  # (N,) host
         advantages_dev = advantages.to(D.device)
         lmask = steps.loss_mask(cfg, ro.completion_mask, ro.truncated,
                                 None if cfg.dynamic_sampling == "off" else batch.row_mask.to(D.device))  # (N, T)
@@ -435,7 +465,7 @@ class Trainer:
         t = time.time()
         upd = self._update(ro, advantages_dev, ref_lp, old_lp, lmask)
         timing["update"] = time.time() - t
-        sync = self.engine.sync_weights(self.model)  # the engine samples the new policy next step (probe-checked)
+        sync = self._sync_engine()  # the engine samples the new policy next step (probe-checked)
         timing["sync"] = sync.get("seconds", 0.0)
         self.step_num += 1
         timing["step"] = time.time() - t_step
@@ -457,7 +487,8 @@ class Trainer:
             row.update(self.sampler.metrics())
         row.update(step_memory(D.device))
         if not self.engine.shares_trainer_module:
-            row.update({"sync/bytes": float(sync.get("bytes", 0)), "sync/probe_max_diff": sync.get("probe_max_diff", 0.0)})
+            row.update({"sync/bytes": float(sync.get("bytes", 0)), "sync/probe_max_diff": sync.get("probe_max_diff", 0.0),
+                        "sync/probe_baseline": sync.get("probe_baseline", 0.0)})
         if self.memory_estimate is not None:
             row["memory/preflight_gib"] = self.memory_estimate
         self._group = self._sample_group(allr, G)
@@ -490,10 +521,11 @@ class Trainer:
     def _skips_rows(self) -> bool:
         """Whether the update may leave out rows that add nothing to the gradient: no loss term may read
         a row beyond its advantage (a KL in the loss, an entropy bonus), the GNS probe's per-micro-batch
-        gradients assume full micro-batches, and DDP/DeepSpeed need every rank to run the same micro-batches."""
+        gradients assume full micro-batches, DDP needs every rank to run the same micro-batches, and a
+        backend that counts micro-steps itself (DeepSpeed, even on one rank) needs all of them."""
         cfg = self.cfg
         return (cfg.skip_zero_advantage_rows and steps.loss_kwargs(cfg)["beta"] == 0 and cfg.entropy_coef == 0
-                and not cfg.gns_probe and self.dist.world_size == 1)
+                and not cfg.gns_probe and self.dist.world_size == 1 and not self.backend.fixed_micro_steps)
 
     def _micro_batches(self, ro, batch: torch.Tensor, advantages: torch.Tensor, lmask: torch.Tensor,
                        skip: bool) -> list[torch.Tensor]:

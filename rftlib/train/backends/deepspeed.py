@@ -97,6 +97,9 @@ def deepspeed_config(cfg, world_size: int, micro_steps: int) -> dict:
 
 class DeepSpeedBackend:
     name = "deepspeed"
+    # DeepSpeed steps the optimizer after gradient_accumulation_steps micro-batches, a count fixed at
+    # initialize: the loop must run exactly that many per optimizer batch (no zero-advantage row skipping)
+    fixed_micro_steps = True
 
     def __init__(self, cfg, dist, model, *, total_opt_steps: int, warmup_steps: int):
         ds = import_deepspeed()
@@ -154,17 +157,40 @@ class DeepSpeedBackend:
         return self.trainable_state()
 
     def save(self, tmp: Path) -> None:
-        """Every rank writes its partition (DeepSpeed's own checkpoint; frozen base weights excluded);
-        rank 0 also writes the gathered trainable tensors, for exports and inspection."""
+        """Every rank writes its partition (DeepSpeed's own checkpoint; frozen base weights excluded) unless
+        ``deepspeed_checkpoint`` is off; rank 0 writes the gathered trainable tensors and the LR schedule."""
         state = self.trainable_state()  # collective: every rank takes part
-        self.engine.save_checkpoint(str(tmp / "deepspeed"), tag=DS_TAG, exclude_frozen_parameters=True)
+        if self.cfg.deepspeed_checkpoint:
+            self.engine.save_checkpoint(str(tmp / "deepspeed"), tag=DS_TAG, exclude_frozen_parameters=True)
         if self.dist.is_main:
             torch.save(state, tmp / "trainable.pt")
+            torch.save(self.scheduler.state_dict(), tmp / "scheduler.pt")
 
     def load(self, d: Path) -> None:
-        path, _ = self.engine.load_checkpoint(str(d / "deepspeed"), tag=DS_TAG, load_module_strict=False)
-        if path is None:
-            raise FileNotFoundError(f"no DeepSpeed checkpoint under {d / 'deepspeed'}")
+        """DeepSpeed's checkpoint when the step has one (exact: weights, optimizer partitions, schedule);
+        else the trainable tensors scattered into their partitions and the LR schedule, with fresh AdamW
+        moments (what a seed-003 --disable_ds_ckpt checkpoint can give)."""
+        if (d / "deepspeed").exists():
+            path, _ = self.engine.load_checkpoint(str(d / "deepspeed"), tag=DS_TAG, load_module_strict=False)
+            if path is None:
+                raise FileNotFoundError(f"no DeepSpeed checkpoint under {d / 'deepspeed'}")
+            return
+        if not (d / "trainable.pt").exists():
+            raise FileNotFoundError(f"{d} has neither a DeepSpeed checkpoint nor trainable.pt to resume from")
+        state = torch.load(d / "trainable.pt", weights_only=True, map_location="cpu")
+        named = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
+        missing = [n for n, _ in named if n not in state]
+        if missing:
+            raise KeyError(f"{d / 'trainable.pt'} lacks trainable parameters of this model: {missing[:3]}")
+        with self.ds.zero.GatheredParameters([p for _, p in named], modifier_rank=0, enabled=self.cfg.zero_stage == 3):
+            if self.dist.is_main or self.cfg.zero_stage != 3:  # ZeRO-3: rank 0 writes, DeepSpeed scatters on exit
+                with torch.no_grad():
+                    for n, p in named:
+                        p.copy_(state[n].to(p.device, p.dtype))
+        self.scheduler.load_state_dict(torch.load(d / "scheduler.pt", weights_only=False))
+        if self.dist.is_main:
+            print(f"[rft] resumed {d.name} without a DeepSpeed checkpoint (deepspeed_checkpoint: false): the weights "
+                  "and LR schedule are restored, AdamW's moments start again from zero", flush=True)
 
     def close(self) -> None:
         pass

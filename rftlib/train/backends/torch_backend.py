@@ -3,8 +3,18 @@
 Both run torch's AdamW and the LR schedule of rftlib.train.schedule. Under DDP every rank holds the
 whole model and optimizer; gradients are all-reduced (averaged) on the last micro-step of each
 optimizer batch only (``no_sync`` before it, as nanoGPT does), so a rank's optimizer state equals
-every other rank's and rank 0's copy is the checkpoint. float16 weights train with a GradScaler
-(CUDA only; the config refuses float16 on CPU).
+every other rank's and rank 0's copy is the checkpoint.
+
+Mixed precision keeps float32 master weights: whatever ``dtype`` the model was loaded in, every
+*trainable* parameter is cast to float32 here, before the optimizer is built, and forward passes run
+under autocast in the half dtype (``compute_dtype``). AdamW on bf16 parameters in place would lose
+every update below bf16's resolution (~0.4% of the weight: a 1e-6 step on a 0.02 weight rounds to
+nothing), so a full fine-tune at seed 000's learning rates would barely move while its loss looked
+plausible; and a GradScaler refuses to unscale float16 gradients, so float16 full fine-tuning crashed at
+its first step. Frozen parameters (the base model under LoRA, a reference copy) stay in the load dtype,
+so LoRA keeps its memory saving; full fine-tuning holds float32 weights as HF Trainer's mixed precision
+does. float16 trains with a GradScaler on the model's device (the config refuses float16 on CPU for speed,
+not correctness). DeepSpeed keeps its own float32 masters (rftlib.train.backends.deepspeed).
 """
 
 from __future__ import annotations
@@ -20,22 +30,29 @@ from rftlib.train.forward import PolicyForward
 from rftlib.train.schedule import make_scheduler
 
 
+def keep_float32_masters(params: list[torch.nn.Parameter]) -> None:
+    """Cast each trainable parameter to float32 in place (``.data``, so the module keeps the same Parameter
+    objects and peft/DDP references stay valid); float32 ones are left as they are."""
+    for p in params:
+        if p.dtype != torch.float32:
+            p.data = p.data.float()
+
+
 class TorchBackend:
     name = "single"
+    fixed_micro_steps = False  # the optimizer steps when the loop says so: micro-batches may be skipped
 
     def __init__(self, cfg, dist, model, *, total_opt_steps: int, warmup_steps: int):
         self.cfg, self.dist, self.model = cfg, dist, model
         self.policy = PolicyForward(model)
         self.params = [p for p in model.parameters() if p.requires_grad]
+        keep_float32_masters(self.params)
         self.optimizer = torch.optim.AdamW(self.params, lr=cfg.lr, betas=(cfg.adam_beta1, cfg.adam_beta2),
                                            weight_decay=cfg.weight_decay)
         self.scheduler = make_scheduler(self.optimizer, total_steps=total_opt_steps, warmup_steps=warmup_steps,
                                         min_lr_ratio=cfg.min_lr_ratio)
-        self.scaler = None
-        if cfg.dtype == "float16":
-            if dist.device.type != "cuda":
-                raise ValueError("dtype float16 needs a CUDA device (a GradScaler); use float32 or bfloat16 on CPU")
-            self.scaler = torch.amp.GradScaler("cuda")
+        # float16's narrow range needs loss scaling; the scaler unscales the float32 masters' gradients
+        self.scaler = torch.amp.GradScaler(dist.device.type) if cfg.dtype == "float16" else None
         self.module = self._wrap(self.policy)
 
     def _wrap(self, policy):
