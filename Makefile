@@ -10,8 +10,11 @@ setup:
 demo: setup
 	$(PY) -m rftlib.cli demo
 
+# then the numeric tests again with the CPU kernels forced to another ISA (scripts/test_forced_isa.sh):
+# tolerances must hold for any x86 CPU's summation order, not only this one's
 test: setup
 	$(PY) -m pytest -q tests
+	bash scripts/test_forced_isa.sh
 
 # Benchmarks print ratios against a peer measured in the same run (these machines are shared).
 bench: setup

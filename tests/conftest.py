@@ -4,6 +4,17 @@ import pytest
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+# Modules whose tests compare floats computed by CPU kernels (gradients, logprobs, losses through the
+# model, engine vs trainer): marked `numeric`, which scripts/test_forced_isa.sh runs with other kernels.
+# A prefix, so a new test_algo_*.py or test_trainer_*.py is in without a list to update.
+NUMERIC_MODULES = ("test_algo_", "test_trainer", "test_distributed", "test_rollout_hf", "test_vllm_")
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if item.path.name.startswith(NUMERIC_MODULES):
+            item.add_marker(pytest.mark.numeric)
+
 
 @pytest.fixture(scope="session")
 def tiny_dir():

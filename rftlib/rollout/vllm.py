@@ -124,6 +124,8 @@ class VLLMSettings:
         # the dtype the trainer loaded its weights in, not "auto" (vLLM-CPU would pick bf16 and probes drift to
         # 1e-2); not a trainable parameter's: those are float32 masters under a half dtype
         dtype = cfg.dtype if cfg.dtype != "auto" else str(next(base.parameters()).dtype).removeprefix("torch.")
+        if not engines_on_gpu(cfg) and not cfg.vllm_urls:  # vllm-cpu starts here: refuse a model its kernels cannot run
+            check_cpu_head_size(base.config, cfg.model)
         eos = getattr(getattr(base, "generation_config", None), "eos_token_id", None)
         eos = (eos,) if isinstance(eos, int) else tuple(eos or ())
         return cls._make(cfg, model_dir=str(model_dir), dtype=dtype, lora_rank=cfg.lora_rank if is_peft(model) else 0,
@@ -144,6 +146,10 @@ class VLLMSettings:
         max_pos = None
         if isinstance(src, Path) and (src / "config.json").exists():
             max_pos = json.loads((src / "config.json").read_text()).get("max_position_embeddings")
+            if not on_gpu:  # the plan starts vllm-cpu engines: refuse a head size they cannot run, before any starts
+                from transformers import AutoConfig
+
+                check_cpu_head_size(AutoConfig.from_pretrained(src), cfg.model)
         # the trainer's rule (rftlib.train.dist.resolve_dtype): auto is bfloat16 on the GPUs a launch plans for
         dtype = cfg.dtype if cfg.dtype != "auto" else ("bfloat16" if on_gpu else "float32")
         return cls._make(cfg, model_dir=str(src), dtype=dtype, lora_rank=cfg.lora_rank, max_positions=max_pos,
@@ -166,6 +172,25 @@ class VLLMSettings:
             if r >= self.lora_rank:
                 return r
         raise ValueError(f"lora_rank={self.lora_rank} exceeds vLLM's largest max_lora_rank {LORA_RANKS[-1]}")
+
+
+def check_cpu_head_size(model_config, model_name: str) -> None:
+    """Refuse, before start-up, a model whose attention head size vLLM's CPU build has no kernel for.
+
+    vllm-cpu starts such a model and fails at its first request ("Unsupported CPU attention
+    configuration: head_dim=16 isa=2", on AVX2, AVX-512 and AMX machines alike); the sizes it runs are
+    its attention backend's own list (vllm-cpu 0.32: multiples of 32 up to 256, 80, 112, 512).
+    """
+    import_vllm()
+    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+    sizes = CPUAttentionBackend.get_supported_head_sizes()
+    head = getattr(model_config, "head_dim", None) or model_config.hidden_size // model_config.num_attention_heads
+    if head not in sizes:
+        raise ValueError(
+            f"model '{model_name}' has attention heads of {head}, which vLLM's CPU engine (vllm-cpu) cannot run "
+            f"(its head sizes: {', '.join(map(str, sizes))}): use rollout_engine='hf' on this CPU, a GPU "
+            "(device='cuda'), or a model with one of those head sizes")
 
 
 def sampling_args(*, n: int, max_new_tokens: int, temperature: float, top_p: float, greedy: bool, seed: int | None,
