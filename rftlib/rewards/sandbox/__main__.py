@@ -76,9 +76,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.check:
         ok, why = check_available()
         try:
-            from .seccomp import filter_bpf
+            from .seccomp import filter_bpf, job_filter
 
-            why += f"; seccomp filter ({len(filter_bpf()) // 8} BPF instructions)"
+            why += (f"; seccomp filter ({len(filter_bpf()) // 8} BPF instructions)"
+                    f" and job filter ({len(job_filter()[0]) // 8})")
         except RuntimeError as e:
             ok, why = False, f"{why}; {e}"
         print(("ok: " if ok else "unavailable: ") + why)

@@ -167,6 +167,7 @@ _SYS_LANDLOCK_CREATE_RULESET = 444  # same number on every architecture (added i
 _SYS_LANDLOCK_ADD_RULE = 445
 _SYS_LANDLOCK_RESTRICT_SELF = 446
 _PR_SET_NO_NEW_PRIVS = 38
+_PR_SET_SECCOMP = 22
 _PR_SET_DUMPABLE = 4
 _PR_SET_CHILD_SUBREAPER = 36
 _FS_READ = (1 << 0) | (1 << 2) | (1 << 3)  # EXECUTE | READ_FILE | READ_DIR
@@ -180,13 +181,19 @@ _LIBC = []
 
 
 def _libc():
+    """(ctypes, libc); the first call (the zygote's, before it forks) also makes the ctypes type
+    ``load_seccomp`` needs, so that each spare does not pay for it."""
     import ctypes
 
     if not _LIBC:
         libc = ctypes.CDLL(None, use_errno=True)
         libc.syscall.restype = ctypes.c_long
         libc.prctl.restype = ctypes.c_int
-        _LIBC.append(libc)
+
+        class SockFprog(ctypes.Structure):  # struct sock_fprog
+            _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+        _LIBC.extend((libc, SockFprog))
     return ctypes, _LIBC[0]
 
 
@@ -234,13 +241,27 @@ def landlock_ruleset(abi, read_paths, rw_paths, file_rw_paths):
     return fd
 
 
-def job_filter(spec, pid):
-    """The job filter (``seccomp.job_filter``: what a job may do to other processes) for the
-    process ``pid``: its BPF with ``sign * pid`` written into each (instruction, sign) slot."""
-    bpf = bytearray.fromhex(spec["bpf_hex"])
-    for i, sign in spec["pid_at"]:
-        struct.pack_into("=I", bpf, 8 * i + 4, (sign * pid) & 0xFFFFFFFF)  # sock_filter.k
-    return bytes(bpf)
+class JobFilter:
+    """The job filter (``seccomp.job_filter``: what a job may do to other processes), made ready
+    by the zygote before it forks, so that a spare only writes its pid into its copy and loads it
+    (70 us; decoding and wrapping it in each spare took 0.3 ms, 8% of a job's CPU)."""
+
+    def __init__(self, spec):
+        ctypes, libc = _libc()
+        bpf = bytes.fromhex(spec["bpf_hex"])
+        self.buf = ctypes.create_string_buffer(bpf, len(bpf))  # struct sock_filter[]
+        self.prog = ctypes.byref(_LIBC[1](len(bpf) // 8, ctypes.cast(self.buf, ctypes.c_void_p)))
+        self.slots = tuple((8 * i + 4, sign) for i, sign in spec["pid_at"])  # sock_filter.k offsets
+        self.pack_into = struct.Struct("=I").pack_into
+        self.prctl = libc.prctl
+
+    def load(self, pid):
+        """Install the filter for the process ``pid`` (this one): ``sign * pid`` into each slot."""
+        for offset, sign in self.slots:
+            self.pack_into(self.buf, offset, (sign * pid) & 0xFFFFFFFF)
+        if (self.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0
+                or self.prctl(_PR_SET_SECCOMP, 2, self.prog, 0, 0) != 0):  # SECCOMP_MODE_FILTER
+            raise OSError(_libc()[0].get_errno(), "loading the job filter failed")
 
 
 def landlock_restrict(ruleset_fd):
@@ -254,15 +275,11 @@ def landlock_restrict(ruleset_fd):
 def load_seccomp(bpf):
     """Install a classic-BPF seccomp filter (bytes of struct sock_filter) on this process."""
     ctypes, libc = _libc()
-
-    class Prog(ctypes.Structure):
-        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
-
     buf = ctypes.create_string_buffer(bpf, len(bpf))
-    prog = Prog(len(bpf) // 8, ctypes.cast(buf, ctypes.c_void_p))
+    prog = _LIBC[1](len(bpf) // 8, ctypes.cast(buf, ctypes.c_void_p))
     if libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
         raise OSError(ctypes.get_errno(), "prctl(NO_NEW_PRIVS) failed")
-    if libc.prctl(22, 2, ctypes.byref(prog), 0, 0) != 0:  # PR_SET_SECCOMP, SECCOMP_MODE_FILTER
+    if libc.prctl(_PR_SET_SECCOMP, 2, ctypes.byref(prog), 0, 0) != 0:  # SECCOMP_MODE_FILTER
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_SECCOMP) failed")
 
 
@@ -307,8 +324,8 @@ def _limit_self(cfg, moves, ruleset_fd):
     """setsid, the job filter, the work dir, Landlock, exactly the fds in ``moves`` (src ->
     target), rlimits."""
     os.setsid()
-    if cfg.get("job_seccomp"):  # after setsid: our pid is now also our process group's id
-        load_seccomp(job_filter(cfg["job_seccomp"], os.getpid()))
+    if cfg.get("job_filter"):  # after setsid: our pid is now also our process group's id
+        cfg["job_filter"].load(os.getpid())
     os.chdir(cfg["work_dir"])
     if ruleset_fd is not None:
         landlock_restrict(ruleset_fd)
@@ -1045,6 +1062,8 @@ def main():
     libc.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)  # no /proc/<pid>/mem or ptrace into us (inherited)
     if cfg.get("seccomp_bpf_hex"):
         load_seccomp(bytes.fromhex(cfg["seccomp_bpf_hex"]))
+    if cfg.get("job_seccomp"):  # made ready here, once: each spare only writes its pid into it
+        cfg["job_filter"] = JobFilter(cfg["job_seccomp"])
     os.makedirs(cfg["work_dir"], mode=0o700, exist_ok=True)
     abi = landlock_abi() if cfg.get("landlock", True) else 0
     ruleset_fd = None

@@ -12,7 +12,7 @@ the process. pyseccomp (ctypes over the system's libseccomp) only builds the pro
 the trainer; bwrap loads it (``--seccomp FD``), or the zygote does when running unsandboxed.
 
 Every solution process also adds :func:`job_filter` (filters stack: a call must pass both), which
-keeps what a job does to other processes inside the job; see its docstring.
+keeps what a job does to other processes inside the job; the notes above it say how and why.
 """
 
 from __future__ import annotations
