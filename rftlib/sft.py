@@ -23,7 +23,9 @@ max_new_tokens and eval_batch_size for the before/after eval.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import shlex
 import time
 from pathlib import Path
@@ -128,6 +130,25 @@ def _log_callback(logger: MetricsLogger, total: int, write):
     return ToMetrics()
 
 
+DIST_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+@contextlib.contextmanager
+def _one_process_env():
+    """SFT runs in one process, but accelerate (under TRL) joins a process group whenever torch.distributed's
+    environment variables are set: a one-rank DeepSpeed group rftlib set up earlier in the same process or
+    its parent (a notebook kernel, a test run) leaves RANK/WORLD_SIZE/MASTER_PORT behind, and accelerate then
+    fails to listen on a port already in use. Outside torchrun (no group, world of 1) hide them meanwhile."""
+    if torch.distributed.is_initialized() or int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        yield
+        return
+    saved = {k: os.environ.pop(k) for k in DIST_ENV if k in os.environ}
+    try:
+        yield
+    finally:
+        os.environ.update(saved)
+
+
 def sft_config(cfg: RunConfig, run_dir: Path, bf16: bool):
     """RunConfig -> TRL's SFTConfig (the same schedule shape as RL: linear warmup, cosine to min_lr)."""
     SFTConfig, _, _ = _trl()
@@ -180,11 +201,12 @@ def run_sft(cfg: RunConfig, run_dir: str | Path | None = None, *, write=print) -
         write(f"[sft] before: held-out {before[ACC_KEY]:.2f}, format compliance {before[FORMAT_KEY]:.0%} "
               f"on {len(task.eval)} problems; {len(rows)} SFT rows from {cfg.sft_data}")
         t1 = time.time()
-        trainer = SFTTrainer(model=model, args=sft_config(cfg, run_dir, amp == torch.bfloat16),
-                             train_dataset=to_dataset(rows, task.system_prompt), processing_class=tok,
-                             callbacks=[_log_callback(logger, cfg.num_steps, write)])
-        trainer.remove_callback(PrinterCallback)
-        trainer.train()
+        with _one_process_env():
+            trainer = SFTTrainer(model=model, args=sft_config(cfg, run_dir, amp == torch.bfloat16),
+                                 train_dataset=to_dataset(rows, task.system_prompt), processing_class=tok,
+                                 callbacks=[_log_callback(logger, cfg.num_steps, write)])
+            trainer.remove_callback(PrinterCallback)
+            trainer.train()
         train_seconds = time.time() - t1
         model.eval()
         after = format_eval(engine, tok, task, task.eval, cfg, cfg.num_steps, run_dir)

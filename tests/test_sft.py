@@ -127,9 +127,21 @@ def test_format_check_says_which_command_to_run(tmp_path):
     assert "not applicable" in sft.format_check(attempt("plain", {}, 0))  # no \boxed{} asked for
 
 
-def test_rft_sft_runs_the_notebook_and_writes_the_report(tmp_path, capsys):
+def test_rft_sft_runs_the_notebook_and_writes_the_report(tmp_path, capsys, monkeypatch):
+    """Also with what a one-rank DeepSpeed group set up earlier in the same process leaves behind (rftlib's
+    init_dist sets RANK/WORLD_SIZE/MASTER_PORT for it) and that port still held: accelerate, under TRL, then
+    tried to join a process group there (the full suite hit DistNetworkError EADDRINUSE in the kernel)."""
+    import socket
+
+    busy = socket.socket()
+    busy.bind(("127.0.0.1", 0))
+    busy.listen()
+    for k, v in dict(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(busy.getsockname()[1]), RANK="0", WORLD_SIZE="1",
+                     LOCAL_RANK="0").items():
+        monkeypatch.setenv(k, v)
     runs = tmp_path / "runs"
     assert main(["sft", "-p", "sft-tiny", "--set", f"runs_root={runs}", "--set", "num_steps=2"]) == 0
+    busy.close()
     out = capsys.readouterr().out
     (run_dir,) = runs.glob("attempt-*")
     assert "format compliance" in out and "next: rft train" in out
