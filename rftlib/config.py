@@ -255,6 +255,10 @@ class RunConfig:
     reward_mode: str = "exact"
     """math answer equivalence: exact (seed 003's normalised exact match) | math_verify (exact, else
     math-verify's symbolic equivalence, so 0.5 matches a gold of 1/2 written as a LaTeX fraction)"""
+    rewards: dict = field(default_factory=dict)
+    """the training reward as weighted registered rewards {name: weight}, summed (TRL's reward_funcs +
+    reward_weights), each logged as reward/<name>; 'task' is the task's own reward. {} (default): the
+    task's reward alone. E.g. {task: 1.0, format_boxed: 0.1} (rftlib.rewards.registry)"""
 
     # ---- accelerators and ranks (the scale path) ---------------------------------------------
     device: str = "auto"
@@ -547,7 +551,7 @@ def schedule(cfg: RunConfig, check_step: int = 20) -> dict[str, Any]:
     ``lr_at_check`` is the LR after ``check_step`` optimizer steps (seed 003's preflight checks step
     20); None when the run is shorter than that.
     """
-    from rftlib.train.schedule import lr_at, warmup_steps_for
+    from rftlib.algo.schedule import lr_at, warmup_steps_for
 
     total = cfg.num_steps * cfg.optimizer_steps_per_rollout
     warmup = warmup_steps_for(total, cfg.warmup_ratio)
@@ -668,6 +672,20 @@ def validate(cfg: RunConfig) -> None:
     _validate_seed_schedule(cfg, bad)
     _validate_algo(cfg, bad)
     _validate_trackers(cfg, bad)
+    _validate_rewards(cfg, bad)
+
+
+def _validate_rewards(cfg: RunConfig, bad) -> None:
+    """rewards names registered rewards (or 'task') with finite numeric weights."""
+    from rftlib.data.base import registered_rewards
+    from rftlib.rewards.registry import TASK_REWARD
+
+    known = registered_rewards()
+    for name, w in cfg.rewards.items():
+        if name != TASK_REWARD and name not in known:
+            bad(f"rewards: unknown reward '{name}'; valid: {TASK_REWARD}, {', '.join(known.names())}")
+        if isinstance(w, bool) or not isinstance(w, (int, float)) or not math.isfinite(w):
+            bad(f"rewards[{name!r}]={w!r}: a weight must be a finite number")
 
 
 def _validate_trackers(cfg: RunConfig, bad) -> None:
@@ -742,13 +760,17 @@ def _validate_seed_schedule(cfg: RunConfig, bad) -> None:
 
 
 def _validate_scale(cfg: RunConfig, bad) -> None:
-    """The accelerator, rank and rollout-engine settings."""
+    """The accelerator, rank and rollout-engine settings; backend and engine names from their registries."""
     import re
+
+    from rftlib.rollout.factory import ENGINES
+    from rftlib.train.backends import BACKEND_MODULES, BACKENDS
 
     if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", cfg.device):
         bad(f"device='{cfg.device}': choose auto, cpu, cuda or cuda:N")
-    if cfg.backend not in ("single", "ddp", "deepspeed"):
-        bad(f"backend='{cfg.backend}': choose single, ddp or deepspeed")
+    backends = sorted(set(BACKENDS.names()) | set(BACKEND_MODULES))
+    if cfg.backend not in backends:
+        bad(f"backend='{cfg.backend}': choose {', '.join(backends)}")
     if cfg.zero_stage not in (2, 3):
         bad(f"zero_stage={cfg.zero_stage}: rftlib drives DeepSpeed ZeRO stage 2 or 3")
     if (cfg.offload_params or cfg.offload_optimizer) and cfg.backend != "deepspeed":
@@ -757,8 +779,8 @@ def _validate_scale(cfg: RunConfig, bad) -> None:
         bad("offload_params needs zero_stage 3 (ZeRO-2 partitions no parameters to offload)")
     if cfg.dtype == "float16" and cfg.backend != "deepspeed" and cfg.device == "cpu":
         bad("dtype float16 on CPU: CPUs have no fast float16 and no GradScaler path; use float32 or bfloat16")
-    if cfg.rollout_engine not in ("hf", "vllm"):
-        bad(f"rollout_engine='{cfg.rollout_engine}': choose hf or vllm")
+    if cfg.rollout_engine not in ENGINES:
+        bad(f"rollout_engine='{cfg.rollout_engine}': choose {', '.join(ENGINES.names())}")
     if cfg.vllm_placement not in ("colocate", "server"):
         bad(f"vllm_placement='{cfg.vllm_placement}': choose colocate or server")
     if cfg.vllm_num_engines < 1 or cfg.vllm_tensor_parallel_size < 1:

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from rftlib.algo.registry import Registry
+from rftlib.rewards import REWARDS
 
 
 @dataclass(frozen=True)
@@ -50,6 +51,12 @@ class Task:
             raise ValueError(f"task {self.name}: {len(overlap)} held-out prompts also in the training pool, "
                              f"e.g. {sorted(overlap)[0]!r}")
 
+    def make_sampler(self, seed: int):
+        """The task's own prompt sampler (a curriculum, weighted mixing), or None for the trainer's seeded
+        per-epoch order. A sampler has next(k), state(), load_state(s); optionally update(indices,
+        correct) (moved by the measured solve rate) and metrics() (logged each step)."""
+        return None
+
     def eval_set(self, probe: str) -> list[Example]:
         """The examples of an eval probe: 'heldout' is the held-out split, others come from probes."""
         if probe == "heldout":
@@ -71,6 +78,13 @@ def registered_tasks() -> Registry:
     for mod in BUILTIN_TASK_MODULES:
         importlib.import_module(f"rftlib.data.{mod}")
     return TASKS
+
+
+def registered_rewards() -> Registry:
+    """The reward registry (rftlib.rewards.registry) with every built-in reward registered: those of
+    rftlib.rewards, and those that live beside their task (``code_tests``)."""
+    registered_tasks()
+    return REWARDS
 
 
 def build_task(name: str, **kwargs: Any) -> Task:

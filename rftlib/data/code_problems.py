@@ -29,6 +29,7 @@ from rftlib.data.base import TASKS, Example, Task
 from rftlib.data.benchmarks import CODE_INSTRUCTION
 from rftlib.data.jsonl import REPO_ROOT, DataError, iter_jsonl
 from rftlib.rewards.code import CodeProblem, batch_code_reward, code_reward
+from rftlib.rewards.registry import register_reward
 
 PROBLEMS_FILE = REPO_ROOT / "data" / "code_problems.jsonl"
 REQUIRED = ("id", "difficulty", "type", "signature", "description", "tests", "reference")
@@ -305,6 +306,7 @@ def code_task_batch_reward(completions: list[str], examples: list[Example],
 # the trainer scores a whole rollout with ``Task.reward.batch`` when the reward has one; a wrapper
 # that replaces the reward (a recording one, a test's) carries no ``batch`` and is called row by row
 code_task_reward.batch = code_task_batch_reward
+register_reward("code_tests", code_task_reward, batch=code_task_batch_reward)  # the reward seam: rftlib.rewards.registry
 
 
 @TASKS.register("code_problems")

@@ -23,6 +23,8 @@ import re
 import threading
 from dataclasses import dataclass
 
+from rftlib.rewards.registry import register_reward
+
 NUMERIC_TOL = 1e-6  # absolute tolerance of the numeric fallback (seed 003 sec. 10)
 BOXED_FINAL_FRACTION = 0.8  # boxed_in_final: the last \boxed starts in the final 20% of the response (sec. 10)
 LONG_RESPONSE_CHARS = 8000  # "long" for the truncation heuristic: ~2/3 of sec. 6's 3072-token budget at ~4 chars/token
@@ -458,6 +460,9 @@ def _task_reward(completion: str, example, truncated: bool, *, mode: str) -> tup
 def math_em_reward(completion: str, example, truncated: bool) -> tuple[float, dict[str, float]]:
     """Seed 003's exact-match reward (boxed, else the last number) with its diagnostics, as a task reward."""
     return _task_reward(completion, example, truncated, mode="exact")
+
+
+register_reward("math_em", math_em_reward)
 
 
 def math_task_reward(mode: str = "exact"):
