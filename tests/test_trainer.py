@@ -22,6 +22,7 @@ from rftlib.config import make_config
 from rftlib.monitor.metrics import read_metrics
 from rftlib.train import checkpoint as ckpt
 from rftlib.train.loop import Trainer
+from rftlib.train.sampler import PromptSampler
 
 REQUIRED = [
     "reward_mean", "reward_std", "reward_min", "reward_max", "reward_p90", "correctness",
@@ -182,7 +183,7 @@ RESUME_BREAKS = {  # skip one restore; what the comparison must then see differ
                   {"adam", "weights"}),
     "scheduler": (lambda mp: mp.setattr(torch.optim.lr_scheduler.LambdaLR, "load_state_dict", lambda self, sd: None),
                   {"scheduler", "weights"}),
-    "sampler": (lambda mp: mp.setattr(loop.PromptSampler, "load_state", lambda self, s: None), {"sampler", "weights"}),
+    "sampler": (lambda mp: mp.setattr(PromptSampler, "load_state", lambda self, s: None), {"sampler", "weights"}),
     "weights": (lambda mp: mp.setattr(loading, "load_trainable_state", lambda model, state: None), {"weights"}),
     "rng": (lambda mp: mp.setattr(ckpt, "set_rng_state", lambda s: None), {"rng", "weights"}),
 }
@@ -362,7 +363,7 @@ def test_dropout_with_off_policy_updates_is_refused(tiny_cfg):
 def test_lm_head_chunk_is_sized_from_the_vocabulary_by_default(tiny_cfg, monkeypatch):
     """logprob_chunk_size 0 (the default): the Trainer asks auto_chunk_size for the model's vocabulary
     and every LM-head pass of the step runs with that many rows; a set value is passed as it is."""
-    import rftlib.train.forward as forward
+    import rftlib.models.forward as forward
 
     asked, used = [], []
     monkeypatch.setattr(loop, "auto_chunk_size", lambda v: asked.append(v) or 5)

@@ -15,6 +15,7 @@ from dataclasses import replace
 import pytest
 import torch
 
+import rftlib.train.build as build
 import rftlib.train.loop as loop
 from rftlib.train.loop import Trainer
 
@@ -90,7 +91,7 @@ def test_float16_full_finetune_steps_with_a_grad_scaler(tiny_cfg, monkeypatch):
     float16 ones: 'Attempting to unscale FP16 gradients', which crashed the first step before), and the
     step moves the weights. float16 is refused on a CPU for speed (the config, and resolve_dtype for
     device auto); the test steps past those two checks only, so the trainer takes its GPU path."""
-    monkeypatch.setattr(loop, "resolve_dtype", lambda name, device: name)
+    monkeypatch.setattr(build, "resolve_dtype", lambda name, device: name)
     cfg = replace(tiny_cfg(num_steps=1, save_steps=0, eval_steps=0, lr=1e-3, warmup_ratio=0.0, lora_rank=0),
                   dtype="float16")
     delta, tr = _one_step_delta(cfg)

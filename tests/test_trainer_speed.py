@@ -15,6 +15,7 @@ import torch
 import rftlib.algo.logprobs as lp_mod
 import rftlib.train.loop as loop
 from rftlib.algo.logprobs import chunked_logprobs_entropy, recompute_needed
+from rftlib.rewards.registry import Reward
 
 
 def half_constant_reward(text, ex, truncated):
@@ -167,9 +168,8 @@ def test_a_reward_with_a_batch_form_scores_the_rollout_in_one_call(tiny_cfg):
         calls.append((list(texts), [e.prompt for e in examples], list(truncated)))
         return [(float(len(t) % 2), {"correctness": 0.0}) for t in texts]  # varies with the completion
 
-    reward.batch = batch
     tr = loop.Trainer(tiny_cfg(), progress=False)
-    tr.task.reward = reward
+    tr.task.reward = Reward("test", reward, batch=batch)  # the batch form is declared (rftlib.rewards.registry)
     try:
         row = tr.step()
     finally:
@@ -194,7 +194,7 @@ def test_recompute_needed_weighs_the_kept_logits_against_256_mib():
 
 @pytest.mark.parametrize("mode", ["auto", "always", "never"])
 def test_the_trainer_asks_recompute_needed_under_auto_only(tiny_cfg, monkeypatch, mode):
-    import rftlib.train.forward as forward
+    import rftlib.models.forward as forward
 
     asked, passed = [], []
     monkeypatch.setattr(loop, "recompute_needed", lambda *a: asked.append(a) or True)

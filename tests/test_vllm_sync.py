@@ -32,7 +32,7 @@ def test_probe_scores_the_engine_rollout_on_the_trainers_device(tiny_dir, monkey
     engine's rollout to the model's device before scoring it."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    import rftlib.train.forward as forward
+    import rftlib.models.forward as forward
     from rftlib.rollout.hf import HFEngine
 
     seen = []

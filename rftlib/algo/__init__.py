@@ -4,6 +4,13 @@ up in these registries and never branches on them.
 
 Dimensions: B prompts, G generations per prompt, N = B*G rows (prompt-major: rows i*G..i*G+G-1
 are prompt i), T completion tokens, V vocabulary, H hidden size. Masks are float {0,1} ``*_mask``.
+
+Registries here: ADVANTAGES, AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES (rftlib.algo.registry's
+``Registry``, also what the other packages' registries are made of). The LR schedule (warmup +
+cosine, OpenRLHF's) is pure maths too: rftlib.algo.schedule.
+
+How to add a loss (one place): ``@register_loss("name", clip_fields=..., aggregations=..., why=...)`` on
+the function (rftlib.algo.loss_spec shows it; tests/test_algo_loss_spec.py registers a toy one).
 """
 
 from rftlib.algo.advantages import ADVANTAGES, REWARD_SCALES, advantage_stats, compute_advantages

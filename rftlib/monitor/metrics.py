@@ -56,6 +56,16 @@ class MetricsLogger:
         self._f.flush()
         self.trackers.log(row)
 
+    def truncate_after(self, step: int) -> None:
+        """Drop the metrics lines of steps after ``step`` (written after the checkpoint a resume starts from,
+        e.g. by a crash after the save), so the resumed run does not log those steps twice."""
+        lines = self.path.read_text().splitlines()
+        keep = [json.dumps(r) for r in read_metrics(self.run_dir) if r.get("step", 0) <= step]
+        if len(keep) != len(lines):
+            self._f.close()
+            self.path.write_text("".join(ln + "\n" for ln in keep))
+            self._f = open(self.path, "a", buffering=1)
+
     def samples(self, step: int, rows: list[dict[str, Any]]) -> None:
         with open(self.run_dir / "logs" / "samples" / f"samples_step{step}.jsonl", "w") as f:
             for r in rows:

@@ -1,38 +1,65 @@
-"""Pick the rollout engine a RunConfig asks for: ``make_engine(cfg, model, tok, run_dir)``.
+"""The rollout engines by name: ``ENGINES`` and ``make_engine(cfg, model, tok, run_dir, backend=...)``.
 
 hf: HF generate on the trainer's own module (shares_trainer_module=True: sync is a no-op, the
 behaviour logprobs are the trainer's, no old-logprob pass, no TIS). vllm: a vLLM engine placed by
 ``vllm_placement`` (colocate: in-process; server: N ``vllm serve`` processes), synced once here so it
 starts from exactly the trainer's weights (an init_adapter or a resumed checkpoint included).
+
+An engine names its own needs. Its factory is handed the config, the policy, the tokenizer, the run
+directory and the training backend, and reads what it needs from them: the hf engine generates on
+the trainer's module, so under a backend that partitions the parameters across ranks
+(``backend.partitions_params``: ZeRO-3) it must step in lock-step with the other ranks
+(``synced_gpus``); a vLLM engine needs none of that. Nothing outside rftlib.rollout branches on an
+engine's name: the trainer reads ``engine.shares_trainer_module`` and ``engine.shared_across_ranks``.
+
+How to add an engine (one place): a class with the RolloutEngine contract (rftlib.rollout.base),
+and a factory registered here or in its own module::
+
+    @ENGINES.register("my_engine")
+    def _my_engine(cfg, model, tok, run_dir, backend):
+        return MyEngine(...)
+
+then ``rollout_engine: my_engine`` in a preset (tests/test_train_build.py registers a toy one).
 """
 
 from __future__ import annotations
 
+from rftlib.algo.registry import Registry
+from rftlib.models.loading import compute_dtype
+from rftlib.rollout.hf import HFEngine
+from rftlib.rollout.vllm import VLLMEngine, VLLMSettings
+from rftlib.rollout.vllm_server import VLLMServerEngine
+
+ENGINES = Registry("rollout engine")
+"""name -> factory(cfg, model, tok, run_dir, backend) -> engine (RolloutEngine)"""
 
 
-def make_engine(cfg, model, tok, run_dir, *, sync: bool = True):
-    """The engine for cfg.rollout_engine; with ``sync`` a vLLM engine has had one sync (its result in
-    .initial_sync). The trainer passes sync=False and syncs itself once its state is final (a resume
-    restores the adapter after the engine starts; several ranks share a server engine's load)."""
-    if cfg.rollout_engine == "hf":
-        from rftlib.models.loading import compute_dtype
-        from rftlib.rollout.hf import HFEngine
+@ENGINES.register("hf")
+def _hf_engine(cfg, model, tok, run_dir, backend):
+    """HF generate on the trainer's module; in lock-step across ranks when the backend partitions the weights."""
+    synced = backend is not None and backend.partitions_params
+    return HFEngine(model, tok, amp=compute_dtype(cfg.dtype, cfg.autocast), synced_gpus=synced)
 
-        return HFEngine(model, tok, amp=compute_dtype(cfg.dtype, cfg.autocast))
-    if cfg.rollout_engine != "vllm":
-        raise ValueError(f"rollout_engine='{cfg.rollout_engine}': choose hf or vllm")
-    from rftlib.rollout.vllm import VLLMEngine, VLLMSettings
 
+@ENGINES.register("vllm")
+def _vllm_engine(cfg, model, tok, run_dir, backend):
+    """vLLM in this process (colocate) or in ``vllm serve`` processes (server)."""
     settings = VLLMSettings.from_config(cfg, model, run_dir)
     if cfg.vllm_placement == "colocate":
-        engine = VLLMEngine(settings, tok, run_dir)
-    elif cfg.vllm_placement == "server":
-        from rftlib.rollout.vllm_server import VLLMServerEngine
+        return VLLMEngine(settings, tok, run_dir)
+    if cfg.vllm_placement == "server":
+        return VLLMServerEngine(settings, tok, run_dir)
+    raise ValueError(f"vllm_placement='{cfg.vllm_placement}': choose colocate or server")
 
-        engine = VLLMServerEngine(settings, tok, run_dir)
-    else:
-        raise ValueError(f"vllm_placement='{cfg.vllm_placement}': choose colocate or server")
-    if sync:
+
+def make_engine(cfg, model, tok, run_dir, *, sync: bool = True, backend=None):
+    """The engine ``cfg.rollout_engine`` names; with ``sync`` an engine that is not the trainer's module
+    has had one sync (its result in .initial_sync). The trainer passes sync=False and syncs itself once
+    its state is final (a resume restores the adapter after the engine starts; several ranks share a
+    server engine's load). ``backend``: the training backend, for the needs of an engine that generates
+    on the trainer's module (None: one process, nothing partitioned)."""
+    engine = ENGINES.get(cfg.rollout_engine)(cfg, model, tok, run_dir, backend)
+    if sync and not engine.shares_trainer_module:
         try:
             engine.initial_sync = engine.sync_weights(model, verify=True)
         except BaseException:

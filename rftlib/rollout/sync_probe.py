@@ -1,7 +1,7 @@
 """The sync probe: after every weight sync, check that the engine samples from the trainer's weights.
 
 A few fixed prompts, a few tokens sampled by the engine with their logprobs, and the same tokens
-scored by the trainer (rftlib.train.forward.completion_logprobs). Stale weights (a LoRA load that
+scored by the trainer (rftlib.models.forward.completion_logprobs). Stale weights (a LoRA load that
 silently kept the old adapter, a reload that missed a tied lm_head, a sleep that lost an update)
 show up as a log-prob gap far above float noise (~1e-4 measured here), and the step fails loudly
 instead of training on someone else's samples. Peers do not check this (TRL #5312).
@@ -11,6 +11,8 @@ Prompt logprobs are not used: with LoRA they crash vLLM's engine.
 from __future__ import annotations
 
 import torch
+
+from rftlib.models import forward
 
 PROBE_PROMPTS = [
     "<|im_start|>user\nCalculate 3 + 4.<|im_end|>\n<|im_start|>assistant\n",
@@ -37,15 +39,13 @@ def probe_max_diff(engine, model) -> float:
 def probe_logprobs(engine, model) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(trainer logprobs, engine logprobs, completion mask), each (N, T) on the trainer's device: the
     engine's rollout comes back on the host (vLLM), so it moves to the model's device first."""
-    from rftlib.train.forward import completion_logprobs
-
     ro = engine.generate(PROBE_PROMPTS, group_size=1, max_new_tokens=PROBE_TOKENS, temperature=1.0,
                          seed=PROBE_SEED)
     ro = ro.to(next(model.parameters()).device)
     was_training = model.training
     model.eval()
     try:
-        trainer, _ = completion_logprobs(model, ro.prompt_ids, ro.prompt_mask, ro.completion_ids,
+        trainer, _ = forward.completion_logprobs(model, ro.prompt_ids, ro.prompt_mask, ro.completion_ids,
                                          ro.completion_mask, temperature=1.0, with_entropy=False)  # (N, T)
     finally:
         model.train(was_training)

@@ -1,20 +1,21 @@
-"""The GRPO trainer: rollout -> reward -> advantages -> micro-batched update -> log/eval/checkpoint.
+"""The GRPO trainer: rollout -> reward -> advantages -> micro-batched update -> sync -> log/eval/checkpoint.
 
-It only orchestrates: the math is in rftlib.algo (looked up by name, never branched on), the
-model plumbing in rftlib.models, generation behind the rollout engine interface. One call of
-:meth:`Trainer.step` is one rollout; it makes ``num_updates_per_rollout x B / train_batch_size``
-optimizer steps. When that is exactly one, the update is on-policy: the old logprobs *are* the
-current ones (detached), so no extra forward is spent on them.
+It only orchestrates. The parts come from rftlib.train.build (task, reward, policy, backend, engine,
+sampler, logger; each chosen from a registry), the maths from rftlib.algo (looked up by name, never
+branched on), generation from the rollout engine. The class reads top to bottom as one GRPO step:
+``_sample_groups`` (generate + score) -> ``step`` (reference / old logprobs, shaped rewards,
+advantages) -> ``_update`` (micro-batched, gradient-accumulated loss) -> ``_sync_engine`` -> metrics.
+One call of :meth:`Trainer.step` is one rollout; it makes ``num_updates_per_rollout x B /
+train_batch_size`` optimizer steps. When that is exactly one, the update is on-policy: the old
+logprobs *are* the current ones (detached), so no extra forward is spent on them.
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import hashlib
 import json
 import math
-import random
 import time
 import warnings
 from pathlib import Path
@@ -22,139 +23,85 @@ from typing import Any, Callable
 
 import numpy as np
 import torch
+from tqdm.auto import tqdm
 
 from rftlib.algo.advantages import compute_advantages
+from rftlib.algo.correction import tis_weights
 from rftlib.algo.diagnostics import simple_noise_scale
 from rftlib.algo.filtering import constant_groups
-from rftlib.algo.correction import tis_weights
-from rftlib.algo.losses import grpo_loss
 from rftlib.algo.logprobs import auto_chunk_size, recompute_needed
-from rftlib.attempts import STOP_FILE, AttemptLockedError, create_attempt, lock_attempt, read_attempt, write_json
-from rftlib.config import ConfigError, RunConfig, make_config
-from rftlib.data.tasks import build_task
+from rftlib.algo.losses import grpo_loss
+from rftlib.algo.schedule import lr_at, warmup_steps_for
+from rftlib.attempts import STOP_FILE, read_attempt, write_json
+from rftlib.config import RunConfig, make_config
 from rftlib.eval import evaluate, format_prompts, greedy_eval
-from rftlib.models.loading import (Reference, apply_lora, causal_lm, compute_dtype, is_peft, load_adapter_weights,
-                                   load_model_and_tokenizer)
-from rftlib.monitor.metrics import MetricsLogger
-from rftlib.rollout.factory import make_engine
-from rftlib.rollout.hf import HFEngine
+from rftlib.models.forward import completion_logprobs
+from rftlib.models.loading import causal_lm, compute_dtype, is_peft
+from rftlib.monitor.health import run_verdicts
+from rftlib.monitor.metrics import read_metrics
+from rftlib.rewards.registry import Reward, as_reward
 from rftlib.train import checkpoint as ckpt
 from rftlib.train import steps
-from rftlib.train.backends import make_backend
-from rftlib.train.dist import Dist, init_dist, resolve_dtype
-from rftlib.train.forward import completion_logprobs
+from rftlib.train.backends import checkpoint_format_of
+from rftlib.train.backends.scheduler import restart_schedule
+from rftlib.train.build import Parts, build, check_world, fit_prompts
+from rftlib.train.dist import Dist
 from rftlib.train.memory import preflight_gib, step_memory
-from rftlib.train.sampler import PromptSampler
-from rftlib.train.schedule import lr_at, warmup_steps_for
 from rftlib.train.step_metrics import step_metrics
 
 EVAL_KEY = "eval/heldout/greedy_pass@1"
 
 
-def _read_rows(path: Path) -> list[dict[str, Any]]:
-    from rftlib.monitor.metrics import read_metrics
-
-    return read_metrics(path.parent.parent)
-
-
 class Trainer:
     """One attempt's training state. Build it, then :meth:`train` (or :meth:`step` by hand).
 
-    The trainer is handed its parts -- the rank/device (``dist``), the task, the rollout engine --
-    or builds the defaults from the config; the training backend (single | ddp | deepspeed) comes
-    from rftlib.train.backends. Under torchrun every rank runs this same object on its share of
-    each rollout's prompts; rank 0 alone writes files.
+    The trainer receives its parts (rftlib.train.build.Parts: ``Trainer(cfg, parts=build(cfg,
+    task=...))``), or builds them from the config when none are given. Under torchrun every rank
+    runs this same object on its share of each rollout's prompts; rank 0 alone writes files.
+    ``reward_override`` is deprecated (it replaces the task's reward, eval included): pass a task
+    with its reward, ``task=Task(..., reward=fn)``, or name rewards in RunConfig.rewards.
     """
+
+    _check_world = staticmethod(check_world)  # rftlib.launch.plan checks a plan's world size with it
 
     def __init__(self, cfg: RunConfig, run_dir: str | Path | None = None, *, resume: bool = False,
                  progress: bool = True, callbacks: list[Callable[[dict], None]] | None = None,
-                 reward_override: Callable | None = None, dist: Dist | None = None, task=None, engine=None):
-        self.dist = D = dist or init_dist(cfg)
-        self.cfg = cfg = dataclasses.replace(cfg, dtype=resolve_dtype(cfg.dtype, D.device))
+                 reward_override: Callable | None = None, dist: Dist | None = None, task=None, engine=None,
+                 parts: Parts | None = None):
+        parts = parts or build(cfg, run_dir, dist=dist, task=task, engine=engine)
+        self.parts = parts
+        self.cfg, self.dist, self.run_dir, self._lock = parts.cfg, parts.dist, parts.run_dir, parts.lock
+        self.task, self.reward, self.model, self.tok = parts.task, parts.reward, parts.model, parts.tok
+        self.ref, self.backend, self.engine = parts.reference, parts.backend, parts.engine
+        self.sampler, self.logger, self.load_seconds = parts.sampler, parts.logger, parts.load_seconds
+        self.total_opt_steps, self.warmup_steps = parts.total_opt_steps, parts.warmup_steps
         self.progress = progress
         self.callbacks = list(callbacks or [])
-        self._check_world(cfg, D.world_size)
-        random.seed(cfg.seed)
-        np.random.seed(cfg.seed)
-        torch.manual_seed(cfg.seed)  # the same LoRA init on every rank
-        if run_dir is None:
-            run_dir = D.broadcast_object(str(create_attempt(cfg)) if D.is_main else None)
-        self.run_dir = Path(run_dir)
-        self._lock = self._lock_attempt()
+        if reward_override is not None:  # deprecated: tests injected faults through this
+            self.task.reward = reward_override
         try:
-            self._build(resume, reward_override, task, engine)
+            self._setup(resume)
         except BaseException:  # a kernel that lives on (a notebook) must not keep the attempt locked
             self._unlock()
             raise
 
-    def _lock_attempt(self):
-        """Rank 0 holds the attempt's lock (rftlib.attempts.lock_attempt) for this trainer's life. An
-        attempt another live trainer holds is refused on every rank, each told by rank 0 (none hangs)."""
-        lock, refused = None, None
-        if self.dist.is_main:
-            try:
-                lock = lock_attempt(self.run_dir)
-            except AttemptLockedError as e:
-                refused = (e.pid, e.host)
-        refused = self.dist.broadcast_object(refused)
-        if refused is not None:
-            raise AttemptLockedError(self.run_dir, *refused)
-        return lock
-
-    def _unlock(self) -> None:
-        if self._lock is not None:
-            self._lock.close()  # the kernel drops the flock with the file
-            self._lock = None
-
-    def _build(self, resume: bool, reward_override: Callable | None, task, engine) -> None:
-        """Everything else a trainer holds: the task, the model and its backend, the engine, the sampler,
-        the logger; then the checkpoint when resuming."""
+    def _setup(self, resume: bool) -> None:
+        """The trainer's own state over its parts, then the checkpoint when resuming, then the engine's first sync."""
         cfg, D = self.cfg, self.dist
-        self.task = task or build_task(cfg.task, eval_size=cfg.eval_size, **cfg.task_args)
-        if reward_override is not None:  # tests inject faults through this
-            self.task.reward = reward_override
-        t = time.time()
-        model, self.tok = load_model_and_tokenizer(cfg.model, cfg.dtype)
-        if cfg.gradient_checkpointing:
-            model.gradient_checkpointing_enable(
-                gradient_checkpointing_kwargs={"use_reentrant": cfg.gradient_checkpointing_use_reentrant})
-        model.to(D.device)
-        self.model = apply_lora(model, rank=cfg.lora_rank, alpha=cfg.lora_alpha, dropout=cfg.lora_dropout,
-                                target_modules=cfg.lora_target_modules)
-        if cfg.init_adapter:
-            load_adapter_weights(self.model, cfg.init_adapter)
-        self.load_seconds = time.time() - t
         # LM-head chunk rows: the configured count, or sized from the vocabulary (config.vocab_size: the
         # output embedding's weight is an empty shard under ZeRO-3)
         self.vocab_size = causal_lm(self.model).config.vocab_size
         self.logprob_chunk_size = cfg.logprob_chunk_size or auto_chunk_size(self.vocab_size)
-        self.ref = Reference(self.model, needed=cfg.beta > 0)
         self.opt_steps_per_rollout = cfg.optimizer_steps_per_rollout
-        self.on_policy = self.opt_steps_per_rollout == 1
-        self.total_opt_steps = cfg.num_steps * self.opt_steps_per_rollout
-        self.warmup_steps = warmup_steps_for(self.total_opt_steps, cfg.warmup_ratio)
-        self.backend = make_backend(cfg, D, self.model, total_opt_steps=self.total_opt_steps,
-                                    warmup_steps=self.warmup_steps)
         # forward passes in the weights' half dtype (trainable masters are float32), else bf16 autocast where the
         # hardware has native bf16 (auto)
         self.amp = compute_dtype(cfg.dtype, cfg.autocast)
-        if engine is None and cfg.rollout_engine == "hf":
-            engine = HFEngine(self.model, self.tok, amp=self.amp,
-                              synced_gpus=cfg.backend == "deepspeed" and cfg.zero_stage == 3 and D.distributed)
-        self.engine = engine or make_engine(cfg, self.model, self.tok, self.run_dir, sync=False)
         # an engine that is not the trainer's module samples from its own numerics: the old logprobs
         # come from the trainer, and truncated IS weights correct the loss for the mismatch
-        self.on_policy = self.on_policy and self.engine.shares_trainer_module
-        if cfg.prompt_max_len:
-            self._fit_prompts(cfg.prompt_max_len)
-        make = getattr(self.task, "make_sampler", None)  # curriculum / weighted mixing tasks bring their own
-        self.sampler = make(cfg.seed) if make else PromptSampler(len(self.task.train), cfg.seed)
-        if D.rank:  # ranks sample their own completions: distinct streams (rank 0 keeps the single-process one)
-            torch.manual_seed(cfg.seed + 1_000_003 * D.rank)
+        self.on_policy = self.opt_steps_per_rollout == 1 and self.engine.shares_trainer_module
         self.step_num = 0
         self.eval_history: list[dict[str, Any]] = []
         self.skipped_steps = 0
-        self.logger = MetricsLogger(self.run_dir) if D.is_main else None
         self.memory_estimate = None
         if D.device.type == "cuda":
             self.memory_estimate = preflight_gib(cfg, causal_lm(self.model).config, D.world_size, prompt_len=256,
@@ -167,45 +114,14 @@ class Trainer:
                 print(f"[rft] engine synced at step {self.step_num}{' (resumed)' if resume else ''}: probe gap "
                       f"{sync['probe_max_diff']:.3g} (the baseline later syncs are judged by)", flush=True)
 
-    def _fit_prompts(self, max_len: int) -> None:
-        """Drop training prompts longer than prompt_max_len tokens, chat template included (OpenRLHF's
-        --prompt_max_len filter), saying how many; a pool left empty is an error."""
-        prompts = format_prompts(self.tok, self.task.train, self.task.system_prompt)
-        lengths = [len(ids) for ids in self.tok(prompts, add_special_tokens=False)["input_ids"]]
-        keep = [e for e, n in zip(self.task.train, lengths) if n <= max_len]
-        if not keep:
-            raise ConfigError(f"prompt_max_len={max_len}: every training prompt is longer (shortest "
-                              f"{min(lengths)} tokens with the chat template); raise it")
-        if len(keep) < len(self.task.train) and self.dist.is_main:
-            warnings.warn(f"prompt_max_len={max_len}: dropped {len(self.task.train) - len(keep)} of "
-                          f"{len(self.task.train)} training prompts longer than that (longest {max(lengths)} tokens)")
-        self.task.train = keep
+    def _unlock(self) -> None:
+        if self._lock is not None:
+            self._lock.close()  # the kernel drops the flock with the file
+            self._lock = None
 
-    @staticmethod
-    def _check_world(cfg: RunConfig, world: int) -> None:
-        """Every rank generates whole prompts (a group's advantages need all its G samples) and takes the
-        same number of samples and micro-batches per optimizer step. An optimizer batch is counted in
-        samples, as OpenRLHF counts it: a rank's share may be part of a group (seed 003 a28: 16 samples
-        = 2 prompts over 4 ranks, 4 samples each), the advantages having been taken over whole groups."""
-        G = cfg.n_samples_per_prompt
-        rows = cfg.train_prompts * G
-        if cfg.rollout_batch_size % world:
-            raise ConfigError(f"rollout_batch_size={cfg.rollout_batch_size} prompts must divide among {world} ranks "
-                              "(each rank generates whole groups)")
-        if rows % world:
-            raise ConfigError(f"an optimizer batch of {cfg.train_prompts} prompts x {G} = {rows} samples must divide "
-                              f"among {world} ranks")
-        sampled_probes = [p for p in cfg.eval_probes if cfg.eval_n_samples.get(p, 1) > 1
-                          or cfg.eval_temperature.get(p, 0.0) > 0]
-        if sampled_probes and world > 1:
-            raise ConfigError(f"eval probes {sampled_probes} sample (eval_temperature/eval_n_samples); the sharded "
-                              "eval of several ranks runs greedy_pass@1 only: evaluate those with `rft eval` after")
-        if cfg.dynamic_sampling == "refill" and world > 1:
-            raise ConfigError("dynamic_sampling 'refill' with several ranks: each rank would draw a different number "
-                              "of extra prompts from the shared order; use dynamic_sampling 'mask' (TRL's) or one rank")
-        if (rows // world) % cfg.micro_batch_size:
-            raise ConfigError(f"micro_batch_size={cfg.micro_batch_size} must divide each rank's share of an optimizer "
-                              f"batch, {rows} samples / {world} ranks = {rows // world}")
+    def _fit_prompts(self, max_len: int) -> None:
+        """rftlib.train.build.fit_prompts on this trainer's task (prompt_max_len)."""
+        fit_prompts(self.task, self.tok, max_len, say=self.dist.is_main)
 
     # the optimizer state lives in the backend (DeepSpeed partitions it)
     @property
@@ -261,37 +177,32 @@ class Trainer:
                                 barrier=D.barrier if D.distributed else None, verify=verify)
 
     def _resume(self) -> None:
+        """Continue from ``training_state/step_latest``: the backend's weights and optimizer, this config's
+        lr/betas/weight decay on the saved LR schedule, RNG, sampler cursor, eval history, metrics lines."""
         d = ckpt.latest_dir(self.run_dir)
         ts = json.loads((d / "trainer_state.json").read_text())
         saved_world, saved_backend = ts.get("world_size", 1), ts.get("backend", "single")
-        if saved_world != self.dist.world_size or (saved_backend == "deepspeed") != (self.cfg.backend == "deepspeed"):
+        if saved_world != self.dist.world_size or checkpoint_format_of(saved_backend) != checkpoint_format_of(self.cfg.backend):
             raise RuntimeError(
                 f"{d} was saved by {saved_world} rank(s) with backend {saved_backend}; resuming with "
                 f"{self.dist.world_size} rank(s) and backend {self.cfg.backend} would not continue the same run "
-                f"(per-rank sampling streams{' and ZeRO partitions' if 'deepspeed' in (saved_backend, self.cfg.backend) else ''}"
-                f" differ). Resume with {saved_world} rank(s), or start a new attempt from its weights with "
-                f"init_adapter={d / 'adapter'}")
+                f"(per-rank sampling streams or checkpoint partitions differ). Resume with {saved_world} rank(s) "
+                f"and backend {saved_backend}, or start a new attempt from its weights with init_adapter={d / 'adapter'}")
         self.backend.load(d)
-        # the saved state carries the old lr/betas/weight decay: the resumed config's values win, and
-        # the LR continues on this config's schedule from the saved step
-        self.scheduler.base_lrs = [self.cfg.lr] * len(self.optimizer.param_groups)
-        for g in self.optimizer.param_groups:
-            g.update(initial_lr=self.cfg.lr, betas=(self.cfg.adam_beta1, self.cfg.adam_beta2),
-                     weight_decay=self.cfg.weight_decay)
-            g["lr"] = self.cfg.lr * self.scheduler.lr_lambdas[0](self.scheduler.last_epoch)
+        restart_schedule(self.optimizer, self.scheduler, lr=self.cfg.lr, betas=(self.cfg.adam_beta1, self.cfg.adam_beta2),
+                         weight_decay=self.cfg.weight_decay)
         ckpt.set_rng_state(ckpt.load_rng(d, self.dist.rank))
         self.step_num = ts["step"]
         self.sampler.load_state(ts["sampler"])
         self.eval_history = ts["eval_history"]
         self.skipped_steps = ts.get("skipped_steps", 0)
         if self.logger is not None:
-            # metrics lines past the checkpoint (a crash after the save) would be duplicated: drop them
-            lines = self.logger.path.read_text().splitlines()
-            keep = [json.dumps(r) for r in _read_rows(self.logger.path) if r.get("step", 0) <= self.step_num]
-            if len(keep) != len(lines):
-                self.logger._f.close()
-                self.logger.path.write_text("".join(ln + "\n" for ln in keep))
-                self.logger._f = open(self.logger.path, "a", buffering=1)
+            self.logger.truncate_after(self.step_num)
+
+    def training_reward(self) -> Reward:
+        """The reward the rollouts are scored with: the attempt's composite (RunConfig.rewards), else the
+        task's own as it is now (rftlib.report.validate swaps it for a control between steps)."""
+        return self.reward if self.reward is not None else as_reward(self.task.reward)
 
     # ---- evaluation -------------------------------------------------------------------------
     def evaluate(self) -> dict[str, Any]:
@@ -400,15 +311,9 @@ class Trainer:
         t = time.time()
         rows = [examples[i // G] for i in range(len(ro.texts))]
         trunc = [bool(cut) for cut in ro.truncated.tolist()]
-        # a reward with a ``batch`` form scores the whole rollout in one call (the code sandbox's
+        # a reward that declares a batch form scores the whole rollout in one call (the code sandbox's
         # workers run rows side by side; row by row, the second worker idles)
-        batch_reward = getattr(self.task.reward, "batch", None)
-        if batch_reward is not None:
-            scored = batch_reward(list(ro.texts), rows, trunc)
-            if len(scored) != len(rows):
-                raise ValueError(f"task {self.task.name}: reward.batch returned {len(scored)} results for {len(rows)} rows")
-        else:
-            scored = [self.task.reward(text, ex, cut) for text, ex, cut in zip(ro.texts, rows, trunc)]
+        scored = self.training_reward().score(list(ro.texts), rows, trunc)
         rewards = [float(r) for r, _ in scored]
         diags = [d for _, d in scored]
         self._timing["reward"] = self._timing.get("reward", 0.0) + time.time() - t
@@ -576,7 +481,7 @@ class Trainer:
                 batch = order[b0:b0 + tb_rows]
                 num_seqs, num_tokens = steps.loss_totals(cfg, lmask[batch], D.all_sum)  # global rows, tokens
                 loss_total = 0.0
-                gns = cfg.gns_probe and len(batch) > mb and cfg.backend != "deepspeed"
+                gns = cfg.gns_probe and len(batch) > mb and self.backend.micro_step_grads
                 prev, micro_sq, seq_lr = None, [], []
                 micro = self._micro_batches(ro, batch, advantages, lmask, skip)
                 n_micro = len(micro)
@@ -662,8 +567,6 @@ class Trainer:
         why in summary.json. Verdict changes are printed as ``[health step N]`` lines unless a
         callback's object shows the verdicts itself (``shows_verdicts``: the live panel).
         """
-        from rftlib.monitor.health import run_verdicts
-
         started = time.time()
         cfg, main = self.cfg, self.dist.is_main
         say_health = main and not any(getattr(getattr(cb, "__self__", cb), "shows_verdicts", False)
@@ -674,10 +577,8 @@ class Trainer:
             self._emit(self.evaluate())
         bar = None
         if self.progress and main:
-            from tqdm.auto import tqdm
-
             bar = tqdm(total=cfg.num_steps, initial=start, desc=self.run_dir.name, unit="step")
-        rows = [r for r in _read_rows(self.run_dir / "logs" / "metrics.jsonl")] if main else []
+        rows = read_metrics(self.run_dir) if main else []
         rows = self.dist.broadcast_object(rows)
         self.stop_reason = None
         seen_bad: set[tuple[str, str]] = set()

@@ -1,28 +1,55 @@
 """Training backends behind one seam: how the policy module is wrapped, how gradients are reduced
-and how the optimizer steps. The loop calls the same six methods whichever backend runs it:
+and how the optimizer steps. The loop calls the same methods whichever backend runs it:
 
     backend.forward(**rows)          (logprobs, entropy) through the wrapped PolicyForward
     with backend.accumulate(last):   gradient sync only on the optimizer batch's last micro-step
     backend.backward(loss)
     backend.step(finite) -> grad_norm   clip, step optimizer + LR schedule (or skip a non-finite step)
+    backend.lr() / backend.train(mode) / backend.close()
     backend.save(tmp_dir) / load(step_dir)   this rank's share of a checkpoint
     backend.trainable_state()        the full trainable tensors (gathered under ZeRO-3)
+    backend.adapter_state()          the LoRA tensors to hand an engine (gathered), None without LoRA
+
+and reads what a backend declares instead of its name:
+
+    fixed_micro_steps   the optimizer steps after a fixed count of micro-steps (no row skipping)
+    micro_step_grads    p.grad holds the running gradient after each micro-step (the GNS probe)
+    partitions_params   each rank holds a shard of every weight (generation on the module runs in lock-step)
+    checkpoint_format   which backends can resume each other's checkpoints (checkpoint_format_of(name))
 
 ``single`` and ``ddp`` are torch (rftlib.train.backends.torch_backend); ``deepspeed`` is DeepSpeed's
-engine (ZeRO-2/3, CPU offload). A new backend is a new file registered here.
+engine (ZeRO-2/3, CPU offload), imported only when asked for (DeepSpeed is an optional heavy
+dependency, imported in one place: deepspeed.import_deepspeed).
+
+How to add a backend (one place): a class with the methods above in its own module here, registered
+with ``BACKENDS.register("name")(MyBackend)``, and its module named in ``BACKEND_MODULES`` so
+``make_backend`` imports it when a config asks for it (tests/test_train_build.py registers a toy one).
 """
 
 from __future__ import annotations
 
+import importlib
+
 from rftlib.algo.registry import Registry
 
 BACKENDS = Registry("training backend")
+"""name -> class(cfg, dist, model, *, total_opt_steps, warmup_steps)"""
+
+BACKEND_MODULES = {"single": "torch_backend", "ddp": "torch_backend", "deepspeed": "deepspeed"}
+"""backend name -> module of rftlib.train.backends that registers it (imported on first use)"""
+
+CHECKPOINT_FORMATS = {"single": "torch", "ddp": "torch"}
+"""backend name -> checkpoint format, where several backends share one (others: their own name)"""
+
+
+def checkpoint_format_of(name: str) -> str:
+    """The checkpoint format backend ``name`` writes: single and ddp resume each other, DeepSpeed's
+    partitioned checkpoints only DeepSpeed."""
+    return CHECKPOINT_FORMATS.get(name, name)
 
 
 def make_backend(cfg, dist, model, *, total_opt_steps: int, warmup_steps: int):
     """Build the backend ``cfg.backend`` names around ``model`` (already on dist.device)."""
-    if cfg.backend == "deepspeed":
-        from rftlib.train.backends import deepspeed  # noqa: F401  (registers itself)
-    else:
-        from rftlib.train.backends import torch_backend  # noqa: F401
+    if cfg.backend not in BACKENDS and cfg.backend in BACKEND_MODULES:
+        importlib.import_module(f"rftlib.train.backends.{BACKEND_MODULES[cfg.backend]}")
     return BACKENDS.get(cfg.backend)(cfg, dist, model, total_opt_steps=total_opt_steps, warmup_steps=warmup_steps)

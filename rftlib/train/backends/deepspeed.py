@@ -24,8 +24,8 @@ from pathlib import Path
 import torch
 
 from rftlib.train.backends import BACKENDS
-from rftlib.train.forward import PolicyForward
-from rftlib.train.schedule import make_scheduler
+from rftlib.models.forward import PolicyForward
+from rftlib.train.backends.scheduler import make_scheduler
 
 DS_TAG = "ds"  # the tag of the one DeepSpeed checkpoint inside a step directory
 
@@ -100,6 +100,12 @@ class DeepSpeedBackend:
     # DeepSpeed steps the optimizer after gradient_accumulation_steps micro-batches, a count fixed at
     # initialize: the loop must run exactly that many per optimizer batch (no zero-advantage row skipping)
     fixed_micro_steps = True
+    micro_step_grads = False  # gradients live in DeepSpeed's buffers (partitioned): no per-micro-batch p.grad (GNS probe)
+
+    @property
+    def partitions_params(self) -> bool:
+        """ZeRO-3 over several ranks: each rank holds a shard of every weight (generation steps in lock-step)."""
+        return self.cfg.zero_stage == 3 and self.dist.distributed
 
     def __init__(self, cfg, dist, model, *, total_opt_steps: int, warmup_steps: int):
         ds = import_deepspeed()

@@ -26,8 +26,8 @@ from pathlib import Path
 import torch
 
 from rftlib.train.backends import BACKENDS
-from rftlib.train.forward import PolicyForward
-from rftlib.train.schedule import make_scheduler
+from rftlib.models.forward import PolicyForward
+from rftlib.train.backends.scheduler import make_scheduler
 
 
 def keep_float32_masters(params: list[torch.nn.Parameter]) -> None:
@@ -41,6 +41,8 @@ def keep_float32_masters(params: list[torch.nn.Parameter]) -> None:
 class TorchBackend:
     name = "single"
     fixed_micro_steps = False  # the optimizer steps when the loop says so: micro-batches may be skipped
+    micro_step_grads = True  # p.grad holds the accumulated gradient after each micro-step (the GNS probe reads it)
+    partitions_params = False  # every rank holds whole weights
 
     def __init__(self, cfg, dist, model, *, total_opt_steps: int, warmup_steps: int):
         self.cfg, self.dist, self.model = cfg, dist, model

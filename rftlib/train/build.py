@@ -1,0 +1,199 @@
+"""Make an attempt's parts from its RunConfig; the Trainer receives them and runs the loop.
+
+``build(cfg)`` returns :class:`Parts`: the ranks (``dist``), the run directory (locked by rank 0),
+the task, the training reward, the policy (+ its tokenizer and KL reference), the training backend,
+the rollout engine, the prompt sampler and the metrics logger. Each part comes from one function
+here, and each choice of implementation from a registry, never from a branch on a name:
+
+    task      rftlib.data.base.TASKS           (RunConfig.task, task_args)
+    reward    rftlib.rewards.registry.REWARDS  (RunConfig.rewards; {} keeps the task's own)
+    backend   rftlib.train.backends.BACKENDS   (RunConfig.backend)
+    engine    rftlib.rollout.factory.ENGINES   (RunConfig.rollout_engine; it reads its needs off the backend)
+    sampler   the task's own (Task.make_sampler) or the seeded PromptSampler
+
+A caller may hand any part in instead (``build(cfg, task=my_task)``, ``engine=...``): tests give a
+task with its own reward, a notebook a task it made by hand. The order of the calls is fixed: the
+seeds are set before the LoRA weights are drawn, and a rank's own sampling stream is set after the
+sampler, so a run with the same seed gives the same numbers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from rftlib.algo.schedule import warmup_steps_for
+from rftlib.attempts import AttemptLockedError, create_attempt, lock_attempt
+from rftlib.config import ConfigError, RunConfig
+from rftlib.data.base import Task, build_task as build_registered_task
+from rftlib.eval import format_prompts
+from rftlib.models.loading import Reference, apply_lora, load_adapter_weights, load_model_and_tokenizer
+from rftlib.monitor.metrics import MetricsLogger
+from rftlib.rewards.registry import Reward, combine_rewards
+from rftlib.rollout.factory import make_engine
+from rftlib.train.backends import make_backend
+from rftlib.train.dist import Dist, init_dist, resolve_dtype
+from rftlib.train.sampler import PromptSampler
+
+
+@dataclass
+class Parts:
+    """Everything a Trainer runs with. ``cfg`` is the config as resolved for this device (dtype auto -> a dtype)."""
+
+    cfg: RunConfig
+    dist: Dist
+    run_dir: Path
+    lock: Any  # rank 0's open lock file on the attempt (rftlib.attempts.lock_attempt); None on other ranks
+    task: Task
+    reward: Reward | None  # the attempt's composite reward (RunConfig.rewards); None: the task's own, read each step
+    model: torch.nn.Module  # the (peft-wrapped) policy on dist.device
+    tok: Any
+    reference: Reference  # the KL reference: the adapter disabled, never a second copy
+    backend: Any  # rftlib.train.backends
+    engine: Any  # rftlib.rollout.base.RolloutEngine
+    sampler: Any  # next(k) / state() / load_state(); optionally update() and metrics() (a curriculum)
+    logger: MetricsLogger | None  # rank 0 only
+    load_seconds: float  # loading the policy, for the report
+    total_opt_steps: int
+    warmup_steps: int
+
+
+def check_world(cfg: RunConfig, world: int) -> None:
+    """Every rank generates whole prompts (a group's advantages need all its G samples) and takes the
+    same number of samples and micro-batches per optimizer step. An optimizer batch is counted in
+    samples, as OpenRLHF counts it: a rank's share may be part of a group (seed 003 a28: 16 samples
+    = 2 prompts over 4 ranks, 4 samples each), the advantages having been taken over whole groups."""
+    G = cfg.n_samples_per_prompt
+    rows = cfg.train_prompts * G
+    if cfg.rollout_batch_size % world:
+        raise ConfigError(f"rollout_batch_size={cfg.rollout_batch_size} prompts must divide among {world} ranks "
+                          "(each rank generates whole groups)")
+    if rows % world:
+        raise ConfigError(f"an optimizer batch of {cfg.train_prompts} prompts x {G} = {rows} samples must divide "
+                          f"among {world} ranks")
+    sampled_probes = [p for p in cfg.eval_probes if cfg.eval_n_samples.get(p, 1) > 1
+                      or cfg.eval_temperature.get(p, 0.0) > 0]
+    if sampled_probes and world > 1:
+        raise ConfigError(f"eval probes {sampled_probes} sample (eval_temperature/eval_n_samples); the sharded "
+                          "eval of several ranks runs greedy_pass@1 only: evaluate those with `rft eval` after")
+    if cfg.dynamic_sampling == "refill" and world > 1:
+        raise ConfigError("dynamic_sampling 'refill' with several ranks: each rank would draw a different number "
+                          "of extra prompts from the shared order; use dynamic_sampling 'mask' (TRL's) or one rank")
+    if (rows // world) % cfg.micro_batch_size:
+        raise ConfigError(f"micro_batch_size={cfg.micro_batch_size} must divide each rank's share of an optimizer "
+                          f"batch, {rows} samples / {world} ranks = {rows // world}")
+
+
+def seed_everything(seed: int) -> None:
+    """python, numpy and torch from one seed: the same LoRA init on every rank."""
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def lock_run_dir(run_dir: Path, dist: Dist):
+    """Rank 0 holds the attempt's lock (rftlib.attempts.lock_attempt) for the trainer's life. An attempt
+    another live trainer holds is refused on every rank, each told by rank 0 (none hangs)."""
+    lock, refused = None, None
+    if dist.is_main:
+        try:
+            lock = lock_attempt(run_dir)
+        except AttemptLockedError as e:
+            refused = (e.pid, e.host)
+    refused = dist.broadcast_object(refused)
+    if refused is not None:
+        raise AttemptLockedError(run_dir, *refused)
+    return lock
+
+
+def build_task(cfg: RunConfig) -> Task:
+    """The task RunConfig.task names, with its builder's task_args."""
+    return build_registered_task(cfg.task, eval_size=cfg.eval_size, **cfg.task_args)
+
+
+def build_reward(cfg: RunConfig, task: Task) -> Reward | None:
+    """The composite reward RunConfig.rewards names (``task`` = the task's own reward), or None when it
+    names none: the trainer then scores with the task's reward as it is at each step."""
+    return combine_rewards(cfg.rewards, task.reward) if cfg.rewards else None
+
+
+def build_policy(cfg: RunConfig, dist: Dist) -> tuple[torch.nn.Module, Any]:
+    """(policy, tokenizer): the model in cfg.dtype, gradient checkpointing, on dist.device, LoRA, and the
+    starting adapter (init_adapter). One function, so one loader can replace it (models.loading.load_policy)."""
+    model, tok = load_model_and_tokenizer(cfg.model, cfg.dtype)
+    if cfg.gradient_checkpointing:
+        model.gradient_checkpointing_enable(
+            gradient_checkpointing_kwargs={"use_reentrant": cfg.gradient_checkpointing_use_reentrant})
+    model.to(dist.device)
+    model = apply_lora(model, rank=cfg.lora_rank, alpha=cfg.lora_alpha, dropout=cfg.lora_dropout,
+                       target_modules=cfg.lora_target_modules)
+    if cfg.init_adapter:
+        load_adapter_weights(model, cfg.init_adapter)
+    return model, tok
+
+
+def fit_prompts(task: Task, tok, max_len: int, *, say: bool) -> None:
+    """Drop training prompts longer than prompt_max_len tokens, chat template included (OpenRLHF's
+    --prompt_max_len filter), saying how many (``say``: rank 0); a pool left empty is an error."""
+    prompts = format_prompts(tok, task.train, task.system_prompt)
+    lengths = [len(ids) for ids in tok(prompts, add_special_tokens=False)["input_ids"]]
+    keep = [e for e, n in zip(task.train, lengths) if n <= max_len]
+    if not keep:
+        raise ConfigError(f"prompt_max_len={max_len}: every training prompt is longer (shortest "
+                          f"{min(lengths)} tokens with the chat template); raise it")
+    if len(keep) < len(task.train) and say:
+        warnings.warn(f"prompt_max_len={max_len}: dropped {len(task.train) - len(keep)} of "
+                      f"{len(task.train)} training prompts longer than that (longest {max(lengths)} tokens)")
+    task.train = keep
+
+
+def build_sampler(cfg: RunConfig, task: Task):
+    """The task's own sampler (a curriculum, weighted mixing) or the seeded per-epoch PromptSampler."""
+    return task.make_sampler(cfg.seed) or PromptSampler(len(task.train), cfg.seed)
+
+
+def build(cfg: RunConfig, run_dir: str | Path | None = None, *, dist: Dist | None = None, task: Task | None = None,
+          engine=None) -> Parts:
+    """Every part of an attempt, in the order that keeps a seed's numbers: ranks, config for the device,
+    seeds, run directory (created when None, then locked), task, reward, policy, reference, backend,
+    engine, sampler, logger. The lock is released if a later part fails."""
+    D = dist or init_dist(cfg)
+    cfg = dataclasses.replace(cfg, dtype=resolve_dtype(cfg.dtype, D.device))
+    check_world(cfg, D.world_size)
+    seed_everything(cfg.seed)
+    if run_dir is None:
+        run_dir = D.broadcast_object(str(create_attempt(cfg)) if D.is_main else None)
+    run_dir = Path(run_dir)
+    lock = lock_run_dir(run_dir, D)
+    try:
+        task = task or build_task(cfg)
+        reward = build_reward(cfg, task)
+        t = time.time()
+        model, tok = build_policy(cfg, D)
+        load_seconds = time.time() - t
+        reference = Reference(model, needed=cfg.beta > 0)
+        total = cfg.num_steps * cfg.optimizer_steps_per_rollout
+        warmup = warmup_steps_for(total, cfg.warmup_ratio)
+        backend = make_backend(cfg, D, model, total_opt_steps=total, warmup_steps=warmup)
+        engine = engine or make_engine(cfg, model, tok, run_dir, sync=False, backend=backend)
+        if cfg.prompt_max_len:
+            fit_prompts(task, tok, cfg.prompt_max_len, say=D.is_main)
+        sampler = build_sampler(cfg, task)
+        if D.rank:  # ranks sample their own completions: distinct streams (rank 0 keeps the single-process one)
+            torch.manual_seed(cfg.seed + 1_000_003 * D.rank)
+        logger = MetricsLogger(run_dir) if D.is_main else None
+    except BaseException:  # a kernel that lives on (a notebook) must not keep the attempt locked
+        if lock is not None:
+            lock.close()
+        raise
+    return Parts(cfg=cfg, dist=D, run_dir=run_dir, lock=lock, task=task, reward=reward, model=model, tok=tok,
+                 reference=reference, backend=backend, engine=engine, sampler=sampler, logger=logger,
+                 load_seconds=load_seconds, total_opt_steps=total, warmup_steps=warmup)

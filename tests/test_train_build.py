@@ -1,0 +1,129 @@
+"""The builder (rftlib.train.build) and the registries it picks from: a Trainer that receives its parts,
+a task handed in with its own reward, and a toy engine and a toy backend registered by name."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rftlib.attempts import lock_attempt
+from rftlib.config import ConfigError, make_config
+from rftlib.data.arithmetic import all_problems
+from rftlib.data.base import Task
+from rftlib.rollout.factory import ENGINES, make_engine
+from rftlib.rollout.hf import HFEngine
+from rftlib.train.backends import BACKENDS
+from rftlib.train.backends.torch_backend import TorchBackend
+from rftlib.train.build import build
+from rftlib.train.loop import Trainer
+
+
+def _trainable(model) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in model.named_parameters() if v.requires_grad}
+
+
+def test_a_trainer_receives_its_parts_and_trains_the_task_it_is_given(tiny_cfg):
+    """No reward_override: a Task with its own reward goes into build(), the Trainer gets the parts."""
+    probs = all_problems()
+    scored = []
+
+    def reward(text, example, truncated):  # varies with the completion: non-zero advantages
+        scored.append(example.id)
+        return float(len(text) % 2), {"correctness": 0.0}
+
+    task = Task(name="toy", train=probs[:20], eval=probs[20:24], reward=reward)
+    cfg = tiny_cfg(num_steps=1, eval_steps=0, save_steps=0, warmup_ratio=0.0)  # warmup's first step is at LR 0
+    parts = build(cfg, task=task)
+    tr = Trainer(cfg, parts=parts, progress=False)
+    try:
+        assert tr.task is task and tr.model is parts.model and tr.engine is parts.engine and tr.reward is None
+        before = _trainable(tr.model)
+        row = tr.step()
+        after = _trainable(tr.model)
+    finally:
+        tr.close()
+    assert len(scored) == cfg.rollout_batch_size * cfg.n_samples_per_prompt
+    assert set(scored) <= {e.id for e in probs[:20]}  # the handed-in pool, not the registry's arithmetic task
+    assert row["advantage_max"] > 0 > row["advantage_min"]
+    assert any(not torch.equal(before[k], after[k]) for k in before), "no trainable tensor changed"
+
+
+def test_a_failed_build_releases_the_attempt_lock(tiny_cfg, tmp_path):
+    """A notebook kernel lives on after a failed build: the attempt must not stay locked by it."""
+    run_dir = tmp_path / "attempt"
+    with pytest.raises(ConfigError, match="every training prompt is longer"):
+        build(tiny_cfg(prompt_max_len=1), run_dir)  # fails after the lock is taken (prompts fitted after the model)
+    lock_attempt(run_dir, wait=0).close()  # nobody holds it
+
+
+class RecordingEngine(HFEngine):
+    """A toy engine: HF generate, counting its calls and keeping the backend it was built with."""
+
+    def __init__(self, *a, backend=None, **kw):
+        super().__init__(*a, **kw)
+        self.backend, self.calls = backend, 0
+
+    def generate(self, prompts, **kw):
+        self.calls += 1
+        return super().generate(prompts, **kw)
+
+
+def test_a_registered_toy_engine_is_built_by_name_and_runs_the_rollouts(monkeypatch, tiny_cfg):
+    with pytest.raises(ConfigError, match="rollout_engine='recording': choose hf, vllm"):
+        tiny_cfg(rollout_engine="recording")
+    monkeypatch.setattr(ENGINES, "_table", dict(ENGINES._table))
+
+    @ENGINES.register("recording")
+    def _recording(cfg, model, tok, run_dir, backend):
+        return RecordingEngine(model, tok, backend=backend)
+
+    cfg = tiny_cfg(rollout_engine="recording", num_steps=1, eval_steps=0, save_steps=0)
+    tr = Trainer(cfg, progress=False)
+    try:
+        assert isinstance(tr.engine, RecordingEngine) and tr.engine.backend is tr.backend  # its needs: the backend
+        tr.step()
+        assert tr.engine.calls == 1
+    finally:
+        tr.close()
+
+
+def test_the_hf_engine_reads_lockstep_generation_off_the_backend(tiny_cfg):
+    """An engine names its own needs: HF generate on the module runs in lock-step (synced_gpus) exactly
+    when the backend partitions the parameters across ranks (ZeRO-3), whatever the backend is called."""
+    from rftlib.models.loading import load_model_and_tokenizer
+
+    cfg = tiny_cfg()
+    model, tok = load_model_and_tokenizer(cfg.model, "float32")
+    for partitioned in (False, True):
+        backend = type("B", (), {"partitions_params": partitioned})()
+        assert make_engine(cfg, model, tok, None, backend=backend).synced_gpus is partitioned
+    assert make_engine(cfg, model, tok, None).synced_gpus is False  # no backend: one process
+
+
+class CountingBackend(TorchBackend):
+    """A toy backend: the single-process torch backend, counting optimizer steps."""
+
+    name = "counting"
+
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self.steps = 0
+
+    def step(self, loss_finite: bool):
+        self.steps += 1
+        return super().step(loss_finite)
+
+
+def test_a_registered_toy_backend_is_built_by_name_and_steps_the_optimizer(monkeypatch, tiny_cfg):
+    with pytest.raises(ConfigError, match="backend='counting': choose ddp, deepspeed, single"):
+        tiny_cfg(backend="counting")
+    monkeypatch.setattr(BACKENDS, "_table", dict(BACKENDS._table))
+    BACKENDS.register("counting")(CountingBackend)
+    cfg = tiny_cfg(backend="counting", num_steps=1, eval_steps=0, save_steps=0)
+    assert make_config("tiny", {"backend": "counting"}).backend == "counting"
+    tr = Trainer(cfg, progress=False)
+    try:
+        tr.step()
+        assert isinstance(tr.backend, CountingBackend) and tr.backend.steps == cfg.optimizer_steps_per_rollout
+    finally:
+        tr.close()
