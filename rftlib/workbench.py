@@ -11,7 +11,6 @@ names the user set are non-None, and a preset is never silently overridden by a 
 
 from __future__ import annotations
 
-import contextlib
 import difflib
 import os
 import sys
@@ -21,36 +20,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rftlib.config import ConfigError, RunConfig, config_fields, field_docs, make_config, to_dict
+from rftlib.config import ConfigError, RunConfig, config_fields, make_config
+from rftlib.monitor.quiet import quiet_libraries
+from rftlib.report.templates import NOTEBOOK_PARAMS, parameters_cell  # noqa: F401  (re-exported: train.ipynb's cell)
 
-# parameters of the notebook itself (not of the RunConfig)
-NOTEBOOK_PARAMS: dict[str, tuple[Any, str]] = {
-    "preset": ("default", "a params/<name>.yaml preset or a path to one"),
-    "attempt_id": (None, "run directory name; None picks the next attempt-NN-<name>"),
-    "resume": (None, "an attempt directory to continue from its step_latest (seed 001 resume)"),
-    "additional_steps": (None, "with resume: train this many more steps than the attempt had"),
-    "live_view": (True, "ipywidgets panel in JupyterLab (with a Stop button); False, or any headless run "
-                        "(papermill, rft), prints one text line per step"),
-    "skip_preflight": (False, "launch even if the LR preflight refuses (seed 003 preflight_lr.sh)"),
-    "nproc": (1, "ranks on this machine; > 1 starts them with torchrun (backend ddp or deepspeed) and streams their lines"),
-}
 _IPY_NAMES = {"In", "Out", "get_ipython", "exit", "quit", "open"}
-
-
-def parameters_cell() -> str:
-    """The source of train.ipynb's ``parameters`` cell, generated from RunConfig so they never drift."""
-    docs = field_docs()
-    defaults = to_dict(RunConfig())
-    lines = ["# Parameters (papermill -p NAME VALUE, or -f params/<preset>.yaml). None = preset value, else default.",
-             "# Notebook"]
-    for k, (v, doc) in NOTEBOOK_PARAMS.items():
-        lines.append(f"{k} = {v!r}  # {doc}")
-    lines.append("# RunConfig (rftlib/config.py): default shown in the comment")
-    for name, f in config_fields().items():
-        # one line each; no '=' in the comment (papermill's parameter parser would stop there)
-        doc = " ".join(docs.get(name, "").split()).replace(" = ", ": ").replace("=", ":")
-        lines.append(f"{name} = None  # [{defaults[name]!r}] {doc}")
-    return "\n".join(lines) + "\n"
 
 
 def collect(ns: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -187,51 +161,6 @@ def _train_ranks(run: Run, nproc: int) -> dict[str, Any]:
                            "the last checkpoint is intact for a resume")
     run.summary = json.loads((run.run_dir / "summary.json").read_text())
     return run.summary
-
-
-@contextlib.contextmanager
-def quiet_libraries(log_path: Path):
-    """Keep transformers' / torch's warnings and weight-loading progress bars out of the cell output
-    (they would sit in the middle of the live panel) and record them in ``log_path`` instead."""
-    import logging
-    import warnings
-
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    handler = logging.FileHandler(log_path)
-    restore = []
-    try:
-        from transformers.utils import logging as tlog
-
-        restore.append((tlog.set_verbosity, tlog.get_verbosity()))
-        tlog.set_verbosity_warning()
-        tlog.disable_default_handler()
-        tlog.add_handler(handler)
-        restore.append((lambda _: (tlog.remove_handler(handler), tlog.enable_default_handler()), None))
-        was_bars = tlog.is_progress_bar_enabled()
-        tlog.disable_progress_bar()
-        if was_bars:
-            restore.append((lambda _: tlog.enable_progress_bar(), None))
-    except ImportError:
-        pass
-    try:
-        from huggingface_hub.utils import are_progress_bars_disabled, disable_progress_bars, enable_progress_bars
-
-        if not are_progress_bars_disabled():
-            disable_progress_bars()
-            restore.append((lambda _: enable_progress_bars(), None))
-    except ImportError:
-        pass
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("default")
-        try:
-            yield
-        finally:
-            with open(log_path, "a") as f:
-                for w in caught:
-                    f.write(f"{w.category.__name__}: {w.message} ({w.filename}:{w.lineno})\n")
-            for fn, arg in reversed(restore):
-                fn(arg)
-            handler.close()
 
 
 def headless_kernel() -> bool:

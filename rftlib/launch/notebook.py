@@ -7,53 +7,23 @@ running attempt again, ``stop=True`` with ``attach=...`` stops it (checkpoint fi
 
     papermill notebooks/launch.ipynb out.ipynb -p preset seed003-gpt-oss-20b-a28b -p dry_run True
 
-``python -m rftlib.launch.notebook`` writes notebooks/launch.ipynb (outputs cleared); the lead
-hooks :func:`launch_notebook` into rftlib.report.templates.write_all.
+The notebook itself is built with the others by rftlib.report.templates (``launch_notebook``);
+``python -m rftlib.report.templates`` writes it. This module holds the one call its cell makes.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
-import nbformat
-from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
-
-NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
-
-PARAMETERS = '''\
-preset = "seed003-gpt-oss-20b-a28b"  # a preset in params/ (its launch layout: train_gpus, rollout_gpus, engines)
-overrides = {}                       # RunConfig fields on top of the preset, e.g. {"num_steps": 50}
-dry_run = True                       # True: print the GPU map and the commands, start nothing
-machine_gpus = None                  # GPUs to assume on this machine (None: detect); for planning elsewhere
-resume = ""                          # a run directory: relaunch that attempt from its step_latest
-attach = ""                          # a run directory: re-attach to it (nothing is launched)
-stop = False                         # with attach: stop that attempt cleanly (checkpoint first)
-watch_seconds = 0.0                  # after a launch / with attach: stream progress this long, then detach
-'''
-
-RUN = '''\
-from rftlib.launch.notebook import run
-
-attempt = run(preset=preset, overrides=overrides, dry_run=dry_run, machine_gpus=machine_gpus, resume=resume,
-              attach=attach, stop=stop, watch_seconds=watch_seconds)
-'''
-
-STATUS = '''\
-from rftlib.launch.status import status_text
-
-print(status_text(overrides.get("runs_root")))
-'''
+from rftlib.launch.status import attach as follow
+from rftlib.launch.supervise import launch
+from rftlib.launch.supervise import stop as stop_attempt
 
 
 def run(preset: str = "default", overrides: dict[str, Any] | None = None, *, dry_run: bool = True,
         machine_gpus: int | None = None, resume: str = "", attach: str = "", stop: bool = False,
         watch_seconds: float = 0.0, write=print) -> str | None:
     """The notebook's one call: plan / launch / attach / stop; the attempt's run directory (None on a dry run)."""
-    from rftlib.launch.status import attach as follow
-    from rftlib.launch.supervise import launch
-    from rftlib.launch.supervise import stop as stop_attempt
-
     if attach:
         if stop:
             stop_attempt(attach, write=write)
@@ -69,36 +39,3 @@ def run(preset: str = "default", overrides: dict[str, Any] | None = None, *, dry
     write(f"[rft] the attempt runs on without this kernel. Re-attach: rft attach {run_dir}, or this notebook "
           f"with attach=\"{run_dir}\"")
     return str(run_dir)
-
-
-def launch_notebook() -> nbformat.NotebookNode:
-    """launch.ipynb: a parameters cell, the launch/attach call, the status table."""
-    params = new_code_cell(PARAMETERS)
-    params.metadata["tags"] = ["parameters"]
-    cells = [
-        new_markdown_cell("# Launch an attempt (detached)\n\nPlans the attempt's processes from the preset's "
-                          "launch layout (trainer ranks under torchrun, vLLM server engines), checks the plan "
-                          "against this machine, and with `dry_run=False` starts them in their own session: "
-                          "they outlive this kernel. Re-attach with `attach=\"runs/<attempt>\"` (or "
-                          "`rft attach`), stop with `attach=... stop=True` (or `rft stop`)."),
-        params,
-        new_code_cell(RUN),
-        new_markdown_cell("## Attempts and GPUs"),
-        new_code_cell(STATUS),
-    ]
-    for i, c in enumerate(cells):  # stable ids: regenerating gives the same file
-        c["id"] = f"launch-{i:02d}"
-    nb = new_notebook(cells=cells)
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    nb.metadata["language_info"] = {"name": "python"}
-    return nb
-
-
-def write(path: str | Path = NOTEBOOKS / "launch.ipynb") -> Path:
-    path = Path(path)
-    nbformat.write(launch_notebook(), str(path))
-    return path
-
-
-if __name__ == "__main__":
-    print(write())

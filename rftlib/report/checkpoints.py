@@ -53,7 +53,7 @@ def eval_checkpoints(run_dir: str | Path, **kw) -> dict[int, dict[str, Any]]:
     ``max_new_tokens``/``batch_size``: default to the attempt's config. transformers' warnings and
     weight-loading bars go to ``logs/library_warnings.log``, not into the notebook."""
     from rftlib.attempts import run_dir_path
-    from rftlib.workbench import quiet_libraries
+    from rftlib.monitor.quiet import quiet_libraries
 
     run_dir = run_dir_path(run_dir)
     with quiet_libraries(run_dir / "logs" / "library_warnings.log"):

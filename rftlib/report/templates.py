@@ -10,18 +10,55 @@ rftlib.report.* where the tests reach it.
     validate.ipynb  seed 002's loop validation: component, timing and memory tables with evidence
     analysis.ipynb  one attempt's report (reports/<attempt-id>.html)
     compare.ipynb   A/B of two or more attempts with paired-bootstrap CIs
+    launch.ipynb    plan, start, watch, re-attach and stop a detached attempt (rftlib.launch.notebook.run)
+
+This is the one notebook builder: each template is a function returning its notebook, listed in
+``TEMPLATES``; ``_notebook`` gives every cell a stable id, so regenerating gives the same bytes.
+train.ipynb's parameters cell is :func:`parameters_cell`, generated from RunConfig (and
+``NOTEBOOK_PARAMS``, the notebook's own parameters, which rftlib.workbench.collect reads back).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import nbformat
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
-from rftlib.workbench import parameters_cell
+from rftlib.config import RunConfig, config_fields, field_docs, to_dict
 
 NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
+
+# parameters of the notebook itself (not of the RunConfig)
+NOTEBOOK_PARAMS: dict[str, tuple[Any, str]] = {
+    "preset": ("default", "a params/<name>.yaml preset or a path to one"),
+    "attempt_id": (None, "run directory name; None picks the next attempt-NN-<name>"),
+    "resume": (None, "an attempt directory to continue from its step_latest (seed 001 resume)"),
+    "additional_steps": (None, "with resume: train this many more steps than the attempt had"),
+    "live_view": (True, "ipywidgets panel in JupyterLab (with a Stop button); False, or any headless run "
+                        "(papermill, rft), prints one text line per step"),
+    "skip_preflight": (False, "launch even if the LR preflight refuses (seed 003 preflight_lr.sh)"),
+    "nproc": (1, "ranks on this machine; > 1 starts them with torchrun (backend ddp or deepspeed) and streams their lines"),
+}
+
+
+def parameters_cell() -> str:
+    """The source of train.ipynb's ``parameters`` cell, generated from RunConfig so they never drift."""
+    docs = field_docs()
+    defaults = to_dict(RunConfig())
+    lines = ["# Parameters (papermill -p NAME VALUE, or -f params/<preset>.yaml). None = preset value, else default.",
+             "# Notebook"]
+    for k, (v, doc) in NOTEBOOK_PARAMS.items():
+        lines.append(f"{k} = {v!r}  # {doc}")
+    lines.append("# RunConfig (rftlib/config.py): default shown in the comment")
+    for name, f in config_fields().items():
+        # one line each; no '=' in the comment (papermill's parameter parser would stop there)
+        doc = " ".join(docs.get(name, "").split()).replace(" = ", ": ").replace("=", ":")
+        lines.append(f"{name} = None  # [{defaults[name]!r}] {doc}")
+    return "\n".join(lines) + "\n"
+
+
 
 
 def _params(source: str) -> nbformat.NotebookNode:
@@ -224,14 +261,49 @@ def compare_notebook() -> nbformat.NotebookNode:
     return _notebook("compare", cells)
 
 
-def _launch_notebook():
-    from rftlib.launch.notebook import launch_notebook  # its builder lives with the launch code
+LAUNCH_PARAMETERS = '''\
+preset = "seed003-gpt-oss-20b-a28b"  # a preset in params/ (its launch layout: train_gpus, rollout_gpus, engines)
+overrides = {}                       # RunConfig fields on top of the preset, e.g. {"num_steps": 50}
+dry_run = True                       # True: print the GPU map and the commands, start nothing
+machine_gpus = None                  # GPUs to assume on this machine (None: detect); for planning elsewhere
+resume = ""                          # a run directory: relaunch that attempt from its step_latest
+attach = ""                          # a run directory: re-attach to it (nothing is launched)
+stop = False                         # with attach: stop that attempt cleanly (checkpoint first)
+watch_seconds = 0.0                  # after a launch / with attach: stream progress this long, then detach
+'''
 
-    return launch_notebook()
+LAUNCH_RUN = '''\
+from rftlib.launch.notebook import run
+
+attempt = run(preset=preset, overrides=overrides, dry_run=dry_run, machine_gpus=machine_gpus, resume=resume,
+              attach=attach, stop=stop, watch_seconds=watch_seconds)
+'''
+
+LAUNCH_STATUS = '''\
+from rftlib.launch.status import status_text
+
+print(status_text(overrides.get("runs_root")))
+'''
+
+
+def launch_notebook() -> nbformat.NotebookNode:
+    """launch.ipynb: a parameters cell, the launch/attach call (rftlib.launch.notebook.run), the status table."""
+    cells = [
+        md("# Launch an attempt (detached)\n\nPlans the attempt's processes from the preset's "
+           "launch layout (trainer ranks under torchrun, vLLM server engines), checks the plan "
+           "against this machine, and with `dry_run=False` starts them in their own session: "
+           "they outlive this kernel. Re-attach with `attach=\"runs/<attempt>\"` (or "
+           "`rft attach`), stop with `attach=... stop=True` (or `rft stop`)."),
+        _params(LAUNCH_PARAMETERS),
+        code(LAUNCH_RUN),
+        md("## Attempts and GPUs"),
+        code(LAUNCH_STATUS),
+    ]
+    return _notebook("launch", cells)
 
 
 TEMPLATES = {"train.ipynb": train_notebook, "sft.ipynb": sft_notebook, "validate.ipynb": validate_notebook,
-             "analysis.ipynb": analysis_notebook, "compare.ipynb": compare_notebook, "launch.ipynb": _launch_notebook}
+             "analysis.ipynb": analysis_notebook, "compare.ipynb": compare_notebook, "launch.ipynb": launch_notebook}
 
 
 def write_all() -> list[Path]:

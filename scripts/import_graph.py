@@ -1,0 +1,195 @@
+"""Print rftlib's package-level import graph and flag imports that point up the layers, and circles.
+
+Reads every ``rftlib/**/*.py`` with ``ast`` (no import is executed), so it runs on any checkout:
+
+    python scripts/import_graph.py                 # this tree
+    python scripts/import_graph.py --root /path/to/other/checkout
+
+A node is a package of rftlib (``rftlib/train/backends/x.py`` counts as ``train``) or a top-level
+module (``config``, ``eval``, ...). Both the imports at the top of a file and those inside functions
+are counted (the second are marked ``fn``): an import hidden in a function is still an arrow. Edges
+inside one package are left out of the package graph, but module-level circles are found over every
+module (``models/loading <-> models/tiny`` is a circle even though it stays inside ``models``).
+
+``LAYERS`` below is the declared order, lowest first: a module may import its own layer and any
+layer below; an import of a higher layer is flagged UP. Exit status 1 when any edge points up or any
+circle exists (so a test or CI can hold the line), else 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+LAYERS: list[list[str]] = [
+    ["algo"],                                   # pure maths: losses, advantages, KL, logprobs, LR schedule, registries
+    ["evalmath", "models", "rewards"],           # model loading + the policy forward; reward functions + REWARDS
+    ["data", "rollout", "monitor", "train.backends"],  # tasks; engines + ENGINES; metrics/health/trackers; BACKENDS
+    ["config", "attempts", "eval"],              # the RunConfig (checks names against the registries); run dirs; eval
+    ["train"],                                  # the builder and the loop
+    ["preflight"],                              # LR / memory preflight (reads the schedule and the model shapes)
+    ["report"],                                 # reports, live view, plots, the notebook templates
+    ["launch", "sft", "ab"],                     # detached runs; the SFT stage; A/B runs
+    ["workbench", "cli"],                        # the notebooks' and the shell's entry points
+]
+"""Declared layers, lowest first. A package not named here is reported (add it)."""
+
+
+SEAMS = ("train.backends",)
+"""sub-packages that are nodes of their own: a seam below the package that holds it (the backends wrap
+one module and know nothing of the loop, so the config can check names against their registry)"""
+
+
+def node_of(module: str) -> str | None:
+    """'rftlib.train.loop' -> 'train'; 'rftlib.train.backends.x' -> 'train.backends' (a seam); 'rftlib.config'
+    -> 'config'; non-rftlib -> None."""
+    parts = module.split(".")
+    if parts[0] != "rftlib" or len(parts) < 2:
+        return None
+    for seam in SEAMS:
+        if ".".join(parts[1:]).startswith(seam):
+            return seam
+    return parts[1]
+
+
+def module_name(root: Path, path: Path) -> str:
+    rel = path.relative_to(root).with_suffix("")
+    parts = list(rel.parts)
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(parts)
+
+
+def imports_of(path: Path, mod: str, is_pkg: bool) -> list[tuple[str, int, bool]]:
+    """(imported module, line, inside a function?) for every rftlib import of one file."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    out: list[tuple[str, int, bool]] = []
+
+    def visit(node: ast.AST, in_fn: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            fn = in_fn or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
+            if isinstance(child, ast.Import):
+                out.extend((a.name, child.lineno, in_fn) for a in child.names if a.name.startswith("rftlib"))
+            elif isinstance(child, ast.ImportFrom):
+                if child.level:  # relative: resolve against this module's package
+                    base = mod.split(".") if is_pkg else mod.split(".")[:-1]
+                    base = base[:len(base) - child.level + 1]
+                    target = ".".join(base + ([child.module] if child.module else []))
+                else:
+                    target = child.module or ""
+                if target.startswith("rftlib"):
+                    # `from rftlib.train import checkpoint` imports rftlib.train.checkpoint
+                    for a in child.names:
+                        out.append((f"{target}.{a.name}", child.lineno, in_fn))
+            visit(child, fn)
+
+    visit(tree, False)
+    return out
+
+
+def resolve(name: str, modules: set[str]) -> str:
+    """The longest known module that ``name`` starts with ('rftlib.train.steps.loss_kwargs' -> ...steps)."""
+    parts = name.split(".")
+    for k in range(len(parts), 0, -1):
+        cand = ".".join(parts[:k])
+        if cand in modules:
+            return cand
+    return name
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one node (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    out: list[list[str]] = []
+    counter = [0]
+
+    def strong(v: str) -> None:
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                strong(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    sys.setrecursionlimit(10_000)
+    for v in sorted(graph):
+        if v not in index:
+            strong(v)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--root", default=str(Path(__file__).resolve().parent.parent),
+                    help="checkout whose rftlib/ is read (default: this one)")
+    args = ap.parse_args(argv)
+    root = Path(args.root)
+    files = sorted((root / "rftlib").rglob("*.py"))
+    modules = {module_name(root, p): p for p in files}
+    layer = {name: i for i, names in enumerate(LAYERS) for name in names}
+
+    mod_graph: dict[str, set[str]] = defaultdict(set)
+    edges: dict[tuple[str, str], list[str]] = defaultdict(list)  # (pkg, pkg) -> ["file:line [fn]"]
+    n_top = n_fn = 0
+    for mod, path in modules.items():
+        for name, line, in_fn in imports_of(path, mod, path.name == "__init__.py"):
+            target = resolve(name, set(modules))
+            if target == mod:
+                continue
+            n_fn += in_fn
+            n_top += not in_fn
+            if not in_fn or True:
+                mod_graph[mod].add(target)
+            a, b = node_of(mod), node_of(target)
+            if a and b and a != b:
+                edges[(a, b)].append(f"{path.relative_to(root)}:{line}{' fn' if in_fn else ''}")
+
+    unknown = sorted({n for e in edges for n in e if n not in layer})
+    up = [(a, b) for (a, b) in edges if a in layer and b in layer and layer[b] > layer[a]]
+    pkg_graph: dict[str, set[str]] = defaultdict(set)
+    for a, b in edges:
+        pkg_graph[a].add(b)
+    pkg_cycles = cycles(pkg_graph)
+    mod_cycles = cycles(mod_graph)
+
+    print(f"rftlib import graph of {root} ({len(modules)} modules; rftlib imports: {n_top} at the top of files, "
+          f"{n_fn} inside functions)")
+    print("\nlayers (lowest first):")
+    for i, names in enumerate(LAYERS):
+        print(f"  {i}: {', '.join(names)}")
+    print("\npackage edges (importer -> imported: where):")
+    for (a, b), where in sorted(edges.items(), key=lambda kv: (layer.get(kv[0][0], 99), kv[0])):
+        flag = "UP  " if (a, b) in up else "    "
+        print(f"  {flag}{a} -> {b}  ({len(where)}: {', '.join(where[:4])}{' ...' if len(where) > 4 else ''})")
+    print(f"\nupward edges: {len(up)}")
+    for a, b in up:
+        print(f"  {a} (layer {layer[a]}) -> {b} (layer {layer[b]}): {', '.join(edges[(a, b)])}")
+    print(f"package circles: {len(pkg_cycles)}" + "".join(f"\n  {' <-> '.join(c)}" for c in pkg_cycles))
+    print(f"module circles: {len(mod_cycles)}" + "".join(f"\n  {' <-> '.join(c)}" for c in mod_cycles))
+    if unknown:
+        print(f"packages in no layer (add them to LAYERS): {', '.join(unknown)}")
+    return 1 if up or pkg_cycles or mod_cycles or unknown else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
