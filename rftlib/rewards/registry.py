@@ -22,6 +22,8 @@ name ``task`` stands for the task's own reward). The attempt's reward is the wei
 logged as ``reward/<name>`` and the components' diagnostics are merged (the first component's
 win on a clash, so the correctness reward listed first keeps ``correctness``). An attempt that
 names no ``rewards`` uses its task's reward exactly as it was (no ``reward/*`` rows are added).
+Held-out evaluation always reads the task's own reward (its ``correctness``): a format bonus moves
+the training reward, never the accuracy an attempt is judged by.
 
 Registered: ``math_em`` (rftlib.rewards.math), ``format_boxed`` and ``truncated_penalty`` (the
 format and length terms of a composite: rftlib.rewards.terms), ``code_tests`` (beside the code

@@ -114,16 +114,6 @@ class Trainer:
                 print(f"[rft] engine synced at step {self.step_num}{' (resumed)' if resume else ''}: probe gap "
                       f"{sync['probe_max_diff']:.3g} (the baseline later syncs are judged by)", flush=True)
 
-    def _unlock(self) -> None:
-        if self._lock is not None:
-            self._lock.close()  # the kernel drops the flock with the file
-            self._lock = None
-
-    def _fit_prompts(self, max_len: int) -> None:
-        """rftlib.train.build.fit_prompts on this trainer's task (prompt_max_len)."""
-        fit_prompts(self.task, self.tok, max_len, say=self.dist.is_main)
-
-    # the optimizer state lives in the backend (DeepSpeed partitions it)
     @property
     def optimizer(self):
         return self.backend.optimizer
@@ -136,165 +126,49 @@ class Trainer:
     def params(self):
         return self.backend.params
 
-    # ---- checkpointing ----------------------------------------------------------------------
-    def _trainer_state(self) -> dict[str, Any]:
-        return {"step": self.step_num, "sampler": self.sampler.state(), "eval_history": self.eval_history,
-                "skipped_steps": self.skipped_steps, "num_steps": self.cfg.num_steps,
-                "world_size": self.dist.world_size, "backend": self.cfg.backend}
+    # ---- one GRPO step: rollout -> reward -> advantages -> update -> sync -> metrics --------------------
+    def step(self) -> dict[str, Any]:
+        """One GRPO step (one rollout), in the order it runs; returns the step's metrics row.
 
-    def save(self) -> Path:
-        def write(tmp: Path) -> None:
-            self.backend.save(tmp)
-            if is_peft(self.model):  # a peft adapter directory others can load
-                state = self.backend.adapter_state()  # gathered under ZeRO-3 (every rank takes part)
-                if self.dist.is_main:
-                    self.model.save_pretrained(tmp / "adapter", **({"state_dict": state} if state else {}))
-
-        return ckpt.save_step(self.run_dir, self.step_num, dist=self.dist, write=write,
-                              trainer_state=self._trainer_state(), max_keep=self.cfg.max_ckpt_num)
-
-    def _global_advantages(self, shaped: torch.Tensor, G: int) -> torch.Tensor:
-        """This rank's advantages, computed over the whole global batch: every rank's shaped rewards (whole
-        groups each) gathered in rank order, the estimator run once, this rank's rows taken back. Group
-        estimators would give the same per rank, but batch statistics (reinforce_pp_baseline's mean/std,
-        scale_rewards: batch) over one rank's share differ from one process's. shaped: (N,) -> (N,)."""
-        D = self.dist
-        parts = D.gather_objects(shaped.tolist())  # float32 -> float -> float32 is exact
-        every = torch.tensor([x for p in parts for x in p], dtype=shaped.dtype)  # (sum of N over ranks,)
-        adv = compute_advantages(self.cfg.advantage_estimator, every, G, self.cfg.adv_eps,
-                                 scale_rewards=self.cfg.scale_rewards)
-        start = sum(len(p) for p in parts[:D.rank])
-        return adv[start:start + shaped.shape[0]]  # (N,)
-
-    def _sync_engine(self, verify: bool = False) -> dict:
-        """Hand the engine the current weights: every rank gathers the adapter (a collective under ZeRO-3),
-        the rank that owns the engine loads it (rank 0 for engines all ranks share), every rank probes."""
-        eng, D = self.engine, self.dist
-        if eng.shares_trainer_module:
-            return eng.sync_weights(self.model)
-        state = self.backend.adapter_state() if is_peft(self.model) else None
-        return eng.sync_weights(self.model, state, push=D.is_main or not eng.shared_across_ranks,
-                                barrier=D.barrier if D.distributed else None, verify=verify)
-
-    def _resume(self) -> None:
-        """Continue from ``training_state/step_latest``: the backend's weights and optimizer, this config's
-        lr/betas/weight decay on the saved LR schedule, RNG, sampler cursor, eval history, metrics lines."""
-        d = ckpt.latest_dir(self.run_dir)
-        ts = json.loads((d / "trainer_state.json").read_text())
-        saved_world, saved_backend = ts.get("world_size", 1), ts.get("backend", "single")
-        if saved_world != self.dist.world_size or checkpoint_format_of(saved_backend) != checkpoint_format_of(self.cfg.backend):
-            raise RuntimeError(
-                f"{d} was saved by {saved_world} rank(s) with backend {saved_backend}; resuming with "
-                f"{self.dist.world_size} rank(s) and backend {self.cfg.backend} would not continue the same run "
-                f"(per-rank sampling streams or checkpoint partitions differ). Resume with {saved_world} rank(s) "
-                f"and backend {saved_backend}, or start a new attempt from its weights with init_adapter={d / 'adapter'}")
-        self.backend.load(d)
-        restart_schedule(self.optimizer, self.scheduler, lr=self.cfg.lr, betas=(self.cfg.adam_beta1, self.cfg.adam_beta2),
-                         weight_decay=self.cfg.weight_decay)
-        ckpt.set_rng_state(ckpt.load_rng(d, self.dist.rank))
-        self.step_num = ts["step"]
-        self.sampler.load_state(ts["sampler"])
-        self.eval_history = ts["eval_history"]
-        self.skipped_steps = ts.get("skipped_steps", 0)
-        if self.logger is not None:
-            self.logger.truncate_after(self.step_num)
-
-    def training_reward(self) -> Reward:
-        """The reward the rollouts are scored with: the attempt's composite (RunConfig.rewards), else the
-        task's own as it is now (rftlib.report.validate swaps it for a control between steps)."""
-        return self.reward if self.reward is not None else as_reward(self.task.reward)
-
-    # ---- evaluation -------------------------------------------------------------------------
-    def evaluate(self) -> dict[str, Any]:
-        """greedy_pass@1 on every eval probe, sharded over ranks (the same number as one process
-        gives); results in eval/step_N[_probe].json and the history."""
-        D = self.dist
-        t0 = time.time()
-        summary: dict[str, Any] = {"step": self.step_num}
-        if D.is_main:
-            (self.run_dir / "eval").mkdir(exist_ok=True)
-        for probe in self.cfg.eval_probes:
-            exs = self.task.eval_set(probe)
-            mine = exs[D.rank::D.world_size]
-            n_mine = len(mine)
-            per_rank = -(-len(exs) // D.world_size)
-            mine = mine + [exs[0]] * (per_rank - n_mine)  # equal generate calls on every rank (ZeRO-3 needs them)
-            n = self.cfg.eval_n_samples.get(probe, 1)
-            temp = self.cfg.eval_temperature.get(probe, 0.0)
-            if n > 1 or temp > 0:  # seed 003 section 9: e.g. AIME at 0.6 with 8 samples, sampling_pass@8
-                mode = f"sampling_pass@{n}" if temp > 0 else f"nondet_proxy_pass@{n}"
-                res = evaluate(self.engine, self.tok, self.task, exs, mode=mode, n=n, temperature=temp,
-                               max_new_tokens=self.cfg.max_new_tokens, batch_size=self.cfg.eval_batch_size,
-                               dataset=probe)
-                if D.is_main:
-                    write_json(self.run_dir / "eval" / f"step_{self.step_num}_{probe}.json", res)
-                summary[f"eval/{probe}/{res['mode']}"] = res[res["mode"]]
-                summary[f"eval/{probe}/pass@1"] = res["pass@1"]
-                continue
-            res = greedy_eval(self.engine, self.tok, self.task, mine, max_new_tokens=self.cfg.max_new_tokens,
-                              batch_size=self.cfg.eval_batch_size, dataset=probe)
-            if D.distributed:
-                parts = D.gather_objects(res["results"][:n_mine])
-                merged = [parts[k % D.world_size][k // D.world_size] for k in range(len(exs))]
-                n = max(len(merged), 1)
-                res.update(results=merged, n_problems=len(merged),
-                           **{"greedy_pass@1": sum(r["correct"] for r in merged) / n,
-                              "mean_length": sum(r["length"] for r in merged) / n})
-            if D.is_main:
-                suffix = "" if probe == "heldout" else f"_{probe}"
-                write_json(self.run_dir / "eval" / f"step_{self.step_num}{suffix}.json", res)
-            summary[f"eval/{probe}/greedy_pass@1"] = res["greedy_pass@1"]
-            summary[f"eval/{probe}/mean_length"] = res["mean_length"]
-        summary["timing/eval"] = time.time() - t0  # rft stop sizes its wait from this and timing/step
-        self.eval_history.append(summary)
-        return summary
-
-    def early_stop_reason(self) -> str | None:
-        """Why to stop now (the probe dropped at ``patience`` consecutive evals), else None."""
-        cfg = self.cfg
-        if cfg.early_stop_probe is None:
-            return None
-        key = f"eval/{cfg.early_stop_probe}/greedy_pass@1"
-        vals = [e[key] for e in self.eval_history if key in e]
-        k = cfg.early_stop_patience
-        if len(vals) > k and all(vals[-i] < vals[-i - 1] for i in range(1, k + 1)):
-            trail = " -> ".join(f"{v:.3f}" for v in vals[-k - 1:])
-            return f"{key} dropped at {k} consecutive evals ({trail})"
-        return None
-
-    # ---- one rollout step -------------------------------------------------------------------
-    def _rows(self, ro, idx: torch.Tensor) -> dict[str, torch.Tensor]:
-        """The rows ``idx`` of a rollout, trimmed to their own longest prompt and completion: a
-        micro-batch pays for its own padding, not the rollout's (prompts are left-padded, so leading
-        all-pad columns go; completions right-padded, so trailing ones go). Positions come from the
-        attention mask, so the trim changes no logprob; results are (n, T') with T' <= T."""
-        pm, cm = ro.prompt_mask[idx], ro.completion_mask[idx]  # (n, P), (n, T)
-        p0 = int(pm.any(0).float().argmax())  # first prompt column any row uses
-        used = cm.any(0).nonzero()
-        t1 = int(used.max()) + 1 if used.numel() else 1  # last completion column any row uses, + 1
-        return dict(prompt_ids=ro.prompt_ids[idx][:, p0:], prompt_mask=pm[:, p0:],
-                    completion_ids=ro.completion_ids[idx][:, :t1], completion_mask=cm[:, :t1])
-
-    def _full_width(self, lp: torch.Tensor, T: int) -> torch.Tensor:
-        """(n, T') logprobs of a trimmed micro-batch -> (n, T), zero where trimmed (all masked there)."""
-        return torch.nn.functional.pad(lp, (0, T - lp.shape[1]))
-
-    def _autocast(self):
-        if self.amp is None:
-            return contextlib.nullcontext()
-        return torch.autocast(self.dist.device.type, dtype=self.amp)
-
-    def _logprobs(self, rows, *, with_entropy: bool, entropy_grad: bool = False, module=None):
-        """(logprobs, entropy) of rows through the backend's wrapped policy (or ``module``, a frozen copy)."""
-        mode = self.cfg.logprob_recompute
-        recompute = mode == "always" or (mode == "auto" and recompute_needed(
-            rows["completion_ids"].numel(), self.vocab_size, self.logprob_chunk_size))
-        kw = dict(temperature=self.cfg.temperature, chunk_size=self.logprob_chunk_size,
-                  with_entropy=with_entropy, entropy_grad=entropy_grad, checkpoint_chunks=recompute)
-        with self._autocast():
-            if module is not None:
-                return completion_logprobs(module, **rows, **kw)
-            return self.backend.forward(**rows, **kw)
+        1. sample ``rollout_batch_size`` prompts x G completions and score them (dynamic sampling may
+           draw more groups);
+        2. reference and old logprobs, without gradients;
+        3. shaped rewards -> group-relative advantages over the global batch;
+        4. the micro-batched, gradient-accumulated update (one or more optimizer steps);
+        5. hand the rollout engine the new weights (probe-checked);
+        6. the metrics row of the global batch (rank 0 writes the logs).
+        """
+        cfg, G, D = self.cfg, self.cfg.n_samples_per_prompt, self.dist
+        self._timing = timing = {}
+        t_step = time.time()
+        first = self._sample_groups(cfg.rollout_batch_size)  # 1
+        batch = steps.dynamic_sampling(first, self._sample_groups, group_size=G, mode=cfg.dynamic_sampling,
+                                       max_rounds=cfg.dynamic_sampling_max_rounds)
+        ro, examples, indices, diags = self._one_rollout(batch.items)
+        rewards = batch.rewards.tolist()
+        self._move_sampler(indices, diags, rewards)
+        t = time.time()
+        ref_lp, old_lp = self._reference_and_old_logprobs(ro)  # 2: (N, T) each, or None
+        timing["reference"] = time.time() - t
+        # 3: rewards the advantages see (DAPO's overlong penalty, KL in the reward), then the advantages
+        shaped, shaping = steps.shape_rewards(
+            cfg, batch.rewards, ro.lengths().cpu(),
+            behaviour_logprobs=(old_lp if old_lp is not None else ro.behaviour_logprobs).cpu(),
+            ref_logprobs=None if ref_lp is None else ref_lp.cpu(), completion_mask=ro.completion_mask.cpu())
+        advantages = self._global_advantages(shaped, G)  # (N,) host
+        lmask = steps.loss_mask(cfg, ro.completion_mask, ro.truncated,
+                                None if cfg.dynamic_sampling == "off" else batch.row_mask.to(D.device))  # (N, T)
+        t = time.time()
+        upd = self._update(ro, advantages.to(D.device), ref_lp, old_lp, lmask)  # 4
+        timing["update"] = time.time() - t
+        sync = self._sync_engine()  # 5: the engine samples the new policy next step
+        timing["sync"] = sync.get("seconds", 0.0)
+        self.step_num += 1
+        timing["step"] = time.time() - t_step
+        # TRL's frac_reward_zero_std: groups of the first rollout whose G rewards are all equal (no signal)
+        zero_std = float(constant_groups(first.rewards, G).float().mean())
+        extra = {**shaping, **batch.metrics, "frac_reward_zero_std": zero_std}
+        return self._step_row(ro, examples, rewards, diags, advantages, upd, sync, extra)  # 6
 
     def _sample_groups(self, n_prompts: int) -> steps.Groups:
         """This rank's share of ``n_prompts`` prompts from the global order, generated and scored:
@@ -320,31 +194,37 @@ class Trainer:
         items = [(ro, g, ex, idx, diags[g * G:(g + 1) * G]) for g, (ex, idx) in enumerate(zip(examples, indices))]
         return steps.Groups(items, torch.tensor(rewards))  # rewards (n*G,) host
 
-    def step(self) -> dict[str, Any]:
-        cfg, G, D = self.cfg, self.cfg.n_samples_per_prompt, self.dist
-        self._timing = timing = {}
-        t_step = time.time()
-        first = self._sample_groups(cfg.rollout_batch_size)
-        batch = steps.dynamic_sampling(first, self._sample_groups, group_size=G, mode=cfg.dynamic_sampling,
-                                       max_rounds=cfg.dynamic_sampling_max_rounds)
-        items = batch.items
+    def training_reward(self) -> Reward:
+        """The reward the rollouts are scored with: the attempt's composite (RunConfig.rewards), else the
+        task's own as it is now (rftlib.report.validate swaps it for a control between steps)."""
+        return self.reward if self.reward is not None else as_reward(self.task.reward)
+
+    def _one_rollout(self, items) -> tuple[Any, list, list[int], list[dict]]:
+        """The kept groups as one Rollout (the first rollout as it came when nothing was dropped or added),
+        with their examples, pool indices and per-row reward diagnostics."""
         if all(it[0] is items[0][0] for it in items) and [it[1] for it in items] == list(range(len(items))):
             ro = items[0][0]  # the first rollout as it came
         else:  # groups kept from several generate calls: one batch of the widest shapes
             ro = steps.gather_groups([(it[0], it[1]) for it in items], self.tok.pad_token_id)
-        examples = [it[2] for it in items]
-        indices = [it[3] for it in items]
-        diags = [d for it in items for d in it[4]]
-        rewards = batch.rewards.tolist()
-        N, T = ro.num_rows, ro.completion_ids.shape[1]
-        if hasattr(self.sampler, "update"):  # a curriculum moves on the measured solve rate, the same on every rank
-            correct = [float(d.get("correctness", r)) for d, r in zip(diags, rewards)]
-            parts = D.gather_objects(([i for i in indices for _ in range(G)], correct))
-            self.sampler.update([i for p in parts for i in p[0]], [c for p in parts for c in p[1]])
+        return ro, [it[2] for it in items], [it[3] for it in items], [d for it in items for d in it[4]]
 
-        mb = cfg.micro_batch_size
+    def _move_sampler(self, indices: list[int], diags: list[dict], rewards: list[float]) -> None:
+        """A sampler that moves on the measured solve rate (a curriculum) sees every rank's results, so it
+        moves the same way on every rank."""
+        if not hasattr(self.sampler, "update"):
+            return
+        G = self.cfg.n_samples_per_prompt
+        correct = [float(d.get("correctness", r)) for d, r in zip(diags, rewards)]
+        parts = self.dist.gather_objects(([i for i in indices for _ in range(G)], correct))
+        self.sampler.update([i for p in parts for i in p[0]], [c for p in parts for c in p[1]])
+
+    def _reference_and_old_logprobs(self, ro) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """(reference logprobs, old logprobs), each (N, T) or None: the KL reference's (beta > 0) and the
+        policy's before the update when it is not on-policy (several optimizer steps per rollout, or an
+        engine that is not the trainer's module), micro-batch by micro-batch, without dropout or grad."""
+        cfg, mb = self.cfg, self.cfg.micro_batch_size
+        N, T = ro.num_rows, ro.completion_ids.shape[1]
         micro = [torch.arange(s, min(s + mb, N)) for s in range(0, N, mb)]
-        t = time.time()
         ref_lp = old_lp = None
         self.backend.train(False)  # reference and old logprobs without dropout, or the ratio is noise
         with torch.no_grad():
@@ -356,101 +236,20 @@ class Trainer:
             if not self.on_policy:
                 old_lp = torch.cat([self._full_width(self._logprobs(self._rows(ro, ix), with_entropy=False)[0], T)
                                     for ix in micro])  # (N, T)
-        timing["reference"] = time.time() - t
-        # rewards the advantages see: DAPO's overlong penalty, KL in the reward; then the advantages
-        shaped, shaping = steps.shape_rewards(
-            cfg, batch.rewards, ro.lengths().cpu(),
-            behaviour_logprobs=(old_lp if old_lp is not None else ro.behaviour_logprobs).cpu(),
-            ref_logprobs=None if ref_lp is None else ref_lp.cpu(), completion_mask=ro.completion_mask.cpu())
-        advantages = self._global_advantages(shaped, G)  # (N,) host
-        advantages_dev = advantages.to(D.device)
-        lmask = steps.loss_mask(cfg, ro.completion_mask, ro.truncated,
-                                None if cfg.dynamic_sampling == "off" else batch.row_mask.to(D.device))  # (N, T)
+        return ref_lp, old_lp
 
-        t = time.time()
-        upd = self._update(ro, advantages_dev, ref_lp, old_lp, lmask)
-        timing["update"] = time.time() - t
-        sync = self._sync_engine()  # the engine samples the new policy next step (probe-checked)
-        timing["sync"] = sync.get("seconds", 0.0)
-        self.step_num += 1
-        timing["step"] = time.time() - t_step
-        # TRL's frac_reward_zero_std: groups of the first rollout whose G rewards are all equal (no signal)
-        extra = {**shaping, **batch.metrics, "frac_reward_zero_std": float(constant_groups(first.rewards, G).float().mean())}
-
-        # every rank's rollout and update accumulators, so the metrics are those of the global batch
-        local = {"rewards": rewards, "diags": diags, "extra": [extra], "advantages": advantages.tolist(),
-                 "lengths": ro.lengths().cpu().tolist(), "truncated": ro.truncated.cpu().tolist(),
-                 "texts": ro.texts, "examples": [(e.prompt, e.answer) for e in examples],
-                 **{k: upd[k] for k in ("tok", "metrics", "entropy", "behaviour_diff", "seq_log_ratio", "gns")}}
-        parts = D.gather_objects(local)
-        allr = {k: [x for p in parts for x in p[k]] for k in local}
-        row = step_metrics(allr, upd, timing, step=self.step_num, world_size=D.world_size,
-                           skipped_steps=self.skipped_steps)
-        for k in (allr["extra"][0] if allr["extra"] else {}):  # per-rank step metrics: the mean over ranks
-            row[k] = float(np.mean([e[k] for e in allr["extra"]]))
-        if hasattr(self.sampler, "metrics"):
-            row.update(self.sampler.metrics())
-        row.update(step_memory(D.device))
-        if not self.engine.shares_trainer_module:
-            row.update({"sync/bytes": float(sync.get("bytes", 0)), "sync/probe_max_diff": sync.get("probe_max_diff", 0.0),
-                        "sync/probe_baseline": sync.get("probe_baseline", 0.0)})
-        if self.memory_estimate is not None:
-            row["memory/preflight_gib"] = self.memory_estimate
-        self._group = self._sample_group(allr, G)
-        if D.is_main:
-            self._write_step_logs(row, allr, G)
-        return row
-
-    @staticmethod
-    def _sample_group(allr: dict[str, list], G: int) -> dict[str, Any]:
-        """The G completions of the step's first prompt, for the live view."""
-        prompt, answer = allr["examples"][0]
-        return {"prompt": prompt, "answer": answer, "completions": [
-            {"text": allr["texts"][i], "reward": allr["rewards"][i], "advantage": allr["advantages"][i],
-             "truncated": bool(allr["truncated"][i])} for i in range(G)]}
-
-    def _write_step_logs(self, row: dict[str, Any], allr: dict[str, list], G: int) -> None:
-        cfg = self.cfg
-        exs = allr["examples"]
-        if not math.isfinite(row["grad_norm_max"]) or row["grad_norm_max"] > cfg.spike_grad_norm:
-            self.logger.spike({"step": self.step_num, "grad_norm": row["grad_norm_max"],
-                               "prompt_hashes": [hashlib.md5(p.encode()).hexdigest() for p, _ in exs],
-                               **{k: row[k] for k in row if k.startswith(("log_ratio", "ratio_"))}})
-        if cfg.save_steps and self.step_num % cfg.save_steps == 0:
-            self.logger.samples(self.step_num, [
-                {"prompt": exs[i // G][0], "answer": exs[i // G][1], "completion": allr["texts"][i],
-                 "reward": allr["rewards"][i], "advantage": allr["advantages"][i],
-                 "truncated": bool(allr["truncated"][i])}
-                for i in range(min(cfg.log_samples, len(allr["texts"])))])
-
-    def _skips_rows(self) -> bool:
-        """Whether the update may leave out rows that add nothing to the gradient: no loss term may read
-        a row beyond its advantage (a KL in the loss, an entropy bonus), the GNS probe's per-micro-batch
-        gradients assume full micro-batches, DDP needs every rank to run the same micro-batches, and a
-        backend that counts micro-steps itself (DeepSpeed, even on one rank) needs all of them."""
-        cfg = self.cfg
-        return (cfg.skip_zero_advantage_rows and steps.loss_kwargs(cfg)["beta"] == 0 and cfg.entropy_coef == 0
-                and not cfg.gns_probe and self.dist.world_size == 1 and not self.backend.fixed_micro_steps)
-
-    def _micro_batches(self, ro, batch: torch.Tensor, advantages: torch.Tensor, lmask: torch.Tensor,
-                       skip: bool) -> list[torch.Tensor]:
-        """The micro-batches (row indices) one optimizer batch ``batch`` is run as.
-
-        With ``skip``, rows whose advantage is exactly 0 or whose loss mask is empty are left out:
-        every policy loss is A times something per token (0 for A = 0) and the aggregation selects
-        masked tokens out, so such a row's loss and gradient are exactly 0 -- the normalisers
-        (computed by the caller over the whole ``batch``) still count it. With
-        cfg.sort_micro_batches_by_length the rows are ordered by prompt + completion length first,
-        so each micro-batch (trimmed to its own longest row by ``_rows``) carries less padding."""
-        cfg, mb = self.cfg, self.cfg.micro_batch_size
-        rows = batch
-        if skip:
-            live = (advantages[batch] != 0) & (lmask[batch].sum(-1) > 0)  # (b,) bool
-            rows = batch[live.cpu()]
-        if cfg.sort_micro_batches_by_length and not cfg.gns_probe and len(rows) > mb:  # GNS wants random micro-batches
-            length = (ro.prompt_mask[rows].sum(-1) + ro.completion_mask[rows].sum(-1)).cpu()  # (b,)
-            rows = rows[torch.sort(length, stable=True).indices]
-        return [rows[m0:m0 + mb] for m0 in range(0, len(rows), mb)]
+    def _global_advantages(self, shaped: torch.Tensor, G: int) -> torch.Tensor:
+        """This rank's advantages, computed over the whole global batch: every rank's shaped rewards (whole
+        groups each) gathered in rank order, the estimator run once, this rank's rows taken back. Group
+        estimators would give the same per rank, but batch statistics (reinforce_pp_baseline's mean/std,
+        scale_rewards: batch) over one rank's share differ from one process's. shaped: (N,) -> (N,)."""
+        D = self.dist
+        parts = D.gather_objects(shaped.tolist())  # float32 -> float -> float32 is exact
+        every = torch.tensor([x for p in parts for x in p], dtype=shaped.dtype)  # (sum of N over ranks,)
+        adv = compute_advantages(self.cfg.advantage_estimator, every, G, self.cfg.adv_eps,
+                                 scale_rewards=self.cfg.scale_rewards)
+        start = sum(len(p) for p in parts[:D.rank])
+        return adv[start:start + shaped.shape[0]]  # (N,)
 
     def _update(self, ro, advantages, ref_lp, old_lp, lmask) -> dict[str, Any]:
         """The micro-batched, gradient-accumulated update; returns what the metrics need.
@@ -545,19 +344,130 @@ class Trainer:
         gmax = max(acc["grad_norm"], key=lambda g: math.inf if not math.isfinite(g) else g)  # NaN counts as a spike
         return {**acc, "grad_norm_max": gmax, "clip": (loss_kw["clip_low"], loss_kw["clip_high"])}
 
-    # ---- the loop -------------------------------------------------------------------------------
-    def stop_requested(self, started: float | None = None) -> str | None:
-        """Why to stop from outside the run, else None: a researcher asked (``<run_dir>/control/stop``;
-        the live view's Stop button and ``rft stop`` write it), or the time budget (max_train_minutes,
-        counted from ``started``) is spent. Rank 0 decides (one file, one clock); every rank gets its answer."""
-        reason, budget = None, self.cfg.max_train_minutes
-        if self.dist.is_main:
-            if (self.run_dir / STOP_FILE).exists():
-                reason = "stopped by user"
-            elif budget is not None and started is not None and time.time() - started >= 60 * budget:
-                reason = f"time budget spent: max_train_minutes={budget:g} reached at step {self.step_num}"
-        return self.dist.broadcast_object(reason)
+    def _micro_batches(self, ro, batch: torch.Tensor, advantages: torch.Tensor, lmask: torch.Tensor,
+                       skip: bool) -> list[torch.Tensor]:
+        """The micro-batches (row indices) one optimizer batch ``batch`` is run as.
 
+        With ``skip``, rows whose advantage is exactly 0 or whose loss mask is empty are left out:
+        every policy loss is A times something per token (0 for A = 0) and the aggregation selects
+        masked tokens out, so such a row's loss and gradient are exactly 0 -- the normalisers
+        (computed by the caller over the whole ``batch``) still count it. With
+        cfg.sort_micro_batches_by_length the rows are ordered by prompt + completion length first,
+        so each micro-batch (trimmed to its own longest row by ``_rows``) carries less padding."""
+        cfg, mb = self.cfg, self.cfg.micro_batch_size
+        rows = batch
+        if skip:
+            live = (advantages[batch] != 0) & (lmask[batch].sum(-1) > 0)  # (b,) bool
+            rows = batch[live.cpu()]
+        if cfg.sort_micro_batches_by_length and not cfg.gns_probe and len(rows) > mb:  # GNS wants random micro-batches
+            length = (ro.prompt_mask[rows].sum(-1) + ro.completion_mask[rows].sum(-1)).cpu()  # (b,)
+            rows = rows[torch.sort(length, stable=True).indices]
+        return [rows[m0:m0 + mb] for m0 in range(0, len(rows), mb)]
+
+    def _skips_rows(self) -> bool:
+        """Whether the update may leave out rows that add nothing to the gradient: no loss term may read
+        a row beyond its advantage (a KL in the loss, an entropy bonus), the GNS probe's per-micro-batch
+        gradients assume full micro-batches, DDP needs every rank to run the same micro-batches, and a
+        backend that counts micro-steps itself (DeepSpeed, even on one rank) needs all of them."""
+        cfg = self.cfg
+        return (cfg.skip_zero_advantage_rows and steps.loss_kwargs(cfg)["beta"] == 0 and cfg.entropy_coef == 0
+                and not cfg.gns_probe and self.dist.world_size == 1 and not self.backend.fixed_micro_steps)
+
+    def _sync_engine(self, verify: bool = False) -> dict:
+        """Hand the engine the current weights: every rank gathers the adapter (a collective under ZeRO-3),
+        the rank that owns the engine loads it (rank 0 for engines all ranks share), every rank probes."""
+        eng, D = self.engine, self.dist
+        if eng.shares_trainer_module:
+            return eng.sync_weights(self.model)
+        state = self.backend.adapter_state() if is_peft(self.model) else None
+        return eng.sync_weights(self.model, state, push=D.is_main or not eng.shared_across_ranks,
+                                barrier=D.barrier if D.distributed else None, verify=verify)
+
+    def _step_row(self, ro, examples, rewards, diags, advantages, upd, sync, extra) -> dict[str, Any]:
+        """The step's metrics row from every rank's rollout and update accumulators (the global batch's
+        metrics); rank 0 writes the spike log and the samples. Keeps the first group for the live view."""
+        D, G = self.dist, self.cfg.n_samples_per_prompt
+        local = {"rewards": rewards, "diags": diags, "extra": [extra], "advantages": advantages.tolist(),
+                 "lengths": ro.lengths().cpu().tolist(), "truncated": ro.truncated.cpu().tolist(),
+                 "texts": ro.texts, "examples": [(e.prompt, e.answer) for e in examples],
+                 **{k: upd[k] for k in ("tok", "metrics", "entropy", "behaviour_diff", "seq_log_ratio", "gns")}}
+        parts = D.gather_objects(local)
+        allr = {k: [x for p in parts for x in p[k]] for k in local}
+        row = step_metrics(allr, upd, self._timing, step=self.step_num, world_size=D.world_size,
+                           skipped_steps=self.skipped_steps)
+        for k in (allr["extra"][0] if allr["extra"] else {}):  # per-rank step metrics: the mean over ranks
+            row[k] = float(np.mean([e[k] for e in allr["extra"]]))
+        if hasattr(self.sampler, "metrics"):
+            row.update(self.sampler.metrics())
+        row.update(step_memory(D.device))
+        if not self.engine.shares_trainer_module:
+            row.update({"sync/bytes": float(sync.get("bytes", 0)),
+                        "sync/probe_max_diff": sync.get("probe_max_diff", 0.0),
+                        "sync/probe_baseline": sync.get("probe_baseline", 0.0)})
+        if self.memory_estimate is not None:
+            row["memory/preflight_gib"] = self.memory_estimate
+        self._group = self._sample_group(allr, G)
+        if D.is_main:
+            self._write_step_logs(row, allr, G)
+        return row
+
+    @staticmethod
+    def _sample_group(allr: dict[str, list], G: int) -> dict[str, Any]:
+        """The G completions of the step's first prompt, for the live view."""
+        prompt, answer = allr["examples"][0]
+        return {"prompt": prompt, "answer": answer, "completions": [
+            {"text": allr["texts"][i], "reward": allr["rewards"][i], "advantage": allr["advantages"][i],
+             "truncated": bool(allr["truncated"][i])} for i in range(G)]}
+
+    def _write_step_logs(self, row: dict[str, Any], allr: dict[str, list], G: int) -> None:
+        cfg = self.cfg
+        exs = allr["examples"]
+        if not math.isfinite(row["grad_norm_max"]) or row["grad_norm_max"] > cfg.spike_grad_norm:
+            self.logger.spike({"step": self.step_num, "grad_norm": row["grad_norm_max"],
+                               "prompt_hashes": [hashlib.md5(p.encode()).hexdigest() for p, _ in exs],
+                               **{k: row[k] for k in row if k.startswith(("log_ratio", "ratio_"))}})
+        if cfg.save_steps and self.step_num % cfg.save_steps == 0:
+            self.logger.samples(self.step_num, [
+                {"prompt": exs[i // G][0], "answer": exs[i // G][1], "completion": allr["texts"][i],
+                 "reward": allr["rewards"][i], "advantage": allr["advantages"][i],
+                 "truncated": bool(allr["truncated"][i])}
+                for i in range(min(cfg.log_samples, len(allr["texts"])))])
+
+    # ---- the policy's logprobs over a micro-batch -------------------------------------------------------
+    def _rows(self, ro, idx: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The rows ``idx`` of a rollout, trimmed to their own longest prompt and completion: a
+        micro-batch pays for its own padding, not the rollout's (prompts are left-padded, so leading
+        all-pad columns go; completions right-padded, so trailing ones go). Positions come from the
+        attention mask, so the trim changes no logprob; results are (n, T') with T' <= T."""
+        pm, cm = ro.prompt_mask[idx], ro.completion_mask[idx]  # (n, P), (n, T)
+        p0 = int(pm.any(0).float().argmax())  # first prompt column any row uses
+        used = cm.any(0).nonzero()
+        t1 = int(used.max()) + 1 if used.numel() else 1  # last completion column any row uses, + 1
+        return dict(prompt_ids=ro.prompt_ids[idx][:, p0:], prompt_mask=pm[:, p0:],
+                    completion_ids=ro.completion_ids[idx][:, :t1], completion_mask=cm[:, :t1])
+
+    def _full_width(self, lp: torch.Tensor, T: int) -> torch.Tensor:
+        """(n, T') logprobs of a trimmed micro-batch -> (n, T), zero where trimmed (all masked there)."""
+        return torch.nn.functional.pad(lp, (0, T - lp.shape[1]))
+
+    def _autocast(self):
+        if self.amp is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.dist.device.type, dtype=self.amp)
+
+    def _logprobs(self, rows, *, with_entropy: bool, entropy_grad: bool = False, module=None):
+        """(logprobs, entropy) of rows through the backend's wrapped policy (or ``module``, a frozen copy)."""
+        mode = self.cfg.logprob_recompute
+        recompute = mode == "always" or (mode == "auto" and recompute_needed(
+            rows["completion_ids"].numel(), self.vocab_size, self.logprob_chunk_size))
+        kw = dict(temperature=self.cfg.temperature, chunk_size=self.logprob_chunk_size,
+                  with_entropy=with_entropy, entropy_grad=entropy_grad, checkpoint_chunks=recompute)
+        with self._autocast():
+            if module is not None:
+                return completion_logprobs(module, **rows, **kw)
+            return self.backend.forward(**rows, **kw)
+
+    # ---- the loop: steps, evals, health, checkpoints, stop ----------------------------------------------
     def train(self) -> dict[str, Any]:
         """Run to num_steps (or stop_after_steps more); eval at 0, every eval_steps and at the end.
 
@@ -621,6 +531,18 @@ class Trainer:
             bar.close()
         return self.summary()
 
+    def stop_requested(self, started: float | None = None) -> str | None:
+        """Why to stop from outside the run, else None: a researcher asked (``<run_dir>/control/stop``;
+        the live view's Stop button and ``rft stop`` write it), or the time budget (max_train_minutes,
+        counted from ``started``) is spent. Rank 0 decides (one file, one clock); every rank gets its answer."""
+        reason, budget = None, self.cfg.max_train_minutes
+        if self.dist.is_main:
+            if (self.run_dir / STOP_FILE).exists():
+                reason = "stopped by user"
+            elif budget is not None and started is not None and time.time() - started >= 60 * budget:
+                reason = f"time budget spent: max_train_minutes={budget:g} reached at step {self.step_num}"
+        return self.dist.broadcast_object(reason)
+
     def _emit(self, row: dict[str, Any]) -> None:
         if not self.dist.is_main:
             return
@@ -660,6 +582,118 @@ class Trainer:
             self.backend.close()
         finally:
             self._unlock()
+
+    # ---- evaluation -------------------------------------------------------------------------------------
+    def evaluate(self) -> dict[str, Any]:
+        """greedy_pass@1 on every eval probe, sharded over ranks (the same number as one process
+        gives); results in eval/step_N[_probe].json and the history."""
+        D = self.dist
+        t0 = time.time()
+        summary: dict[str, Any] = {"step": self.step_num}
+        if D.is_main:
+            (self.run_dir / "eval").mkdir(exist_ok=True)
+        for probe in self.cfg.eval_probes:
+            exs = self.task.eval_set(probe)
+            mine = exs[D.rank::D.world_size]
+            n_mine = len(mine)
+            per_rank = -(-len(exs) // D.world_size)
+            mine = mine + [exs[0]] * (per_rank - n_mine)  # equal generate calls on every rank (ZeRO-3 needs them)
+            n = self.cfg.eval_n_samples.get(probe, 1)
+            temp = self.cfg.eval_temperature.get(probe, 0.0)
+            if n > 1 or temp > 0:  # seed 003 section 9: e.g. AIME at 0.6 with 8 samples, sampling_pass@8
+                mode = f"sampling_pass@{n}" if temp > 0 else f"nondet_proxy_pass@{n}"
+                res = evaluate(self.engine, self.tok, self.task, exs, mode=mode, n=n, temperature=temp,
+                               max_new_tokens=self.cfg.max_new_tokens, batch_size=self.cfg.eval_batch_size,
+                               dataset=probe)
+                if D.is_main:
+                    write_json(self.run_dir / "eval" / f"step_{self.step_num}_{probe}.json", res)
+                summary[f"eval/{probe}/{res['mode']}"] = res[res["mode"]]
+                summary[f"eval/{probe}/pass@1"] = res["pass@1"]
+                continue
+            res = greedy_eval(self.engine, self.tok, self.task, mine, max_new_tokens=self.cfg.max_new_tokens,
+                              batch_size=self.cfg.eval_batch_size, dataset=probe)
+            if D.distributed:
+                parts = D.gather_objects(res["results"][:n_mine])
+                merged = [parts[k % D.world_size][k // D.world_size] for k in range(len(exs))]
+                n = max(len(merged), 1)
+                res.update(results=merged, n_problems=len(merged),
+                           **{"greedy_pass@1": sum(r["correct"] for r in merged) / n,
+                              "mean_length": sum(r["length"] for r in merged) / n})
+            if D.is_main:
+                suffix = "" if probe == "heldout" else f"_{probe}"
+                write_json(self.run_dir / "eval" / f"step_{self.step_num}{suffix}.json", res)
+            summary[f"eval/{probe}/greedy_pass@1"] = res["greedy_pass@1"]
+            summary[f"eval/{probe}/mean_length"] = res["mean_length"]
+        summary["timing/eval"] = time.time() - t0  # rft stop sizes its wait from this and timing/step
+        self.eval_history.append(summary)
+        return summary
+
+    def early_stop_reason(self) -> str | None:
+        """Why to stop now (the probe dropped at ``patience`` consecutive evals), else None."""
+        cfg = self.cfg
+        if cfg.early_stop_probe is None:
+            return None
+        key = f"eval/{cfg.early_stop_probe}/greedy_pass@1"
+        vals = [e[key] for e in self.eval_history if key in e]
+        k = cfg.early_stop_patience
+        if len(vals) > k and all(vals[-i] < vals[-i - 1] for i in range(1, k + 1)):
+            trail = " -> ".join(f"{v:.3f}" for v in vals[-k - 1:])
+            return f"{key} dropped at {k} consecutive evals ({trail})"
+        return None
+
+    # ---- checkpoints and resume -------------------------------------------------------------------------
+    def _trainer_state(self) -> dict[str, Any]:
+        return {"step": self.step_num, "sampler": self.sampler.state(), "eval_history": self.eval_history,
+                "skipped_steps": self.skipped_steps, "num_steps": self.cfg.num_steps,
+                "world_size": self.dist.world_size, "backend": self.cfg.backend}
+
+    def save(self) -> Path:
+        def write(tmp: Path) -> None:
+            self.backend.save(tmp)
+            if is_peft(self.model):  # a peft adapter directory others can load
+                state = self.backend.adapter_state()  # gathered under ZeRO-3 (every rank takes part)
+                if self.dist.is_main:
+                    self.model.save_pretrained(tmp / "adapter", **({"state_dict": state} if state else {}))
+
+        return ckpt.save_step(self.run_dir, self.step_num, dist=self.dist, write=write,
+                              trainer_state=self._trainer_state(), max_keep=self.cfg.max_ckpt_num)
+
+    def _resume(self) -> None:
+        """Continue from ``training_state/step_latest``: the backend's weights and optimizer, this config's
+        lr/betas/weight decay on the saved LR schedule, RNG, sampler cursor, eval history, metrics lines."""
+        d = ckpt.latest_dir(self.run_dir)
+        ts = json.loads((d / "trainer_state.json").read_text())
+        saved_world, saved_backend = ts.get("world_size", 1), ts.get("backend", "single")
+        same_format = checkpoint_format_of(saved_backend) == checkpoint_format_of(self.cfg.backend)
+        if saved_world != self.dist.world_size or not same_format:
+            raise RuntimeError(
+                f"{d} was saved by {saved_world} rank(s) with backend {saved_backend}; resuming with "
+                f"{self.dist.world_size} rank(s) and backend {self.cfg.backend} would not continue the same run "
+                f"(per-rank sampling streams{'' if same_format else ' and checkpoint partitions'} differ). Resume "
+                f"with {saved_world} rank(s) and backend {saved_backend}, or start a new attempt from its weights "
+                f"with init_adapter={d / 'adapter'}")
+        self.backend.load(d)
+        cfg = self.cfg
+        restart_schedule(self.optimizer, self.scheduler, lr=cfg.lr, betas=(cfg.adam_beta1, cfg.adam_beta2),
+                         weight_decay=cfg.weight_decay)
+        ckpt.set_rng_state(ckpt.load_rng(d, self.dist.rank))
+        self.step_num = ts["step"]
+        self.sampler.load_state(ts["sampler"])
+        self.eval_history = ts["eval_history"]
+        self.skipped_steps = ts.get("skipped_steps", 0)
+        if self.logger is not None:
+            self.logger.truncate_after(self.step_num)
+
+    def _unlock(self) -> None:
+        if self._lock is not None:
+            self._lock.close()  # the kernel drops the flock with the file
+            self._lock = None
+
+    def _fit_prompts(self, max_len: int) -> None:
+        """rftlib.train.build.fit_prompts on this trainer's task (prompt_max_len)."""
+        fit_prompts(self.task, self.tok, max_len, say=self.dist.is_main)
+
+    # the optimizer state lives in the backend (DeepSpeed partitions it)
 
 
 def resume_config(run_dir: str | Path, **overrides: Any) -> RunConfig:
