@@ -12,6 +12,7 @@ names the user set are non-None, and a preset is never silently overridden by a 
 from __future__ import annotations
 
 import difflib
+import json
 import os
 import sys
 import time
@@ -20,9 +21,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rftlib.config import ConfigError, RunConfig, config_fields, make_config
+import yaml
+from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
+
+from rftlib.attempts import create_attempt, read_attempt, run_dir_path, write_json
+from rftlib.config import ConfigError, RunConfig, config_fields, diff, make_config
+from rftlib.monitor.metrics import read_metrics
 from rftlib.monitor.quiet import quiet_libraries
+from rftlib.preflight.lr import lr_preflight_for_steps
+from rftlib.report.live import LiveView, TextView
+from rftlib.report.plots import Plot, honest_axis
 from rftlib.report.templates import NOTEBOOK_PARAMS, parameters_cell  # noqa: F401  (re-exported: train.ipynb's cell)
+from rftlib.train.checkpoint import latest_dir, load_checkpoint
+from rftlib.train.launch import run_ranks
+from rftlib.train.loop import EVAL_KEY, Trainer, resume_config
 
 _IPY_NAMES = {"In", "Out", "get_ipython", "exit", "quit", "open"}
 
@@ -54,26 +67,17 @@ class Run:
 
 def start(ns: dict[str, Any]) -> Run:
     """Resolve the config from the notebook's parameters and create (or reopen) the attempt."""
-    from rftlib.attempts import create_attempt
-    from rftlib.train.loop import resume_config
-
     nb, overrides = collect(ns)
     if nb["resume"]:
-        from rftlib.attempts import read_attempt, run_dir_path
-
         run_dir = run_dir_path(nb["resume"])
 
         saved = read_attempt(run_dir)["config"]
         if nb["additional_steps"]:
-            from rftlib.train.checkpoint import latest_dir, load_checkpoint
-
             done = load_checkpoint(latest_dir(run_dir))["trainer_state"]["step"]
             overrides["num_steps"] = done + int(nb["additional_steps"])
         overrides.setdefault("stop_after_steps", None)
         cfg = resume_config(run_dir, **{k: v for k, v in overrides.items() if saved.get(k) != v or k == "num_steps"})
         if cfg.num_steps != saved.get("num_steps"):  # the attempt was extended: its record says so
-            import yaml
-
             doc = read_attempt(run_dir)
             doc.setdefault("resumes", []).append({"from_num_steps": saved.get("num_steps"),
                                                   "to_num_steps": cfg.num_steps})
@@ -91,8 +95,6 @@ def start(ns: dict[str, Any]) -> Run:
 
 def lr_preflight(cfg: RunConfig):
     """Seed 003's LR preflight on the schedule this config will actually run (optimizer steps)."""
-    from rftlib.preflight.lr import lr_preflight_for_steps
-
     per_rollout = cfg.optimizer_steps_per_rollout
     return lr_preflight_for_steps(cfg.num_steps * per_rollout, cfg.warmup_ratio, cfg.lr,
                                   min_lr_ratio=cfg.min_lr_ratio, steps_per_rollout=per_rollout)
@@ -100,8 +102,6 @@ def lr_preflight(cfg: RunConfig):
 
 def describe(run: Run) -> str:
     """The attempt's id and how its config differs from the defaults."""
-    from rftlib.config import diff
-
     d = diff(RunConfig(), run.cfg)
     rows = [f"attempt {run.run_dir.name}" + (" (resumed)" if run.resume else ""), f"run dir: {run.run_dir}"]
     rows += [f"  {k}: {a!r} -> {b!r}" for k, (a, b) in d.items()] or ["  (all defaults)"]
@@ -113,21 +113,15 @@ def train(run: Run) -> dict[str, Any]:
     """Train the attempt to its end: a live view with a Stop button in JupyterLab, else one text line
     per step (papermill, rft, a console). Library chatter (transformers' warnings, weight-loading
     bars) goes to ``logs/library_warnings.log`` instead of the output."""
-    from rftlib.train.loop import Trainer
-
     if int(run.nb.get("nproc") or 1) > 1:
         return _train_ranks(run, int(run.nb["nproc"]))
     callbacks = []
     live = None
     in_kernel = "ipykernel" in sys.modules
     if run.nb.get("live_view") and in_kernel and not headless_kernel():
-        from rftlib.report.live import LiveView
-
         live = LiveView(run.cfg, run_dir=run.run_dir)
         callbacks.append(live.update)
     elif in_kernel:  # headless kernel (papermill): one line per step in the executed notebook
-        from rftlib.report.live import TextView
-
         callbacks.append(TextView(run.cfg, every=1, write=print, health=False, run_dir=run.run_dir).update)
     t0 = time.time()
     with quiet_libraries(run.run_dir / "logs" / "library_warnings.log"):
@@ -142,8 +136,6 @@ def train(run: Run) -> dict[str, Any]:
             if live is not None:
                 live.finish()
     summary.update(load_seconds=round(t1 - t0, 1), train_seconds=round(time.time() - t1, 1))
-    from rftlib.attempts import write_json
-
     write_json(run.run_dir / "summary.json", summary)
     run.summary = summary
     return summary
@@ -151,10 +143,6 @@ def train(run: Run) -> dict[str, Any]:
 
 def _train_ranks(run: Run, nproc: int) -> dict[str, Any]:
     """The attempt on ``nproc`` ranks under torchrun (rank 0 writes the run dir); their lines stream here."""
-    import json
-
-    from rftlib.train.launch import run_ranks
-
     code = run_ranks(run.run_dir, nproc, resume=run.resume)
     if code != 0:
         raise RuntimeError(f"the {nproc} ranks of {run.run_dir.name} exited with code {code} (lines above); "
@@ -239,13 +227,6 @@ def plot_run(run_dir: str | Path):
     the notebook cell that ends with it shows the PNG, in JupyterLab and in papermill's output
     alike. No pyplot and no backend switch: the kernel's own matplotlib backend is left alone.
     """
-    from matplotlib.figure import Figure
-    from matplotlib.ticker import MaxNLocator
-
-    from rftlib.monitor.metrics import read_metrics
-    from rftlib.report.plots import Plot, honest_axis
-    from rftlib.train.loop import EVAL_KEY
-
     rows = read_metrics(run_dir)
     tr = [r for r in rows if "reward_mean" in r]
     ev = [r for r in rows if EVAL_KEY in r]

@@ -22,6 +22,7 @@ import argparse
 import ast
 import sys
 from collections import defaultdict
+from dataclasses import dataclass
 from pathlib import Path
 
 LAYERS: list[list[str]] = [
@@ -138,18 +139,28 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--root", default=str(Path(__file__).resolve().parent.parent),
-                    help="checkout whose rftlib/ is read (default: this one)")
-    args = ap.parse_args(argv)
-    root = Path(args.root)
+@dataclass
+class Graph:
+    """rftlib's import graph as read from one checkout."""
+
+    root: Path
+    modules: int
+    n_top: int  # rftlib imports at the top of files
+    n_fn: int  # rftlib imports inside functions
+    edges: dict[tuple[str, str], list[str]]  # (importer package, imported package) -> ["file:line[ fn]"]
+    up: list[tuple[str, str]]  # edges whose imported package is on a higher layer
+    package_circles: list[list[str]]
+    module_circles: list[list[str]]
+    unknown: list[str]  # packages in no layer
+
+
+def analyse(root: Path) -> Graph:
+    """Read every rftlib module of the checkout at ``root`` and build the package graph."""
     files = sorted((root / "rftlib").rglob("*.py"))
     modules = {module_name(root, p): p for p in files}
     layer = {name: i for i, names in enumerate(LAYERS) for name in names}
-
     mod_graph: dict[str, set[str]] = defaultdict(set)
-    edges: dict[tuple[str, str], list[str]] = defaultdict(list)  # (pkg, pkg) -> ["file:line [fn]"]
+    edges: dict[tuple[str, str], list[str]] = defaultdict(list)
     n_top = n_fn = 0
     for mod, path in modules.items():
         for name, line, in_fn in imports_of(path, mod, path.name == "__init__.py"):
@@ -158,22 +169,28 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             n_fn += in_fn
             n_top += not in_fn
-            if not in_fn or True:
-                mod_graph[mod].add(target)
+            mod_graph[mod].add(target)
             a, b = node_of(mod), node_of(target)
             if a and b and a != b:
                 edges[(a, b)].append(f"{path.relative_to(root)}:{line}{' fn' if in_fn else ''}")
-
     unknown = sorted({n for e in edges for n in e if n not in layer})
     up = [(a, b) for (a, b) in edges if a in layer and b in layer and layer[b] > layer[a]]
     pkg_graph: dict[str, set[str]] = defaultdict(set)
     for a, b in edges:
         pkg_graph[a].add(b)
-    pkg_cycles = cycles(pkg_graph)
-    mod_cycles = cycles(mod_graph)
+    return Graph(root, len(modules), n_top, n_fn, dict(edges), up, cycles(pkg_graph), cycles(mod_graph), unknown)
 
-    print(f"rftlib import graph of {root} ({len(modules)} modules; rftlib imports: {n_top} at the top of files, "
-          f"{n_fn} inside functions)")
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--root", default=str(Path(__file__).resolve().parent.parent),
+                    help="checkout whose rftlib/ is read (default: this one)")
+    args = ap.parse_args(argv)
+    g = analyse(Path(args.root))
+    layer = {name: i for i, names in enumerate(LAYERS) for name in names}
+    edges, up, pkg_cycles, mod_cycles, unknown = g.edges, g.up, g.package_circles, g.module_circles, g.unknown
+    print(f"rftlib import graph of {g.root} ({g.modules} modules; rftlib imports: {g.n_top} at the top of files, "
+          f"{g.n_fn} inside functions)")
     print("\nlayers (lowest first):")
     for i, names in enumerate(LAYERS):
         print(f"  {i}: {', '.join(names)}")

@@ -51,8 +51,10 @@ def test_a_trainer_receives_its_parts_and_trains_the_task_it_is_given(tiny_cfg):
 def test_a_failed_build_releases_the_attempt_lock(tiny_cfg, tmp_path):
     """A notebook kernel lives on after a failed build: the attempt must not stay locked by it."""
     run_dir = tmp_path / "attempt"
-    with pytest.raises(ConfigError, match="every training prompt is longer"):
+    with pytest.raises(ConfigError, match="every training prompt is longer") as failed:
         build(tiny_cfg(prompt_max_len=1), run_dir)  # fails after the lock is taken (prompts fitted after the model)
+    # the traceback keeps build()'s frame, and so its open lock file, alive: only an explicit release frees it
+    assert failed.value.__traceback__ is not None
     lock_attempt(run_dir, wait=0).close()  # nobody holds it
 
 

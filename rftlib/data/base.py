@@ -12,6 +12,7 @@ modules by name (``BUILTIN_TASK_MODULES``) the first time the whole registry is 
 from __future__ import annotations
 
 import importlib
+import inspect
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -90,8 +91,6 @@ def registered_rewards() -> Registry:
 def build_task(name: str, **kwargs: Any) -> Task:
     """Build a task, passing only the keyword arguments its builder takes (eval_size and
     reward_mode are optional: a builder without them does not get them)."""
-    import inspect
-
     builder = registered_tasks().get(name)
     params = inspect.signature(builder).parameters
     if not any(p.kind is p.VAR_KEYWORD for p in params.values()):

@@ -12,6 +12,7 @@ and marked every completion truncated.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Iterable, Protocol
 
@@ -38,8 +39,6 @@ class Rollout:
 
     def to(self, device: torch.device) -> "Rollout":
         """The same rollout with its tensors on ``device`` (an engine on another device, e.g. vLLM's host output)."""
-        import dataclasses
-
         return dataclasses.replace(self, **{f.name: getattr(self, f.name).to(device) for f in dataclasses.fields(self)
                                             if isinstance(getattr(self, f.name), torch.Tensor)})
 

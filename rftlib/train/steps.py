@@ -13,6 +13,7 @@ Dimensions as in rftlib.algo: B prompts, G completions each, N = B*G rows prompt
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -189,8 +190,6 @@ def gather_groups(picks: list[tuple[Any, int]], pad_id: int):
     row by row; other fields (group_size) must agree. This is how a dynamic-sampling batch is
     rebuilt from the groups it kept (Groups.items can be these (rollout, group index) pairs).
     """
-    import dataclasses
-
     if not picks:
         raise ValueError("gather_groups needs at least one group")
     first = picks[0][0]
