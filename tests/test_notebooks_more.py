@@ -67,7 +67,7 @@ def ws(tmp_path_factory):
     assert cli.main(["compare", str(runs / A_ID), str(runs / B_ID)]) == 0
     # seed 002's validation, in its own runs root
     vruns, vreports = root / "validation-runs", root / "validation-reports"
-    assert cli.main(["validate", "--set", f"runs_root={vruns}", "--out", str(vreports)]) == 0
+    assert cli.main(["validate", "-p", "seed002-fizzbuzz-rtx3080-tiny-cpu", "--set", f"runs_root={vruns}", "--out", str(vreports)]) == 0
     return {"root": root, "runs": runs, "reports": reports, "vruns": vruns, "vreports": vreports,
             "vdir": next(p for p in vruns.iterdir() if p.is_dir())}
 

@@ -121,7 +121,7 @@ def test_seed_preset_schedule_is_the_seeds(name):
 def test_cpu_variant_keeps_the_algorithm(name):
     assert f"{name}-cpu" in CPU_PRESETS
     full, cpu = make_config(name), make_config(f"{name}-cpu")
-    assert cpu.model == "tiny"
+    assert cpu.model in ("tiny", "smollm2-135m")  # the embedded models: tests here, seed 002 on real code
     assert {k: getattr(cpu, k) for k in ALGO} == {k: getattr(full, k) for k in ALGO}
     assert (cpu.lora_rank == 0) == (full.lora_rank == 0)
     if full.lora_rank:

@@ -70,7 +70,7 @@ class Task:
 
 TASKS = Registry("task")
 
-BUILTIN_TASK_MODULES = ("arithmetic", "benchmarks", "code_problems", "curriculum", "prepare")
+BUILTIN_TASK_MODULES = ("arithmetic", "benchmarks", "code_problems", "code_basics", "curriculum", "prepare")
 """modules of rftlib.data that register the built-in tasks"""
 
 

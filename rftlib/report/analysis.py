@@ -102,8 +102,10 @@ def spike_table(a: Attempt, n: int = 10) -> Html:
 
 def metrics_table(a: Attempt, keys: tuple[str, ...] = ("reward_mean", "correctness", "policy_loss", "kl", "grad_norm",
                                                        "ppo_clip_ratio", "entropy_mean", "response_length_mean",
-                                                       "truncated"), max_rows: int = 30) -> Html:
-    """Per-step metrics, as the research log tabulated them (seed 003 section 7, post-training)."""
+                                                       "truncated", "timing/reward_share", "sandbox/executions_per_s",
+                                                       "sandbox/timeouts", "sandbox/crashes"), max_rows: int = 30) -> Html:
+    """Per-step metrics, as the research log tabulated them (seed 003 section 7, post-training); a code
+    run adds the sandbox under the training load (keys a run did not log are left out)."""
     rows = a.train_rows
     keys = tuple(k for k in keys if any(k in r for r in rows))
     if len(rows) > max_rows:  # keep the first and last steps

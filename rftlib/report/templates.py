@@ -150,7 +150,7 @@ def sft_notebook() -> nbformat.NotebookNode:
 
 VALIDATE_PARAMS = '''\
 # Parameters (papermill -p NAME VALUE). Typed literals only; the work is in rftlib.report.validate.
-preset: str = "seed002-fizzbuzz-rtx3080-cpu"  # params/<name>.yaml; the -cpu variant runs the tiny model here, seed002-fizzbuzz-rtx3080 is the seed's GPU setup (Qwen2.5-Coder-0.5B-Instruct)
+preset: str = "seed002-fizzbuzz-rtx3080-cpu"  # params/<name>.yaml; -cpu: SmolLM2-135M on sandboxed FizzBuzz-like code here (~1 min), -tiny-cpu: the untrained tiny model (a plumbing check, ~10 s), no suffix: the seed's GPU setup (Qwen2.5-Coder-0.5B-Instruct)
 model: str = ""  # override the preset's model (HF id or local dir); "" keeps the preset's
 task: str = ""  # override the preset's task; "" keeps the preset's
 num_steps: int = 0  # steps with the task reward; 0 keeps the preset's (seed 002: 5)

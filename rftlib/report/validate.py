@@ -27,7 +27,9 @@ import ast
 import hashlib
 import math
 import resource
+import threading
 import time
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -67,6 +69,9 @@ class Validation:
     steps: list[StepRecord] = field(default_factory=list)
     params: dict[str, int] = field(default_factory=dict)  # trainable / total
     controls: dict[str, Any] = field(default_factory=dict)
+    phases: list[dict[str, Any]] = field(default_factory=list)  # per phase: seconds/step, share, peak RSS (GPU)
+    sandbox: dict[str, float] = field(default_factory=dict)  # the code sandbox under the training load
+    criteria: list[tuple[str, str, str, str]] = field(default_factory=list)  # seed 002's: (criterion, target, actual, status)
 
     @property
     def passed(self) -> bool:
@@ -159,6 +164,106 @@ def _parses(code: str) -> bool:
         return False
 
 
+def _rss_now() -> int:
+    """This process's resident set size now (/proc/self/statm; 0 where there is no /proc)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * resource.getpagesize()
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+PHASES = ("generation", "reward", "reference", "update")
+"""seed 002's per-step phases, in the order a step runs them"""
+
+
+class PhaseMeter:
+    """Peak memory per phase of a step: a thread samples this process's RSS every ``interval_s``
+    and charges each sample to the phase running then (``with meter.phase("reward"): ...``);
+    on a GPU, torch.cuda.max_memory_allocated is reset at each phase's start and read at its end.
+    Peaks are over every occurrence of the phase in the run. RSS between samples can be missed:
+    a peak shorter than ``interval_s`` (5 ms) reads low, never high."""
+
+    def __init__(self, interval_s: float = 0.005, cuda: bool = False):
+        self.interval_s, self.cuda = interval_s, cuda
+        self.peak_rss: dict[str, int] = {}
+        self.start_rss: dict[str, int] = {}  # RSS at the phase's first start
+        self.peak_gpu: dict[str, int] = {}
+        self._current: str | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, name="rftlib-phase-meter", daemon=True)
+
+    def __enter__(self) -> "PhaseMeter":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _charge(self, rss: int) -> None:
+        ph = self._current
+        if ph is not None and rss > self.peak_rss.get(ph, 0):
+            self.peak_rss[ph] = rss
+
+    def _sample(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self._charge(_rss_now())
+
+    @contextmanager
+    def phase(self, name: str):
+        import torch
+
+        outer, self._current = self._current, name
+        rss = _rss_now()
+        self.start_rss.setdefault(name, rss)
+        self._charge(rss)
+        if self.cuda:
+            torch.cuda.reset_peak_memory_stats()
+        try:
+            yield
+        finally:
+            self._charge(_rss_now())
+            if self.cuda:
+                self.peak_gpu[name] = max(self.peak_gpu.get(name, 0), int(torch.cuda.max_memory_allocated()))
+            self._current = outer
+
+
+def _metered(meter: PhaseMeter, name: str, fn: Callable) -> Callable:
+    def wrapped(*a, **kw):
+        with meter.phase(name):
+            return fn(*a, **kw)
+    if hasattr(fn, "batch"):
+        wrapped.batch = _metered(meter, name, fn.batch)  # type: ignore[attr-defined]
+    return wrapped
+
+
+def _meter_trainer(trainer, meter: PhaseMeter) -> Callable[[], None]:
+    """Charge the trainer's phases to ``meter`` by wrapping, on this instance only, the engine's
+    generate, the reference's context and the update; the reward is wrapped by the caller. Returns
+    the function that undoes it."""
+    engine, ref = trainer.engine, trainer.ref
+    saved = [(engine, "generate", engine.__dict__.get("generate")), (ref, "active", ref.__dict__.get("active")),
+             (trainer, "_update", trainer.__dict__.get("_update"))]
+    engine.generate = _metered(meter, "generation", engine.generate)
+    trainer._update = _metered(meter, "update", trainer._update)
+    ref_active = ref.active
+
+    @contextmanager
+    def active(*a, **kw):
+        with meter.phase("reference"), ref_active(*a, **kw) as m:
+            yield m
+    ref.active = active
+
+    def undo() -> None:
+        for obj, name, old in saved:
+            if old is None:
+                obj.__dict__.pop(name, None)
+            else:
+                setattr(obj, name, old)
+    return undo
+
+
 # ---- the run --------------------------------------------------------------------------------------
 def run_validation(cfg: RunConfig, run_dir: str | Path | None = None, *, control_steps: int = 2,
                    log: Callable[[str], None] = print) -> Validation:
@@ -190,13 +295,22 @@ def run_validation(cfg: RunConfig, run_dir: str | Path | None = None, *, control
 
     task_reward = trainer.task.reward
     record: list[tuple[str, float, dict]] = []
+    meter = PhaseMeter(cuda=cuda)
+    undo_meter = _meter_trainer(trainer, meter)
 
     def recording(fn):
         def wrapped(text, example, truncated):
             r, d = fn(text, example, truncated)
             record.append((text, float(r), dict(d)))
             return r, d
-        return wrapped
+
+        def batch(texts, examples, truncated):  # the trainer's path when the reward has one (the sandbox's map)
+            out = fn.batch(texts, examples, truncated)
+            record.extend((t, float(r), dict(d)) for t, (r, d) in zip(texts, out))
+            return out
+        if hasattr(fn, "batch"):
+            wrapped.batch = batch
+        return _metered(meter, "reward", wrapped)
 
     def one_step(control: bool) -> StepRecord:
         record.clear()
@@ -215,14 +329,16 @@ def run_validation(cfg: RunConfig, run_dir: str | Path | None = None, *, control
         return rec
 
     try:
-        for _ in range(cfg.num_steps):
-            v.steps.append(one_step(control=False))
-        if control_steps and not any(s.params_changed for s in v.steps):
-            log(f"[validate] no task step changed the weights: {control_steps} control step(s) with a coin-flip reward")
-            for _ in range(control_steps):
-                v.steps.append(one_step(control=True))
+        with meter:
+            for _ in range(cfg.num_steps):
+                v.steps.append(one_step(control=False))
+            if control_steps and not any(s.params_changed for s in v.steps):
+                log(f"[validate] no task step changed the weights: {control_steps} control step(s) with a coin-flip reward")
+                for _ in range(control_steps):
+                    v.steps.append(one_step(control=True))
     finally:
         trainer.task.reward = task_reward
+        undo_meter()
         trainer.close()
 
     ex = control_example(trainer.task)
@@ -234,7 +350,12 @@ def run_validation(cfg: RunConfig, run_dir: str | Path | None = None, *, control
     v.checks = _checks(v, trainer.task, ex, compute_advantages)
     v.timing = _timing(v, trainer, setup_s)
     v.memory = _memory(v, trainer, rss0, rss_loaded, cuda)
+    v.phases = phase_rows(v.steps, meter)
+    v.sandbox = sandbox_summary(v.steps)
+    v.criteria = criteria_rows(v)
     write_json(run_dir / "validation.json", v.to_json())
+    for c, target, actual, status in v.criteria:
+        log(f"[validate] {status.upper():4s} {c}: {actual} (target {target})")
     return v
 
 
@@ -428,8 +549,10 @@ def _mib(b: float | None) -> str:
 
 
 def timing_table(v: Validation) -> Html:
-    return table(["Phase", "Duration", "Notes"], [(p, "\u2014" if s is None else f"{s:.2f} s", n) for p, s, n in v.timing],
-                 cls="rft-timing", caption="Timing Analysis")
+    """Seed 002's Timing Analysis, then time and memory per phase and the sandbox under the load."""
+    return join(table(["Phase", "Duration", "Notes"], [(p, "\u2014" if s is None else f"{s:.2f} s", n)
+                                                       for p, s, n in v.timing], cls="rft-timing", caption="Timing Analysis"),
+                phase_table(v) if v.phases else "", sandbox_table(v))
 
 
 def memory_table(v: Validation) -> Html:
@@ -446,24 +569,164 @@ def steps_table(v: Validation) -> Html:
 
 
 def criteria_table(v: Validation) -> Html:
-    """Seed 002's Success Criteria Evaluation, measured."""
+    """Seed 002's Success Criteria Evaluation, each criterion measured (``criteria_rows``)."""
+    rows = v.criteria or criteria_rows(v)
+    return table(["Criterion", "Target", "Actual", "Status"], [(a, b, c, status_badge(s)) for a, b, c, s in rows],
+                 row_status=[r[3] for r in rows], raw=(3,), cls="rft-criteria", caption="Success Criteria Evaluation")
+
+
+def phase_table(v: Validation) -> Html:
+    """Time and memory per phase of a step (seed 002's Timing Analysis and Memory Usage, per phase)."""
+    gpu = any(p.get("peak_gpu") is not None for p in v.phases)
+    rows = [(p["phase"], "\u2014" if p["seconds"] is None else f"{p['seconds']:.2f} s", pct_or_dash(p["share"]),
+             _mib(p.get("peak_rss")), _mib(p.get("start_rss")), *((_mib(p.get("peak_gpu")),) if gpu else ()))
+            for p in v.phases]
+    return table(["Phase (per step)", "Time", "Share of step", "Peak RSS in phase", "RSS at first start",
+                  *(("Peak GPU allocated",) if gpu else ())], rows, cls="rft-phases",
+                 caption="Time and memory per phase (RSS sampled every 5 ms by PhaseMeter)")
+
+
+def sandbox_table(v: Validation) -> Html:
+    """The code sandbox under the training load: jobs, throughput, timeouts, crashes, reward share."""
+    sb = v.sandbox
+    if not sb:
+        return table(["Sandbox"], [("no reward of this run went through the sandbox (not a code task)",)],
+                     cls="rft-sandbox", caption="Sandbox under training load")
+    rows = [("executions", f"{sb['executions']:.0f}", f"over {sb['steps']:.0f} task steps"),
+            ("executions / s", f"{sb['executions_per_s']:.1f}", "jobs over the reward phase's wall time (extract + "
+                                                                  "sandbox + scoring), per rank"),
+            ("timeouts", f"{sb['timeouts']:.0f}", "jobs killed at the sandbox's wall clock"),
+            ("crashes", f"{sb['crashes']:.0f}", "the program's process died (exit, signal, memory)"),
+            ("sandbox errors", f"{sb['errors']:.0f}", "a worker broke (0 expected)"),
+            ("reward time per step", f"{sb['reward_s_mean']:.2f} s (max {sb['reward_s_max']:.2f} s)",
+             "seed 002 logged < 1 s"),
+            ("reward share of step", pct_or_dash(sb["reward_share"]), "timing/reward_share, mean over task steps")]
+    return table(["Sandbox", "Value", "Notes"], rows, cls="rft-sandbox", caption="Sandbox under training load")
+
+
+def pct_or_dash(x: float | None) -> str:
+    return "\u2014" if x is None else f"{100 * x:.1f}%"
+
+
+PHASE_TIMING = {"generation": "timing/generate", "reward": "timing/reward", "reference": "timing/reference",
+                "update": "timing/update"}
+"""each phase's seconds in the trainer's metrics row"""
+
+
+def phase_rows(steps: list[StepRecord], meter: PhaseMeter | None) -> list[dict[str, Any]]:
+    """Per phase: mean seconds per step, share of the mean step time, peak RSS while it ran (and
+    the RSS at its first start), peak GPU memory allocated; then the rest of the step (sync,
+    advantages, logging) and the whole step."""
+    n = max(len(steps), 1)
+    step_s = sum(s.row.get("timing/step", 0.0) for s in steps) / n
+    out = []
+    for ph in PHASES:
+        sec = sum(s.row.get(PHASE_TIMING[ph], 0.0) for s in steps) / n
+        out.append({"phase": ph, "seconds": sec, "share": sec / step_s if step_s else None,
+                    "peak_rss": meter.peak_rss.get(ph) if meter else None,
+                    "start_rss": meter.start_rss.get(ph) if meter else None,
+                    "peak_gpu": meter.peak_gpu.get(ph) if meter and meter.cuda else None})
+    rest = step_s - sum(p["seconds"] for p in out)
+    out.append({"phase": "other (sync, advantages, metrics)", "seconds": rest, "share": rest / step_s if step_s else None})
+    out.append({"phase": "whole step", "seconds": step_s, "share": 1.0 if step_s else None,
+                "peak_rss": max(meter.peak_rss.values()) if meter and meter.peak_rss else None})
+    return out
+
+
+def sandbox_summary(steps: list[StepRecord]) -> dict[str, float]:
+    """The sandbox's numbers over the task steps (the metrics rows' sandbox/* and timing/*); empty
+    when no row went through the sandbox."""
+    rows = [s.row for s in steps if not s.control and "sandbox/executions" in s.row]
+    if not rows:
+        return {}
+    ex = sum(r["sandbox/executions"] for r in rows)
+    rew = [r.get("timing/reward", 0.0) for r in rows]
+    return {"steps": float(len(rows)), "executions": ex,
+            "executions_per_s": ex / sum(rew) if sum(rew) > 0 else 0.0,
+            "timeouts": sum(r.get("sandbox/timeouts", 0.0) for r in rows),
+            "crashes": sum(r.get("sandbox/crashes", 0.0) for r in rows),
+            "errors": sum(r.get("sandbox/errors", 0.0) for r in rows),
+            "reward_s_mean": sum(rew) / len(rew), "reward_s_max": max(rew),
+            "reward_share": sum(r.get("timing/reward_share", 0.0) for r in rows) / len(rows)}
+
+
+KL_SMALL = 0.1
+"""the largest per-token KL (nats, the logged estimator's batch mean) a validation run may reach: seed
+002 estimated ~0.001-0.004 over its 5 steps; 0.1 is 25x that, and far past what a beta-0.04 penalty
+holds on a run that is working (the policy has moved, not drifted away)"""
+REWARD_TIME_S = 1.0
+"""seed 002's reward time per step ("Reward Computation <1s"); above it the criterion warns"""
+
+
+def criteria_rows(v: Validation) -> list[tuple[str, str, str, str]]:
+    """Seed 002's success criteria, each measured: (criterion, target, actual, status pass|warn|fail).
+
+    Weights changed passes only when a *task-reward* step changed them (control-reward steps prove
+    the plumbing, not that the task reward trains: warn); no change at all fails."""
     task_steps = [s for s in v.steps if not s.control]
     losses = [s.row["loss"] for s in v.steps]
     rewards = [s.row["reward_mean"] for s in task_steps]
+    every = [r for s in task_steps for r in s.rewards]
+    n_rows = sum(len(s.completions) for s in task_steps)
+    per_step = v.config["rollout_batch_size"] * v.config["n_samples_per_prompt"]
     peak = next((b for i, b, _ in v.memory if i.startswith("Peak GPU memory allocated")), None) or \
         next((b for i, b, _ in v.memory if i.startswith("Peak RSS")), None)
-    changed = [s for s in v.steps if s.params_changed]
-    rows = [
-        ("Complete training loop", "Yes", f"Yes ({len(v.steps)} steps)", "pass" if len(task_steps) == v.config["num_steps"] else "fail"),
-        ("Valid loss values", "Numbers", f"{min(losses):.4g} to {max(losses):.4g}",
-         "pass" if all(math.isfinite(x) for x in losses) else "fail"),
-        ("Stable rewards", ">= 0", ", ".join(f"{r:.2f}" for r in rewards), "pass" if all(r >= 0 for r in rewards) else "fail"),
-        (f"Run on {v.device}", "Yes", f"Yes (peak {_mib(peak)})", "pass"),
-        ("Gradient updates", "Verify", f"weights changed at step(s) {[s.step for s in changed]}" if changed else "none",
-         "pass" if changed else "fail"),
-    ]
-    return table(["Criterion", "Target", "Actual", "Status"], [(a, b, c, status_badge(s)) for a, b, c, s in rows],
-                 row_status=[r[3] for r in rows], raw=(3,), cls="rft-criteria", caption="Success Criteria Evaluation")
+    out: list[tuple[str, str, str, str]] = []
+    out.append(("Complete training loop", f"{v.config['num_steps']} task steps", f"{len(task_steps)} task steps"
+                + (f" + {len(v.steps) - len(task_steps)} control" if len(v.steps) > len(task_steps) else ""),
+                "pass" if len(task_steps) == v.config["num_steps"] else "fail"))
+    finite = bool(losses) and all(math.isfinite(x) for x in losses)
+    out.append(("Valid loss values", "finite at every step",
+                (f"{min(losses):.4g} to {max(losses):.4g}" if finite else f"non-finite: {losses}") if losses else "none",
+                "pass" if finite else "fail"))
+    ok = n_rows == len(task_steps) * per_step and len(every) == n_rows and \
+        all(math.isfinite(r) and 0.0 <= r <= 1.0 for r in every)
+    errs = v.sandbox.get("errors", 0.0) if v.sandbox else 0.0
+    out.append(("Rewards computed", f"{per_step} per step, each in [0, 1]" + (", no sandbox errors" if v.sandbox else ""),
+                f"{len(every)} rewards for {n_rows} completions, mean {sum(every) / max(len(every), 1):.3f}, "
+                f"values {sorted(set(round(r, 3) for r in every))[:6]}" + (f"; sandbox errors {errs:.0f}" if v.sandbox else ""),
+                "pass" if ok and not errs else "fail"))
+    out.append(("Stable rewards", ">= 0", ", ".join(f"{r:.2f}" for r in rewards),
+                "pass" if rewards and all(r >= 0 for r in rewards) else "fail"))
+    signal = [s.step for s in task_steps if s.row.get("advantage_std", 0.0) > 0]
+    out.append(("Learning signal (task reward)", "non-zero advantages at some task step",
+                f"steps {signal}" if signal else "every group's rewards equal at every task step",
+                "pass" if signal else "warn"))
+    if v.config["beta"] > 0:
+        kls = [s.row.get("kl") for s in v.steps]
+        meas = [k for k in kls if k is not None and math.isfinite(k)]
+        ok = len(meas) == len(kls) and max(meas, default=0.0) < KL_SMALL
+        out.append(("KL small", f"< {KL_SMALL:g} nats/token (seed 002: ~0.001-0.004)",
+                    ", ".join(fmt(k) for k in kls), "pass" if ok else "fail"))
+    else:
+        out.append(("KL small", "beta > 0", "beta = 0: no KL term", "n/a"))
+    task_changed = [s.step for s in task_steps if s.params_changed]
+    ctrl_changed = [s.step for s in v.steps if s.control and s.params_changed]
+    biggest = max((s.max_abs_delta for s in v.steps), default=0.0)
+    out.append(("Weights changed", "by the task reward",
+                f"task steps {task_changed} (max |delta| {biggest:.2e})" if task_changed else
+                (f"only control-reward steps {ctrl_changed}: the plumbing updates, the task reward did not"
+                 if ctrl_changed else "no step changed a trainable parameter"),
+                "pass" if task_changed else ("warn" if ctrl_changed else "fail")))
+    measured = [p for p in v.phases if p["phase"] in PHASES]
+    ok = len(measured) == len(PHASES) and all(p["seconds"] is not None for p in measured)
+    gen = next((p for p in v.phases if p["phase"] == "generation"), None)
+    out.append(("Time per phase", "generation / reward / reference / update measured",
+                "; ".join(f"{p['phase']} {p['seconds']:.2f} s ({pct_or_dash(p['share'])})" for p in measured)
+                + (f"; generation is {pct_or_dash(gen['share'])} of the step (seed 002: 80%+)" if gen else ""),
+                "pass" if ok else "fail"))
+    have = [p for p in measured if p.get("peak_rss")]
+    out.append(("Memory per phase", "peak RSS per phase, and the run's",
+                "; ".join(f"{p['phase']} {_mib(p['peak_rss'])}" for p in have) + f"; peak {_mib(peak)}",
+                "pass" if peak and len(have) == len(PHASES) - (v.config["beta"] <= 0) else "warn"))
+    if v.sandbox:
+        rs = v.sandbox["reward_s_mean"]
+        out.append(("Reward time", f"< {REWARD_TIME_S:g} s per step (seed 002)",
+                    f"{rs:.2f} s per step ({pct_or_dash(v.sandbox['reward_share'])} of the step), "
+                    f"{v.sandbox['executions_per_s']:.1f} executions/s, {v.sandbox['timeouts']:.0f} timeouts, "
+                    f"{v.sandbox['crashes']:.0f} crashes", "pass" if rs < REWARD_TIME_S else "warn"))
+    out.append((f"Run on {v.device}", "Yes", f"Yes (peak {_mib(peak)})", "pass"))
+    return out
 
 
 def controls_block(v: Validation) -> Html:

@@ -77,4 +77,30 @@ def step_metrics(allr: dict[str, list], upd: dict[str, Any], timing: dict[str, f
     if upd.get("rows_seen"):  # rows the update left out (zero advantage, empty loss mask), of those it was given
         row["update/skipped_row_frac"] = 1.0 - upd["rows_run"] / upd["rows_seen"]
     row.update({f"timing/{k}": v for k, v in timing.items()})
+    if timing.get("step"):  # how much of the step the reward took (seed 002 logged < 1 s; a code run must know)
+        row["timing/reward_share"] = timing.get("reward", 0.0) / timing["step"]
+    row.update(sandbox_metrics(diags, timing, world_size))
     return row
+
+
+SANDBOX_KEY = "exec_s"
+"""the diagnostic a sandboxed reward sets on every row it ran (rftlib.rewards.code.CodeReward.diagnostics)"""
+
+
+def sandbox_metrics(diags: list[dict[str, float]], timing: dict[str, float], world_size: int = 1) -> dict[str, float]:
+    """The code sandbox under the training load, from the reward's per-row diagnostics: jobs run
+    (``sandbox/executions``, all ranks), how many timed out, crashed (the program's process died)
+    or broke the worker (``sandbox/errors``), and ``sandbox/executions_per_s``: this rank's share of
+    the jobs over this rank's reward wall time (extraction + sandbox + scoring: what the trainer
+    waits for). Empty when no row went through a sandbox (math rewards)."""
+    ran = [d for d in diags if SANDBOX_KEY in d]
+    if not ran:
+        return {}
+    out = {"sandbox/executions": float(len(ran)),
+           "sandbox/timeouts": float(sum(d.get("timeout", 0.0) for d in ran)),
+           "sandbox/crashes": float(sum(d.get("crashed", 0.0) for d in ran)),
+           "sandbox/errors": float(sum(d.get("sandbox_error", 0.0) for d in ran)),
+           "sandbox/exec_s_max": float(max(d[SANDBOX_KEY] for d in ran))}
+    if timing.get("reward", 0.0) > 0:
+        out["sandbox/executions_per_s"] = len(ran) / world_size / timing["reward"]
+    return out

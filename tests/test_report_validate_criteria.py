@@ -1,0 +1,125 @@
+"""`rft validate`'s success criteria (seed 002), each measured, and each able to fail (issue 24).
+
+Synthetic validations check that a criterion fails when its evidence says so (weights that did
+not change, a NaN loss, a KL that ran away, a reward out of range); a real run on the untrained
+tiny model (the fast plumbing check) and one on the embedded default with the sandboxed code
+reward (seed002-fizzbuzz-rtx3080-cpu) check the per-phase time and memory and the sandbox numbers."""
+
+import math
+from pathlib import Path
+
+import pytest
+
+from rftlib.report.validate import (KL_SMALL, PHASES, PhaseMeter, StepRecord, Validation, criteria_rows, phase_rows,
+                                    sandbox_summary)
+from rftlib.rewards.sandbox import check_available
+
+G, B = 2, 1
+
+
+def _step(k, *, changed=True, control=False, loss=0.1, kl=0.001, rewards=(0.2, 1.0), adv_std=1.0):
+    row = {"step": k, "loss": loss, "reward_mean": sum(rewards) / len(rewards), "kl": kl, "advantage_std": adv_std,
+           "timing/step": 10.0, "timing/generate": 8.0, "timing/reward": 0.5, "timing/reference": 0.5,
+           "timing/update": 0.75, "timing/reward_share": 0.05, "sandbox/executions": 2.0, "sandbox/timeouts": 0.0,
+           "sandbox/crashes": 1.0, "sandbox/errors": 0.0}
+    return StepRecord(step=k, control=control, row=row, rewards=list(rewards), completions=["a", "b"], diags=[{}, {}],
+                      params_changed=4 if changed else 0, params_total=4, max_abs_delta=1e-3 if changed else 0.0)
+
+
+def _validation(steps, num_steps=None):
+    v = Validation(run_dir=Path("x"), device="cpu",
+                   config={"num_steps": num_steps or sum(not s.control for s in steps), "rollout_batch_size": B,
+                           "n_samples_per_prompt": G, "beta": 0.04})
+    v.steps = steps
+    v.memory = [("Peak RSS (this process)", 2 ** 30, "")]
+    meter = PhaseMeter()
+    meter.peak_rss = {p: 2 ** 29 for p in PHASES}
+    v.phases = phase_rows(steps, meter)
+    v.sandbox = sandbox_summary(steps)
+    return v
+
+
+def _status(v):
+    return {c: s for c, _t, _a, s in criteria_rows(v)}
+
+
+def test_all_pass_on_a_healthy_run():
+    st = _status(_validation([_step(k) for k in range(1, 6)]))
+    assert st["Weights changed"] == "pass" and st["KL small"] == "pass" and st["Valid loss values"] == "pass"
+    assert st["Rewards computed"] == "pass" and st["Time per phase"] == "pass" and st["Memory per phase"] == "pass"
+    assert st["Reward time"] == "pass"  # 0.5 s per step < seed 002's 1 s
+
+
+def test_weights_that_did_not_change_fail():
+    st = _status(_validation([_step(k, changed=False, adv_std=0.0, rewards=(0.0, 0.0)) for k in range(1, 6)]))
+    assert st["Weights changed"] == "fail" and st["Learning signal (task reward)"] == "warn"
+    # changed only by control-reward steps: the plumbing works, the task reward did not train: warn, not pass
+    steps = [_step(k, changed=False, adv_std=0.0) for k in range(1, 6)] + [_step(6, control=True)]
+    assert _status(_validation(steps, num_steps=5))["Weights changed"] == "warn"
+
+
+def test_bad_loss_kl_rewards_and_missing_steps_fail():
+    steps = [_step(1), _step(2, loss=float("nan"))]
+    assert _status(_validation(steps))["Valid loss values"] == "fail"
+    steps = [_step(1), _step(2, kl=2 * KL_SMALL)]
+    assert _status(_validation(steps))["KL small"] == "fail"
+    steps = [_step(1), _step(2, rewards=(1.5, 0.0))]  # a reward outside [0, 1]
+    assert _status(_validation(steps))["Rewards computed"] == "fail"
+    assert _status(_validation([_step(1)], num_steps=5))["Complete training loop"] == "fail"
+    slow = [_step(1)]
+    slow[0].row["timing/reward"] = 3.0
+    assert _status(_validation(slow))["Reward time"] == "warn"  # seed 002's < 1 s, not met
+
+
+def test_phase_rows_by_hand():
+    rows = {r["phase"]: r for r in phase_rows([_step(1), _step(2)], None)}
+    assert rows["generation"]["seconds"] == 8.0 and rows["generation"]["share"] == pytest.approx(0.8)
+    assert rows["other (sync, advantages, metrics)"]["seconds"] == pytest.approx(10 - 8 - 0.5 - 0.5 - 0.75)
+    sb = sandbox_summary([_step(1), _step(2)])
+    assert sb["executions"] == 4 and sb["executions_per_s"] == pytest.approx(4 / 1.0) and sb["crashes"] == 2
+
+
+def test_phase_meter_charges_the_running_phase():
+    import numpy as np
+
+    with PhaseMeter(interval_s=0.001) as m:
+        with m.phase("generation"):
+            pass
+        with m.phase("update"):
+            big = np.ones(64 * 2 ** 20 // 8)  # 64 MiB touched while "update" runs
+            big += 1
+            del big
+    assert m.peak_rss["update"] >= m.start_rss["update"] + 60 * 2 ** 20
+    assert m.peak_rss["generation"] < m.peak_rss["update"]
+
+
+def _run(preset, tmp_path, **over):
+    from rftlib.config import make_config
+    from rftlib.report.validate import run_validation
+
+    cfg = make_config(preset, {"runs_root": str(tmp_path), **over})
+    return run_validation(cfg, tmp_path / "attempt", log=lambda s: None)
+
+
+@pytest.mark.skipif(not check_available()[0], reason=f"no sandbox here: {check_available()[1]}")
+def test_tiny_plumbing_check_says_the_task_reward_did_not_train(tmp_path):
+    v = _run("seed002-fizzbuzz-rtx3080-tiny-cpu", tmp_path)  # its 5 steps: the coin flip splits some group
+    st = _status(v)
+    assert st["Weights changed"] == "warn"  # only the control-reward steps moved it: labelled as such
+    assert st["Valid loss values"] == st["Rewards computed"] == st["Time per phase"] == "pass"
+    assert {p["phase"] for p in v.phases if p.get("peak_rss")} >= set(PHASES)
+    assert v.sandbox["executions"] == 5 * B * G and v.sandbox["errors"] == 0
+
+
+@pytest.mark.skipif(not check_available()[0], reason=f"no sandbox here: {check_available()[1]}")
+def test_seed002_cpu_validation_on_the_embedded_model(tmp_path):
+    """The CI check on the embedded default (2 steps, about a minute): real code, real sandbox."""
+    v = _run("seed002-fizzbuzz-rtx3080-cpu", tmp_path, num_steps=2)
+    st = _status(v)
+    assert st["Complete training loop"] == st["Valid loss values"] == st["Rewards computed"] == "pass"
+    assert st["Time per phase"] == st["Memory per phase"] == "pass" and st["KL small"] == "pass"
+    rewards = [r for s in v.steps if not s.control for r in s.rewards]
+    assert max(rewards) > 0  # the model writes code that passes some of the sandbox's tests
+    assert v.sandbox["executions"] == 2 * B * G and v.sandbox["errors"] == 0
+    gen = next(p for p in v.phases if p["phase"] == "generation")
+    assert gen["seconds"] > 0 and math.isfinite(gen["share"]) and gen["peak_rss"] > 2 ** 27
