@@ -32,7 +32,7 @@ from rftlib.algo.logprobs import auto_chunk_size, recompute_needed
 from rftlib.attempts import STOP_FILE, AttemptLockedError, create_attempt, lock_attempt, read_attempt, write_json
 from rftlib.config import ConfigError, RunConfig, make_config
 from rftlib.data.tasks import build_task
-from rftlib.eval import evaluate, format_prompts, greedy_eval
+from rftlib.eval import check_precision, eval_precision, evaluate, format_prompts, greedy_eval
 from rftlib.models.loading import (Reference, apply_lora, causal_lm, compute_dtype, is_peft, load_adapter_weights,
                                    load_model_and_tokenizer)
 from rftlib.monitor.metrics import MetricsLogger
@@ -145,6 +145,9 @@ class Trainer:
         # an engine that is not the trainer's module samples from its own numerics: the old logprobs
         # come from the trainer, and truncated IS weights correct the loss for the mismatch
         self.on_policy = self.on_policy and self.engine.shares_trainer_module
+        # every eval in one declared precision (rftlib.eval), checked now: an engine that cannot switch refuses
+        self.eval_precision = eval_precision(cfg.eval_dtype, cfg.dtype)
+        check_precision(self.engine, self.eval_precision)
         if cfg.prompt_max_len:
             self._fit_prompts(cfg.prompt_max_len)
         make = getattr(self.task, "make_sampler", None)  # curriculum / weighted mixing tasks bring their own
@@ -314,14 +317,14 @@ class Trainer:
                 mode = f"sampling_pass@{n}" if temp > 0 else f"nondet_proxy_pass@{n}"
                 res = evaluate(self.engine, self.tok, self.task, exs, mode=mode, n=n, temperature=temp,
                                max_new_tokens=self.cfg.max_new_tokens, batch_size=self.cfg.eval_batch_size,
-                               dataset=probe)
+                               dataset=probe, precision=self.eval_precision)
                 if D.is_main:
                     write_json(self.run_dir / "eval" / f"step_{self.step_num}_{probe}.json", res)
                 summary[f"eval/{probe}/{res['mode']}"] = res[res["mode"]]
                 summary[f"eval/{probe}/pass@1"] = res["pass@1"]
                 continue
             res = greedy_eval(self.engine, self.tok, self.task, mine, max_new_tokens=self.cfg.max_new_tokens,
-                              batch_size=self.cfg.eval_batch_size, dataset=probe)
+                              batch_size=self.cfg.eval_batch_size, dataset=probe, precision=self.eval_precision)
             if D.distributed:
                 parts = D.gather_objects(res["results"][:n_mine])
                 merged = [parts[k % D.world_size][k // D.world_size] for k in range(len(exs))]
@@ -745,7 +748,7 @@ class Trainer:
                "baseline": base, "final": last, "gain": None if base is None or last is None else last - base,
                "best_step": best["step"] if best else None, "best": best[EVAL_KEY] if best else None,
                "skipped_steps": self.skipped_steps, "eval_mode": "greedy_pass@1", "eval_dataset": "heldout",
-               "eval_n": len(self.task.eval), "world_size": self.dist.world_size, "backend": self.cfg.backend,
+               "eval_n": len(self.task.eval), "eval_precision": self.eval_precision, "world_size": self.dist.world_size, "backend": self.cfg.backend,
                "device": str(self.dist.device)}
         if self.dist.is_main:
             write_json(self.run_dir / "summary.json", out)
