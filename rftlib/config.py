@@ -164,6 +164,10 @@ class RunConfig:
     OpenRLHF's --train_batch_size counts samples: give its number as train_batch_size_samples"""
     micro_batch_size: int = 16
     """sequences per forward/backward (gradient accumulation inside a train batch)"""
+    logprob_batch_size: int = 0
+    """sequences per no-grad forward in the reference and old-logprob passes (they keep no activations
+    for a backward, so they batch wider than training); 0 = auto: max(micro_batch_size, 8), OpenRLHF's
+    --micro_rollout_batch_size default 8, which seed 003 left unset while training at micro-batch 1"""
     num_updates_per_rollout: int = 1
     """passes over each rollout (PPO epochs); > 1 keeps the rollout's old logprobs"""
     lr: float = 5e-4
@@ -588,6 +592,9 @@ def validate(cfg: RunConfig) -> None:
         bad(f"logprob_chunk_size={cfg.logprob_chunk_size}: token rows per chunk, >= 1 (or 0: sized from the vocabulary)")
     if cfg.logprob_recompute not in ("auto", "always", "never"):
         bad(f"logprob_recompute={cfg.logprob_recompute!r}: choose auto, always or never")
+    if cfg.logprob_batch_size < 0:
+        bad(f"logprob_batch_size={cfg.logprob_batch_size}: sequences per reference/old-logprob forward, >= 1 "
+            "(or 0: max(micro_batch_size, 8))")
     if cfg.micro_batch_size < 1 or (tb * G) % cfg.micro_batch_size:
         bad(f"micro_batch_size={cfg.micro_batch_size} must divide train_batch_size x n_samples_per_prompt "
             f"= {tb} x {G} = {tb * G} sequences")

@@ -388,6 +388,17 @@ class Trainer:
                 return completion_logprobs(module, **rows, **kw)
             return self.backend.forward(**rows, **kw)
 
+    @torch.no_grad()
+    def _no_grad_logprobs(self, ro, module=None) -> torch.Tensor:
+        """(N, T) logprobs of every rollout row for the reference or old-logprob pass, in forwards of
+        ``logprob_batch_size`` rows (auto: max(micro_batch_size, 8)): no activations are kept for a
+        backward, so these batch wider than the update's micro-batches (seed 003 trains at 1)."""
+        N, T = ro.num_rows, ro.completion_ids.shape[1]
+        k = self.cfg.logprob_batch_size or max(self.cfg.micro_batch_size, 8)
+        return torch.cat([self._full_width(self._logprobs(self._rows(ro, torch.arange(s, min(s + k, N))),
+                                                          with_entropy=False, module=module)[0], T)
+                          for s in range(0, N, k)])  # (N, T)
+
     def _sample_groups(self, n_prompts: int) -> steps.Groups:
         """This rank's share of ``n_prompts`` prompts from the global order, generated and scored:
         one Groups item per prompt, (rollout, group index, example, pool index, the G reward diagnostics)."""
@@ -440,20 +451,14 @@ class Trainer:
             parts = D.gather_objects(([i for i in indices for _ in range(G)], correct))
             self.sampler.update([i for p in parts for i in p[0]], [c for p in parts for c in p[1]])
 
-        mb = cfg.micro_batch_size
-        micro = [torch.arange(s, min(s + mb, N)) for s in range(0, N, mb)]
         t = time.time()
         ref_lp = old_lp = None
         self.backend.train(False)  # reference and old logprobs without dropout, or the ratio is noise
-        with torch.no_grad():
-            if cfg.beta > 0:
-                with self.ref.active() as ref_model:
-                    copy = None if ref_model is self.model else ref_model
-                    ref_lp = torch.cat([self._full_width(self._logprobs(self._rows(ro, ix), with_entropy=False,
-                                                                        module=copy)[0], T) for ix in micro])  # (N, T)
-            if not self.on_policy:
-                old_lp = torch.cat([self._full_width(self._logprobs(self._rows(ro, ix), with_entropy=False)[0], T)
-                                    for ix in micro])  # (N, T)
+        if cfg.beta > 0:
+            with self.ref.active() as ref_model:
+                ref_lp = self._no_grad_logprobs(ro, None if ref_model is self.model else ref_model)  # (N, T)
+        if not self.on_policy:
+            old_lp = self._no_grad_logprobs(ro)  # (N, T)
         timing["reference"] = time.time() - t
         # rewards the advantages see: DAPO's overlong penalty, KL in the reward; then the advantages
         shaped, shaping = steps.shape_rewards(
