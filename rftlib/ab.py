@@ -20,7 +20,10 @@ import itertools
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+import torch
+
 from rftlib.config import ConfigError, RunConfig, config_fields, make_config, value_from_text
+from rftlib.eval import eval_precision
 from rftlib.train.steps import aggregation
 
 
@@ -109,6 +112,25 @@ def on_policy_warning(variants: list[Variant]) -> str:
             "steps per rollout) or --set num_updates_per_rollout=2.")
 
 
+def planned_precision(cfg: RunConfig) -> str:
+    """The precision an arm's evals will compute in (rftlib.eval.eval_precision), from its config alone:
+    dtype auto is float32 on a CPU and bfloat16 on a GPU (rftlib.train.dist.resolve_dtype)."""
+    on_gpu = str(cfg.device).startswith("cuda") or (cfg.device == "auto" and torch.cuda.is_available())
+    weights = cfg.dtype if cfg.dtype != "auto" else ("bfloat16" if on_gpu else "float32")
+    return eval_precision(cfg.eval_dtype, weights)
+
+
+def precision_plan_warning(variants: list[Variant]) -> str:
+    """A warning, before anything trains, when the arms' evals will compute in different precisions (a
+    varied dtype or eval_dtype): their accuracy difference would mix numerics with the varied field."""
+    each = {v.label: planned_precision(v.config) for v in variants}
+    if len(set(each.values())) <= 1:
+        return ""
+    return ("WARNING: the arms will be evaluated in different precisions (" +
+            "; ".join(f"{k}: {p}" for k, p in each.items()) + "): set one eval_dtype for all of them "
+            "(--set eval_dtype=float32) so the held-out difference is the varied field's, not rounding's")
+
+
 def run_ab(preset: str, base: dict[str, Any], vary: list[tuple[str, list[Any]]], *,
            train: Callable[[dict[str, Any]], Any], compare: Callable[[list], Any],
            write: Callable[[str], None] = print) -> tuple[list, Any, list[str]]:
@@ -120,8 +142,9 @@ def run_ab(preset: str, base: dict[str, Any], vary: list[tuple[str, list[Any]]],
     """
     variants = plan_variants(preset, base, vary)
     write(f"[rft ab] {len(variants)} variants of preset {preset!r}: " + " | ".join(v.label for v in variants))
-    if warning := on_policy_warning(variants):
-        write(f"[rft ab] {warning}")
+    for warning in (on_policy_warning(variants), precision_plan_warning(variants)):
+        if warning:
+            write(f"[rft ab] {warning}")
     run_dirs, failed = [], []
     for i, v in enumerate(variants, 1):
         write(f"[rft ab] {i}/{len(variants)}: {v.label}")

@@ -20,6 +20,7 @@
     rft stop RUN_DIR [--timeout S]         checkpoint and stop it (terminates what is left after S;
                                            default: twice its longest step + eval, at least 300 s)
     rft status [--runs runs]               attempts with step, reward, held-out, health, state; GPUs
+    rft smoke [--model M] [--lines single,zero3,vllm]   one step per set-up (GPU, else CPU forms): run it first
 
 Attempts go to ``<project root>/runs/`` (or ``$RFTLIB_RUNS``, or ``--set runs_root=...``; a relative
 path is from the project root), whatever the working directory: the same rule as a notebook's kernel
@@ -410,6 +411,21 @@ def cmd_status(args) -> int:
     return 0
 
 
+def cmd_smoke(args) -> int:
+    """One step per set-up (bf16 single GPU, ZeRO-3 one rank, TP-1 vLLM server + LoRA sync + probe), then the table."""
+    from rftlib.smoke import LINES, run_smoke, table, verdict
+
+    lines = tuple(x.strip() for x in args.lines.split(",") if x.strip())
+    if bad := [x for x in lines if x not in LINES]:
+        raise ValueError(f"--lines {','.join(bad)}: choose from {','.join(LINES)}")
+    rows = run_smoke(lines, model=args.model, runs_root=args.runs_root, timeout=args.timeout)
+    print(table(rows))
+    ok = verdict(rows)
+    print(f"[rft smoke] {'PASS' if ok else 'FAIL'}"
+          + ("" if any(r.status == "not run" for r in rows) is False else "; the GPU lines were not run (no CUDA GPU)"))
+    return 0 if ok else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="rft", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -482,6 +498,11 @@ def main(argv: list[str] | None = None) -> int:
                          "step + eval, at least 300)")
     st = sub.add_parser("status", help="running and finished attempts at a glance, and the GPUs")
     st.add_argument("--runs", default=None, help="runs root (default: $RFTLIB_RUNS, else <project root>/runs)")
+    sm = sub.add_parser("smoke", help="one step per set-up (GPU forms, else CPU forms) and a pass/fail table: run it first")
+    sm.add_argument("--model", default="smollm2-135m", help="the model every line trains (tiny: the test's quick form)")
+    sm.add_argument("--lines", default="single,zero3,vllm", help="which lines, comma-separated")
+    sm.add_argument("--runs-root", default=None, help="where the lines' attempts go (default: <runs root>/smoke)")
+    sm.add_argument("--timeout", type=float, default=480, help="seconds one line may take")
     args = p.parse_args(argv)
     from rftlib.config import ConfigError
 
@@ -489,7 +510,7 @@ def main(argv: list[str] | None = None) -> int:
              "validate": cmd_validate, "eval": cmd_eval, "report": cmd_report, "compare": cmd_compare,
              "ab": cmd_ab, "note": cmd_note, "sft": cmd_sft,
              "index": cmd_index, "launch": cmd_launch, "attach": cmd_attach, "stop": cmd_stop,
-             "status": cmd_status}
+             "status": cmd_status, "smoke": cmd_smoke}
     try:
         return verbs[args.cmd](args)
     except (ConfigError, FileNotFoundError, ValueError) as e:

@@ -164,6 +164,10 @@ class RunConfig:
     OpenRLHF's --train_batch_size counts samples: give its number as train_batch_size_samples"""
     micro_batch_size: int = 16
     """sequences per forward/backward (gradient accumulation inside a train batch)"""
+    logprob_batch_size: int = 0
+    """sequences per no-grad forward in the reference and old-logprob passes (they keep no activations
+    for a backward, so they batch wider than training); 0 = auto: max(micro_batch_size, 8), OpenRLHF's
+    --micro_rollout_batch_size default 8, which seed 003 left unset while training at micro-batch 1"""
     num_updates_per_rollout: int = 1
     """passes over each rollout (PPO epochs); > 1 keeps the rollout's old logprobs"""
     lr: float = 5e-4
@@ -216,6 +220,10 @@ class RunConfig:
     """stop the attempt when a health verdict fails (seed 003 section 12 smoke tests); False only warns"""
     eval_batch_size: int = 64
     """prompts per generate call in eval"""
+    eval_dtype: str = "auto"
+    """the one precision every held-out eval computes in, whatever engine samples the rollouts: auto (the
+    weights' dtype: float32 on a CPU, bf16 on a GPU; what a vLLM engine serves, so HF and vLLM agree;
+    bf16 autocast scored 0.40 where float32 scored 0.47 on one checkpoint here) | float32 | bfloat16 | float16"""
     save_steps: int = 10
     """checkpoint and sample dump every this many steps (seed 001: 1 test / 10 overnight)"""
     max_ckpt_num: int = 3
@@ -588,6 +596,9 @@ def validate(cfg: RunConfig) -> None:
         bad(f"logprob_chunk_size={cfg.logprob_chunk_size}: token rows per chunk, >= 1 (or 0: sized from the vocabulary)")
     if cfg.logprob_recompute not in ("auto", "always", "never"):
         bad(f"logprob_recompute={cfg.logprob_recompute!r}: choose auto, always or never")
+    if cfg.logprob_batch_size < 0:
+        bad(f"logprob_batch_size={cfg.logprob_batch_size}: sequences per reference/old-logprob forward, >= 1 "
+            "(or 0: max(micro_batch_size, 8))")
     if cfg.micro_batch_size < 1 or (tb * G) % cfg.micro_batch_size:
         bad(f"micro_batch_size={cfg.micro_batch_size} must divide train_batch_size x n_samples_per_prompt "
             f"= {tb} x {G} = {tb * G} sequences")
@@ -627,6 +638,8 @@ def validate(cfg: RunConfig) -> None:
         bad(f"dtype='{cfg.dtype}': choose auto, float32, bfloat16 or float16")
     if cfg.autocast not in ("auto", "bf16", "none"):
         bad(f"autocast='{cfg.autocast}': choose auto, bf16 or none")
+    if cfg.eval_dtype not in ("auto", "float32", "bfloat16", "float16"):
+        bad(f"eval_dtype='{cfg.eval_dtype}': choose auto, float32, bfloat16 or float16")
     if cfg.lora_rank < 0:
         bad(f"lora_rank={cfg.lora_rank}: use 0 for full fine-tuning or a positive rank")
     if cfg.max_ckpt_num < 1:

@@ -3,10 +3,19 @@
 The trainer's built-in eval is ``greedy_pass@1`` (temperature 0, n 1): deterministic and cheap,
 the seed's primary checkpoint signal. Every result records its mode, dataset, n, temperature and
 max tokens, so results from different modes are never compared by accident.
+
+**One declared precision, whatever engine sampled the rollouts.** The same checkpoint scored 0.40
+held-out through the HF engine (bf16 autocast, this workplace's avx512_bf16 CPUs) and 0.47 through
+vLLM (float32): greedy decoding amplifies a logit's rounding into a different token, then a
+different answer. Every eval therefore runs in ``eval_dtype`` (:func:`eval_precision`; auto: the
+dtype the weights are held in, which is the dtype a vLLM engine is given, so HF and vLLM agree),
+and every result records it as ``precision``; ``rft compare`` / ``rft ab`` warn when two attempts
+were evaluated in different precisions.
 """
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import torch
@@ -24,35 +33,88 @@ def format_prompts(tokenizer, examples: list[Example], system_prompt: str | None
     return out
 
 
+EVAL_DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
+def eval_precision(eval_dtype: str, weights_dtype: str) -> str:
+    """The dtype held-out evals compute in: ``eval_dtype``, or for ``auto`` the dtype the weights are held
+    in (``weights_dtype``, the resolved ``dtype``: float32 on a CPU, bfloat16 on a GPU), which is the
+    dtype a vLLM engine serves (rftlib.rollout.vllm.VLLMSettings), so HF and vLLM evals agree."""
+    if eval_dtype not in EVAL_DTYPES:
+        raise ValueError(f"eval_dtype='{eval_dtype}': choose one of {', '.join(EVAL_DTYPES)}")
+    if weights_dtype not in EVAL_DTYPES[1:]:
+        raise ValueError(f"weights dtype '{weights_dtype}' is not resolved: pass float32, bfloat16 or float16")
+    return weights_dtype if eval_dtype == "auto" else eval_dtype
+
+
+def engine_precision(engine) -> str:
+    """The dtype ``engine`` computes in now: its own ``precision`` (HF: the autocast dtype, else the weights'
+    dtype; vLLM: the dtype it serves), or "unknown" for an engine that does not say."""
+    return str(getattr(engine, "precision", "unknown"))
+
+
+def check_precision(engine, precision: str) -> None:
+    """Refuse, before any eval, an ``engine`` that cannot compute in ``precision``: one that cannot switch
+    (vLLM serves the one dtype it was started with) must already compute in it. An engine that does not
+    say what it computes in (a test's stand-in) is taken as it is, and its evals record "unknown"."""
+    if engine_precision(engine) not in (precision, "unknown") and getattr(engine, "use_precision", None) is None:
+        raise ValueError(f"eval_dtype={precision}, but the {type(engine).__name__} rollout engine computes in "
+                         f"{engine_precision(engine)} and cannot switch: set eval_dtype to "
+                         f"{engine_precision(engine)} (or auto), or give the engine that dtype (dtype)")
+
+
+@contextlib.contextmanager
+def eval_numerics(engine, precision: str | None):
+    """Run the block's generate calls in ``precision`` (None: as the engine is). An engine that can switch
+    (HF: its autocast dtype) switches for the block and back; one that cannot must already compute in
+    it (:func:`check_precision`), else the eval is refused rather than recorded under a wrong label."""
+    if precision is None or engine_precision(engine) in (precision, "unknown"):
+        yield
+        return
+    check_precision(engine, precision)
+    with engine.use_precision(precision):
+        yield
+
+
 @torch.no_grad()
 def greedy_eval(engine, tokenizer, task: Task, examples: list[Example], *, max_new_tokens: int,
-                batch_size: int = 64, dataset: str = "heldout") -> dict[str, Any]:
-    """greedy_pass@1 over examples, with per-example completions and rewards."""
+                batch_size: int = 64, dataset: str = "heldout", precision: str | None = None) -> dict[str, Any]:
+    """greedy_pass@1 over examples, with per-example completions and rewards, computed in ``precision``
+    (:func:`eval_precision`; None: the engine's current dtype), which the result records."""
     results = []
-    for i in range(0, len(examples), batch_size):
-        batch = examples[i:i + batch_size]
-        ro = engine.generate(format_prompts(tokenizer, batch, task.system_prompt), group_size=1,
-                             max_new_tokens=max_new_tokens, temperature=0.0, greedy=True)
-        for ex, text, trunc, length in zip(batch, ro.texts, ro.truncated.tolist(), ro.lengths().tolist()):
-            r, diag = task.reward(text, ex, bool(trunc))
-            results.append({"id": ex.id, "prompt": ex.prompt, "answer": ex.answer, "completion": text,
-                            "reward": r, "correct": float(diag.get("correctness", r)), "length": int(length),
-                            "has_boxed": float(diag.get("has_boxed", 0.0))})
+    with eval_numerics(engine, precision):
+        used = engine_precision(engine)
+        for i in range(0, len(examples), batch_size):
+            results += _greedy_batch(engine, tokenizer, task, examples[i:i + batch_size], max_new_tokens)
     n = len(results)
     acc = sum(r["correct"] for r in results) / max(n, 1)
     return {"mode": "greedy_pass@1", "dataset": dataset, "n_problems": n, "n_samples": 1, "temperature": 0.0,
-            "max_new_tokens": max_new_tokens, "greedy_pass@1": acc,
+            "max_new_tokens": max_new_tokens, "precision": used, "greedy_pass@1": acc,
             "mean_length": sum(r["length"] for r in results) / max(n, 1), "results": results}
+
+
+def _greedy_batch(engine, tokenizer, task: Task, batch: list[Example], max_new_tokens: int) -> list[dict[str, Any]]:
+    """One generate call's per-example greedy results."""
+    results = []
+    ro = engine.generate(format_prompts(tokenizer, batch, task.system_prompt), group_size=1,
+                         max_new_tokens=max_new_tokens, temperature=0.0, greedy=True)
+    for ex, text, trunc, length in zip(batch, ro.texts, ro.truncated.tolist(), ro.lengths().tolist()):
+        r, diag = task.reward(text, ex, bool(trunc))
+        results.append({"id": ex.id, "prompt": ex.prompt, "answer": ex.answer, "completion": text,
+                        "reward": r, "correct": float(diag.get("correctness", r)), "length": int(length),
+                        "has_boxed": float(diag.get("has_boxed", 0.0))})
+    return results
 
 
 @torch.no_grad()
 def evaluate(engine, tokenizer, task: Task, examples: list[Example], *, mode: str = "greedy_pass@1", n: int = 1,
              temperature: float | None = None, max_new_tokens: int, batch_size: int = 64,
-             dataset: str = "heldout") -> dict[str, Any]:
+             dataset: str = "heldout", precision: str | None = None) -> dict[str, Any]:
     """One labelled eval (seed 003 section 7): greedy_pass@1, sampling_pass@k (n samples at 0.6 by
     default: unbiased pass@k, pass@1 and maj@k) or nondet_proxy_pass@k (n greedy samples, diagnostics).
 
     Temperature 0 with n > 1 is refused unless the mode is the nondet proxy (rftlib.evalmath).
+    Computed in ``precision`` (None: the engine's current dtype), which the result records.
     """
     from rftlib.evalmath import EVAL_MODES, _base_mode, check_eval_mode, maj_at_k, pass_at_k
     from rftlib.rewards.math import extract_answer
@@ -60,26 +122,28 @@ def evaluate(engine, tokenizer, task: Task, examples: list[Example], *, mode: st
     base = _base_mode(mode)
     if base == "greedy_pass@1":
         return greedy_eval(engine, tokenizer, task, examples, max_new_tokens=max_new_tokens, batch_size=batch_size,
-                           dataset=dataset)
+                           dataset=dataset, precision=precision)
     temp = EVAL_MODES[base].temperature if temperature is None else temperature
     label = check_eval_mode(mode, temp, n)
     greedy = temp == 0.0
     per_problem = []
     rows = max(1, batch_size // n)
-    for i in range(0, len(examples), rows):
-        batch = examples[i:i + rows]
-        ro = engine.generate(format_prompts(tokenizer, batch, task.system_prompt), group_size=n,
-                             max_new_tokens=max_new_tokens, temperature=max(temp, 1e-6), greedy=greedy)
-        for j, ex in enumerate(batch):
-            texts = ro.texts[j * n:(j + 1) * n]
-            correct = [float(task.reward(t, ex, bool(ro.truncated[j * n + q]))[1].get("correctness", 0.0))
-                       for q, t in enumerate(texts)]
-            answers = [extract_answer(t)[0] for t in texts]
-            per_problem.append({"id": ex.id, "answer": ex.answer, "n": n, "c": int(sum(correct)),
-                                "completions": texts, "maj": maj_at_k(answers, ex.answer)})
+    with eval_numerics(engine, precision):
+        used = engine_precision(engine)
+        for i in range(0, len(examples), rows):
+            batch = examples[i:i + rows]
+            ro = engine.generate(format_prompts(tokenizer, batch, task.system_prompt), group_size=n,
+                                 max_new_tokens=max_new_tokens, temperature=max(temp, 1e-6), greedy=greedy)
+            for j, ex in enumerate(batch):
+                texts = ro.texts[j * n:(j + 1) * n]
+                correct = [float(task.reward(t, ex, bool(ro.truncated[j * n + q]))[1].get("correctness", 0.0))
+                           for q, t in enumerate(texts)]
+                answers = [extract_answer(t)[0] for t in texts]
+                per_problem.append({"id": ex.id, "answer": ex.answer, "n": n, "c": int(sum(correct)),
+                                    "completions": texts, "maj": maj_at_k(answers, ex.answer)})
     npb = max(len(per_problem), 1)
     return {"mode": label, "dataset": dataset, "n_problems": len(per_problem), "n_samples": n, "temperature": temp,
-            "max_new_tokens": max_new_tokens,
+            "max_new_tokens": max_new_tokens, "precision": used,
             label: sum(pass_at_k(p["n"], p["c"], n) for p in per_problem) / npb,
             "pass@1": sum(p["c"] / p["n"] for p in per_problem) / npb,
             f"maj@{n}": sum(p["maj"] for p in per_problem) / npb, "results": per_problem}

@@ -109,8 +109,8 @@ def _evaluate(run_dir: Path, cfg: dict[str, Any], steps: list[int], *, limit: in
     import torch
 
     from rftlib.data.tasks import build_task
-    from rftlib.eval import greedy_eval
-    from rftlib.models.loading import apply_lora, autocast_dtype, load_model_and_tokenizer, load_trainable_state
+    from rftlib.eval import eval_precision, greedy_eval
+    from rftlib.models.loading import apply_lora, load_model_and_tokenizer, load_trainable_state
     from rftlib.rollout.hf import HFEngine
     from rftlib.train.checkpoint import STATE
 
@@ -121,7 +121,9 @@ def _evaluate(run_dir: Path, cfg: dict[str, Any], steps: list[int], *, limit: in
     model = apply_lora(model, rank=cfg["lora_rank"], alpha=cfg["lora_alpha"], dropout=cfg["lora_dropout"],
                        target_modules=cfg["lora_target_modules"])
     model.eval()
-    engine = HFEngine(model, tok, amp=autocast_dtype(cfg.get("autocast", "none")))
+    engine = HFEngine(model, tok)
+    # the attempt's declared eval precision (rftlib.eval), the same the trainer's own evals used
+    precision = eval_precision(cfg.get("eval_dtype", "auto"), "float32" if cfg["dtype"] == "auto" else cfg["dtype"])
     log(f"[eval] model {cfg['model']} loaded in {time.time() - t:.1f} s; {len(examples)} held-out problems, "
         f"greedy, max_new_tokens {max_new_tokens}")
     out = {}
@@ -129,7 +131,8 @@ def _evaluate(run_dir: Path, cfg: dict[str, Any], steps: list[int], *, limit: in
         t = time.time()
         state = torch.load(run_dir / STATE / f"step_{s}" / "trainable.pt", weights_only=True)
         load_trainable_state(model, state)
-        res = greedy_eval(engine, tok, task, examples, max_new_tokens=max_new_tokens, batch_size=batch_size)
+        res = greedy_eval(engine, tok, task, examples, max_new_tokens=max_new_tokens, batch_size=batch_size,
+                          precision=precision)
         res.update(step=s, limit=limit, final=s == final_step, checkpoint=f"training_state/step_{s}",
                    source="rftlib.report.checkpoints (checkpoint reloaded)", seconds=round(time.time() - t, 2))
         write_json(run_dir / "eval" / f"ckpt_step_{s}.json", res)

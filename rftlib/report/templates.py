@@ -270,6 +270,16 @@ resume = ""                          # a run directory: relaunch that attempt fr
 attach = ""                          # a run directory: re-attach to it (nothing is launched)
 stop = False                         # with attach: stop that attempt cleanly (checkpoint first)
 watch_seconds = 0.0                  # after a launch / with attach: stream progress this long, then detach
+smoke = False                        # True: first `rft smoke` (one step per set-up on this machine, ~10 min)
+'''
+
+LAUNCH_SMOKE = '''\
+if smoke:  # the first thing to run on a new machine: one step per set-up and a pass/fail table (rftlib.smoke)
+    from rftlib.smoke import run_smoke, table, verdict
+
+    smoke_rows = run_smoke()
+    print(table(smoke_rows))
+    assert verdict(smoke_rows), "rft smoke failed: fix the failing line before launching (its log is named above)"
 '''
 
 LAUNCH_RUN = '''\
@@ -295,6 +305,7 @@ def launch_notebook() -> nbformat.NotebookNode:
            "they outlive this kernel. Re-attach with `attach=\"runs/<attempt>\"` (or "
            "`rft attach`), stop with `attach=... stop=True` (or `rft stop`)."),
         _params(LAUNCH_PARAMETERS),
+        code(LAUNCH_SMOKE),
         code(LAUNCH_RUN),
         md("## Attempts and GPUs"),
         code(LAUNCH_STATUS),

@@ -34,7 +34,7 @@ import torch
 from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopPLogitsWarper
 
-from rftlib.models.loading import autocast
+from rftlib.models.loading import DTYPES, autocast
 from rftlib.rollout.base import Rollout, decode_completions, model_stop_token_ids
 
 
@@ -155,6 +155,34 @@ class HFEngine:
         self.stop_ids = model_stop_token_ids(tokenizer, model)
         if tokenizer.padding_side != "left":
             raise ValueError("HFEngine needs a left-padding tokenizer (pass padding_side='left')")
+
+    def _weights_dtype(self) -> torch.dtype:
+        """The dtype the frozen weights are held in (trainable ones may be float32 masters under a half dtype)."""
+        params = list(self.model.parameters())
+        frozen = [p for p in params if not p.requires_grad and p.is_floating_point()]
+        return (frozen or params)[0].dtype
+
+    @property
+    def precision(self) -> str:
+        """The dtype generate computes in: the autocast dtype, else the weights' (rftlib.eval.engine_precision)."""
+        return str(self.amp or self._weights_dtype()).removeprefix("torch.")
+
+    @contextmanager
+    def use_precision(self, name: str):
+        """Generate in dtype ``name`` (float32 | bfloat16 | float16) inside the block (rftlib.eval.eval_numerics):
+        float32 turns autocast off, a half dtype autocasts to it. float32 over half weights is refused: the
+        weights would have to be copied up, and the eval would not be in the precision it claims."""
+        if name not in DTYPES:
+            raise ValueError(f"eval precision '{name}': choose one of {', '.join(DTYPES)}")
+        if name == "float32" and self._weights_dtype() != torch.float32:
+            raise ValueError(f"eval_dtype float32, but the weights are held in {self._weights_dtype()}: set eval_dtype "
+                             "to auto (the weights' dtype) or load the model in float32 (dtype: float32)")
+        saved = self.amp
+        self.amp = None if name == "float32" else DTYPES[name]
+        try:
+            yield
+        finally:
+            self.amp = saved
 
     def sync_weights(self, model, adapter_state=None, *, push: bool = True, barrier=None,
                      verify: bool = False) -> dict:

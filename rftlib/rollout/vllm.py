@@ -220,6 +220,11 @@ class _VLLMBase:
         self.probing = False  # True while the sync probe samples (colocate: no sleep after it)
         self.probe_baseline: float | None = None  # the gap right after the first sync (later probes judged by it)
 
+    @property
+    def precision(self) -> str:
+        """The dtype the engine serves (its --dtype): what rftlib.eval records for evals it runs."""
+        return self.s.dtype
+
     # ---- placement hooks -----------------------------------------------------------------------
     def _sample(self, prompt_id_lists: list[list[int]], params: list[dict]) -> list[tuple[list[int], list[float]]]:
         """N = B*n prompt-major (token ids, sampled-token logprobs); params[i] are prompt i's sampling fields."""

@@ -34,7 +34,7 @@ from rftlib.algo.losses import grpo_loss
 from rftlib.algo.schedule import lr_at, warmup_steps_for
 from rftlib.attempts import STOP_FILE, read_attempt, write_json
 from rftlib.config import RunConfig, make_config
-from rftlib.eval import evaluate, format_prompts, greedy_eval
+from rftlib.eval import check_precision, eval_precision, evaluate, format_prompts, greedy_eval
 from rftlib.models.forward import completion_logprobs
 from rftlib.models.loading import causal_lm, compute_dtype, is_peft
 from rftlib.monitor.health import run_verdicts
@@ -99,6 +99,9 @@ class Trainer:
         # an engine that is not the trainer's module samples from its own numerics: the old logprobs
         # come from the trainer, and truncated IS weights correct the loss for the mismatch
         self.on_policy = self.opt_steps_per_rollout == 1 and self.engine.shares_trainer_module
+        # every eval in one declared precision (rftlib.eval), checked now: an engine that cannot switch refuses
+        self.eval_precision = eval_precision(cfg.eval_dtype, cfg.dtype)
+        check_precision(self.engine, self.eval_precision)
         self.step_num = 0
         self.eval_history: list[dict[str, Any]] = []
         self.skipped_steps = 0
@@ -221,22 +224,26 @@ class Trainer:
     def _reference_and_old_logprobs(self, ro) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """(reference logprobs, old logprobs), each (N, T) or None: the KL reference's (beta > 0) and the
         policy's before the update when it is not on-policy (several optimizer steps per rollout, or an
-        engine that is not the trainer's module), micro-batch by micro-batch, without dropout or grad."""
-        cfg, mb = self.cfg, self.cfg.micro_batch_size
-        N, T = ro.num_rows, ro.completion_ids.shape[1]
-        micro = [torch.arange(s, min(s + mb, N)) for s in range(0, N, mb)]
+        engine that is not the trainer's module), in their own wider forwards, without dropout or grad."""
         ref_lp = old_lp = None
         self.backend.train(False)  # reference and old logprobs without dropout, or the ratio is noise
-        with torch.no_grad():
-            if cfg.beta > 0:
-                with self.ref.active() as ref_model:
-                    copy = None if ref_model is self.model else ref_model
-                    ref_lp = torch.cat([self._full_width(self._logprobs(self._rows(ro, ix), with_entropy=False,
-                                                                        module=copy)[0], T) for ix in micro])  # (N, T)
-            if not self.on_policy:
-                old_lp = torch.cat([self._full_width(self._logprobs(self._rows(ro, ix), with_entropy=False)[0], T)
-                                    for ix in micro])  # (N, T)
+        if self.cfg.beta > 0:
+            with self.ref.active() as ref_model:
+                ref_lp = self._no_grad_logprobs(ro, None if ref_model is self.model else ref_model)  # (N, T)
+        if not self.on_policy:
+            old_lp = self._no_grad_logprobs(ro)  # (N, T)
         return ref_lp, old_lp
+
+    @torch.no_grad()
+    def _no_grad_logprobs(self, ro, module=None) -> torch.Tensor:
+        """(N, T) logprobs of every rollout row for the reference or old-logprob pass, in forwards of
+        ``logprob_batch_size`` rows (auto: max(micro_batch_size, 8)): no activations are kept for a
+        backward, so these batch wider than the update's micro-batches (seed 003 trains at 1)."""
+        N, T = ro.num_rows, ro.completion_ids.shape[1]
+        k = self.cfg.logprob_batch_size or max(self.cfg.micro_batch_size, 8)
+        return torch.cat([self._full_width(self._logprobs(self._rows(ro, torch.arange(s, min(s + k, N))),
+                                                          with_entropy=False, module=module)[0], T)
+                          for s in range(0, N, k)])  # (N, T)
 
     def _global_advantages(self, shaped: torch.Tensor, G: int) -> torch.Tensor:
         """This rank's advantages, computed over the whole global batch: every rank's shaped rewards (whole
@@ -568,7 +575,7 @@ class Trainer:
                "baseline": base, "final": last, "gain": None if base is None or last is None else last - base,
                "best_step": best["step"] if best else None, "best": best[EVAL_KEY] if best else None,
                "skipped_steps": self.skipped_steps, "eval_mode": "greedy_pass@1", "eval_dataset": "heldout",
-               "eval_n": len(self.task.eval), "world_size": self.dist.world_size, "backend": self.cfg.backend,
+               "eval_n": len(self.task.eval), "eval_precision": self.eval_precision, "world_size": self.dist.world_size, "backend": self.cfg.backend,
                "device": str(self.dist.device)}
         if self.dist.is_main:
             write_json(self.run_dir / "summary.json", out)
@@ -604,14 +611,14 @@ class Trainer:
                 mode = f"sampling_pass@{n}" if temp > 0 else f"nondet_proxy_pass@{n}"
                 res = evaluate(self.engine, self.tok, self.task, exs, mode=mode, n=n, temperature=temp,
                                max_new_tokens=self.cfg.max_new_tokens, batch_size=self.cfg.eval_batch_size,
-                               dataset=probe)
+                               dataset=probe, precision=self.eval_precision)
                 if D.is_main:
                     write_json(self.run_dir / "eval" / f"step_{self.step_num}_{probe}.json", res)
                 summary[f"eval/{probe}/{res['mode']}"] = res[res["mode"]]
                 summary[f"eval/{probe}/pass@1"] = res["pass@1"]
                 continue
             res = greedy_eval(self.engine, self.tok, self.task, mine, max_new_tokens=self.cfg.max_new_tokens,
-                              batch_size=self.cfg.eval_batch_size, dataset=probe)
+                              batch_size=self.cfg.eval_batch_size, dataset=probe, precision=self.eval_precision)
             if D.distributed:
                 parts = D.gather_objects(res["results"][:n_mine])
                 merged = [parts[k % D.world_size][k // D.world_size] for k in range(len(exs))]
