@@ -33,14 +33,14 @@ from rftlib.attempts import STOP_FILE, AttemptLockedError, create_attempt, lock_
 from rftlib.config import ConfigError, RunConfig, make_config
 from rftlib.data.tasks import build_task
 from rftlib.eval import evaluate, format_prompts, greedy_eval
-from rftlib.models.loading import (Reference, apply_lora, causal_lm, compute_dtype, is_peft, load_adapter_weights,
-                                   load_model_and_tokenizer)
+from rftlib.models.loading import Reference, causal_lm, compute_dtype, is_peft, load_policy
 from rftlib.monitor.metrics import MetricsLogger
 from rftlib.rollout.factory import make_engine
 from rftlib.rollout.hf import HFEngine
 from rftlib.train import checkpoint as ckpt
 from rftlib.train import steps
 from rftlib.train.backends import make_backend
+from rftlib.train.backends.deepspeed import deepspeed_config_for
 from rftlib.train.dist import Dist, init_dist, resolve_dtype
 from rftlib.train.forward import completion_logprobs
 from rftlib.train.memory import preflight_gib, step_memory
@@ -114,15 +114,8 @@ class Trainer:
         if reward_override is not None:  # tests inject faults through this
             self.task.reward = reward_override
         t = time.time()
-        model, self.tok = load_model_and_tokenizer(cfg.model, cfg.dtype)
-        if cfg.gradient_checkpointing:
-            model.gradient_checkpointing_enable(
-                gradient_checkpointing_kwargs={"use_reentrant": cfg.gradient_checkpointing_use_reentrant})
-        model.to(D.device)
-        self.model = apply_lora(model, rank=cfg.lora_rank, alpha=cfg.lora_alpha, dropout=cfg.lora_dropout,
-                                target_modules=cfg.lora_target_modules)
-        if cfg.init_adapter:
-            load_adapter_weights(self.model, cfg.init_adapter)
+        zero3 = cfg.backend == "deepspeed" and cfg.zero_stage == 3  # loaded partitioned, under the backend's config
+        self.model, self.tok = load_policy(cfg, D, deepspeed_config_for(cfg, D.world_size) if zero3 else None)
         self.load_seconds = time.time() - t
         # LM-head chunk rows: the configured count, or sized from the vocabulary (config.vocab_size: the
         # output embedding's weight is an empty shard under ZeRO-3)
