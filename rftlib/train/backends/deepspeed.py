@@ -95,6 +95,13 @@ def deepspeed_config(cfg, world_size: int, micro_steps: int) -> dict:
     return _merge(template, derived)
 
 
+def deepspeed_config_for(cfg, world_size: int) -> dict:
+    """The config DeepSpeedBackend will run for ``cfg`` on ``world_size`` ranks (also what a ZeRO-3 model is
+    loaded partitioned under, rftlib.models.loading.load_policy)."""
+    return deepspeed_config(cfg, world_size, cfg.train_prompts * cfg.n_samples_per_prompt // world_size
+                            // cfg.micro_batch_size)
+
+
 class DeepSpeedBackend:
     name = "deepspeed"
     # DeepSpeed steps the optimizer after gradient_accumulation_steps micro-batches, a count fixed at
@@ -110,9 +117,8 @@ class DeepSpeedBackend:
     def __init__(self, cfg, dist, model, *, total_opt_steps: int, warmup_steps: int):
         ds = import_deepspeed()
         self.cfg, self.dist, self.model, self.ds = cfg, dist, model, ds
-        rows_per_rank = cfg.train_prompts * cfg.n_samples_per_prompt // dist.world_size
-        self.micro_steps = rows_per_rank // cfg.micro_batch_size
-        self.config = deepspeed_config(cfg, dist.world_size, self.micro_steps)
+        self.config = deepspeed_config_for(cfg, dist.world_size)
+        self.micro_steps = self.config["gradient_accumulation_steps"]
         self.policy = PolicyForward(model)
         params = [p for p in model.parameters() if p.requires_grad]
         self.engine, self.optimizer, _, self.scheduler = ds.initialize(
