@@ -207,11 +207,8 @@ def load_policy(cfg, dist, ds_config: dict | None = None):
       weights on every rank anyway).
     - then gradient checkpointing, LoRA (``lora_rank`` > 0) and ``init_adapter``.
     """
-    zero3 = cfg.backend == "deepspeed" and cfg.zero_stage == 3
+    zero3 = ds_config is not None  # the backend's partitioned_load_config (rftlib.train.backends)
     if zero3:
-        if ds_config is None:
-            raise ValueError("load_policy: backend deepspeed with zero_stage 3 loads the model partitioned and needs "
-                             "the DeepSpeed config (ds_config=rftlib.train.backends.deepspeed.deepspeed_config_for(...))")
         model, tok = load_partitioned(cfg.model, cfg.dtype, ds_config)
     else:
         model, tok = load_model_and_tokenizer(cfg.model, cfg.dtype)

@@ -35,11 +35,11 @@ from rftlib.attempts import AttemptLockedError, create_attempt, lock_attempt
 from rftlib.config import ConfigError, RunConfig
 from rftlib.data.base import Task, build_task as build_registered_task
 from rftlib.eval import format_prompts
-from rftlib.models.loading import Reference, apply_lora, load_adapter_weights, load_model_and_tokenizer
+from rftlib.models.loading import Reference, load_policy
 from rftlib.monitor.metrics import MetricsLogger
 from rftlib.rewards.registry import Reward, combine_rewards
 from rftlib.rollout.factory import make_engine
-from rftlib.train.backends import make_backend
+from rftlib.train.backends import make_backend, partitioned_load_config
 from rftlib.train.dist import Dist, init_dist, resolve_dtype
 from rftlib.train.sampler import PromptSampler
 
@@ -126,18 +126,10 @@ def build_reward(cfg: RunConfig, task: Task) -> Reward | None:
 
 
 def build_policy(cfg: RunConfig, dist: Dist) -> tuple[torch.nn.Module, Any]:
-    """(policy, tokenizer): the model in cfg.dtype, gradient checkpointing, on dist.device, LoRA, and the
-    starting adapter (init_adapter). One function, so one loader can replace it (models.loading.load_policy)."""
-    model, tok = load_model_and_tokenizer(cfg.model, cfg.dtype)
-    if cfg.gradient_checkpointing:
-        model.gradient_checkpointing_enable(
-            gradient_checkpointing_kwargs={"use_reentrant": cfg.gradient_checkpointing_use_reentrant})
-    model.to(dist.device)
-    model = apply_lora(model, rank=cfg.lora_rank, alpha=cfg.lora_alpha, dropout=cfg.lora_dropout,
-                       target_modules=cfg.lora_target_modules)
-    if cfg.init_adapter:
-        load_adapter_weights(model, cfg.init_adapter)
-    return model, tok
+    """(policy, tokenizer): the model in cfg.dtype (an MXFP4 checkpoint dequantised), loaded partitioned when
+    the backend shards weights (ZeRO-3: the config it declares), gradient checkpointing, on dist.device, LoRA,
+    and the starting adapter (init_adapter): rftlib.models.loading.load_policy."""
+    return load_policy(cfg, dist, partitioned_load_config(cfg, dist.world_size))
 
 
 def fit_prompts(task: Task, tok, max_len: int, *, say: bool) -> None:

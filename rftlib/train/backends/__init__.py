@@ -15,6 +15,7 @@ and reads what a backend declares instead of its name:
     fixed_micro_steps   the optimizer steps after a fixed count of micro-steps (no row skipping)
     micro_step_grads    p.grad holds the running gradient after each micro-step (the GNS probe)
     partitions_params   each rank holds a shard of every weight (generation on the module runs in lock-step)
+    partitioned_load_config(cfg, world)   the config to load the policy partitioned under (ZeRO-3), else None
     checkpoint_format   which backends can resume each other's checkpoints (checkpoint_format_of(name))
 
 ``single`` and ``ddp`` are torch (rftlib.train.backends.torch_backend); ``deepspeed`` is DeepSpeed's
@@ -48,8 +49,21 @@ def checkpoint_format_of(name: str) -> str:
     return CHECKPOINT_FORMATS.get(name, name)
 
 
+def backend_class(name: str):
+    """The class registered as ``name``, its module imported on first use."""
+    if name not in BACKENDS and name in BACKEND_MODULES:
+        importlib.import_module(f"rftlib.train.backends.{BACKEND_MODULES[name]}")
+    return BACKENDS.get(name)
+
+
+def partitioned_load_config(cfg, world_size: int) -> dict | None:
+    """The config under which the policy must be *loaded* partitioned (ZeRO-3: every parameter arrives as
+    this rank's shard, rftlib.models.loading.load_policy), or None when the backend wraps a whole model.
+    A backend declares it with a ``partitioned_load_config(cfg, world_size)`` static method."""
+    declare = getattr(backend_class(cfg.backend), "partitioned_load_config", None)
+    return declare(cfg, world_size) if declare is not None else None
+
+
 def make_backend(cfg, dist, model, *, total_opt_steps: int, warmup_steps: int):
     """Build the backend ``cfg.backend`` names around ``model`` (already on dist.device)."""
-    if cfg.backend not in BACKENDS and cfg.backend in BACKEND_MODULES:
-        importlib.import_module(f"rftlib.train.backends.{BACKEND_MODULES[cfg.backend]}")
-    return BACKENDS.get(cfg.backend)(cfg, dist, model, total_opt_steps=total_opt_steps, warmup_steps=warmup_steps)
+    return backend_class(cfg.backend)(cfg, dist, model, total_opt_steps=total_opt_steps, warmup_steps=warmup_steps)

@@ -109,6 +109,12 @@ class DeepSpeedBackend:
     fixed_micro_steps = True
     micro_step_grads = False  # gradients live in DeepSpeed's buffers (partitioned): no per-micro-batch p.grad (GNS probe)
 
+    @staticmethod
+    def partitioned_load_config(cfg, world_size: int) -> dict | None:
+        """ZeRO-3 loads the policy partitioned under the config it will run (no rank ever holds the whole
+        model: seed 003's actor patch); ZeRO-1/2 keep whole weights on every rank."""
+        return deepspeed_config_for(cfg, world_size) if cfg.zero_stage == 3 else None
+
     @property
     def partitions_params(self) -> bool:
         """ZeRO-3 over several ranks: each rank holds a shard of every weight (generation steps in lock-step)."""
