@@ -113,10 +113,8 @@ def as_reward(value: Reward | RowReward, name: str | None = None) -> Reward:
     if not callable(value):
         raise TypeError(f"a reward must be a Reward or a function (text, example, truncated) -> (float, dict); "
                         f"got {type(value).__name__}")
-    for reg in REWARDS._table.values():
-        if reg.row is value:
-            return reg
-    return Reward(name or getattr(value, "__name__", "reward"), value)
+    registered = next((r for r in map(REWARDS.get, REWARDS.names()) if r.row is value), None)
+    return registered or Reward(name or getattr(value, "__name__", "reward"), value)
 
 
 def combine_rewards(weights: dict[str, float], task_reward: Reward | RowReward | None = None) -> Reward:
