@@ -15,7 +15,19 @@ snapshots the trainable parameters before and after each step. Then:
   (a deterministic coin flip on the completion's hash: mixed rewards within groups). They exercise
   the advantage -> loss -> backprop -> KL path, and are marked as control steps everywhere.
 - Timing table (seed 002's phases), memory table (peak RSS here; torch.cuda.max_memory_allocated on
-  a GPU; parameter, adapter, optimizer and gradient bytes counted exactly), success criteria.
+  a GPU; parameter, adapter, optimizer and gradient bytes counted exactly).
+- Time and memory per phase (generation / reward / reference / update): ``PhaseMeter`` charges RSS
+  samples (and, on a GPU, the allocator's peak) to the phase running, through wrappers this module
+  puts on the trainer's instance only (engine.generate, ref.active, _update, the reward).
+- The sandbox under the load (code tasks): executions, executions/s, timeouts, crashes, reward share,
+  from the metrics rows' ``sandbox/*`` (rftlib.train.step_metrics.sandbox_metrics).
+- Success criteria, each measured and able to fail (``criteria_rows``): loss finite, rewards
+  computed, KL small, weights changed *by the task reward* (control steps alone only warn), time and
+  memory per phase, reward time against the seed's < 1 s.
+
+Presets: ``seed002-fizzbuzz-rtx3080-cpu`` (SmolLM2-135M on sandboxed FizzBuzz-like code: the
+validation of a model that can score) and ``seed002-fizzbuzz-rtx3080-tiny-cpu`` (the untrained tiny
+model: a plumbing check, where the weights move only under control rewards).
 
 Results are written to ``<run_dir>/validation.json`` and the per-step rows to logs/metrics.jsonl,
 so the attempt appears in the index like any other.
