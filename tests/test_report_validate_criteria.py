@@ -63,6 +63,9 @@ def test_bad_loss_kl_rewards_and_missing_steps_fail():
     assert _status(_validation(steps))["Valid loss values"] == "fail"
     steps = [_step(1), _step(2, kl=2 * KL_SMALL)]
     assert _status(_validation(steps))["KL small"] == "fail"
+    # small, but measured only before any weight change (the last step was the first to update): not evidence
+    steps = [_step(1, changed=False, kl=0.0), _step(2, kl=0.0)]
+    assert _status(_validation(steps))["KL small"] == "warn"
     steps = [_step(1), _step(2, rewards=(1.5, 0.0))]  # a reward outside [0, 1]
     assert _status(_validation(steps))["Rewards computed"] == "fail"
     assert _status(_validation([_step(1)], num_steps=5))["Complete training loop"] == "fail"
@@ -117,7 +120,7 @@ def test_seed002_cpu_validation_on_the_embedded_model(tmp_path):
     v = _run("seed002-fizzbuzz-rtx3080-cpu", tmp_path, num_steps=2)
     st = _status(v)
     assert st["Complete training loop"] == st["Valid loss values"] == st["Rewards computed"] == "pass"
-    assert st["Time per phase"] == st["Memory per phase"] == "pass" and st["KL small"] == "pass"
+    assert st["Time per phase"] == st["Memory per phase"] == "pass" and st["KL small"] in ("pass", "warn")
     rewards = [r for s in v.steps if not s.control for r in s.rewards]
     assert max(rewards) > 0  # the model writes code that passes some of the sandbox's tests
     assert v.sandbox["executions"] == 2 * B * G and v.sandbox["errors"] == 0

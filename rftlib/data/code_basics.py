@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import random
 import zlib
-from typing import Any, Callable
+from typing import Callable
 
 from rftlib.data.base import TASKS, Example, Task
 from rftlib.data.code_problems import N_EXAMPLES_SHOWN, code_prompt, code_task_reward
@@ -230,17 +230,3 @@ def code_basics_task(held_out_per_family: int = 12, seed: int = 1234, families: 
     return Task(name="code_basics", train=train, eval=held, reward=code_task_reward, probes=probes,
                 health_skip=("has_boxed",))
 
-
-def family_rates(results: list[dict[str, Any]], examples: list[Example]) -> dict[str, dict[str, float]]:
-    """Per family: problems, mean correctness (pass@1) and mean reward, from an eval's results
-    (``greedy_eval``'s rows, in the examples' order)."""
-    out: dict[str, dict[str, float]] = {}
-    for r, e in zip(results, examples):
-        d = out.setdefault(e.meta["type"], {"n": 0, "pass@1": 0.0, "reward": 0.0})
-        d["n"] += 1
-        d["pass@1"] += r["correct"]
-        d["reward"] += r["reward"]
-    for d in out.values():
-        d["pass@1"] /= d["n"]
-        d["reward"] /= d["n"]
-    return out
