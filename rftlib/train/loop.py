@@ -139,7 +139,11 @@ class Trainer:
         # hardware has native bf16 (auto)
         self.amp = compute_dtype(cfg.dtype, cfg.autocast)
         if engine is None and cfg.rollout_engine == "hf":
-            engine = HFEngine(self.model, self.tok, amp=self.amp,
+            # ZeRO-3: gather the whole model once per rollout where it fits (zero3_gather_for_generation)
+            gather, self.generation_gather = getattr(self.backend, "generation_gather", lambda: (None, ""))()
+            if D.is_main and self.generation_gather:
+                print(f"[rft] HF generate under ZeRO-3: {self.generation_gather}", flush=True)
+            engine = HFEngine(self.model, self.tok, amp=self.amp, gather=gather,
                               synced_gpus=cfg.backend == "deepspeed" and cfg.zero_stage == 3 and D.distributed)
         self.engine = engine or make_engine(cfg, self.model, self.tok, self.run_dir, sync=False)
         # an engine that is not the trainer's module samples from its own numerics: the old logprobs
