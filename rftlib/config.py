@@ -281,6 +281,10 @@ class RunConfig:
     """ZeRO-3 CPU offload of parameters (seed 003 --offload; needed for 120B)"""
     offload_optimizer: bool = False
     """ZeRO CPU offload of optimizer states, with DeepSpeed's CPU Adam (seed 003 --adam_offload)"""
+    zero3_gather_for_generation: str = "auto"
+    """HF generate under ZeRO-3: on (gather the whole model once per rollout, TRL's gather_deepspeed3_params)
+    | off (DeepSpeed re-gathers every layer at every decode step: ~T x the all-gathers) | auto (on when the
+    whole model fits in half the device's free memory beside what the rank holds; the plan says which)"""
     gradient_checkpointing_use_reentrant: bool = False
     """reentrant activation checkpointing (seed 003: on with ZeRO-3 + offload)"""
     deepspeed_config: str | None = None
@@ -784,6 +788,8 @@ def _validate_scale(cfg: RunConfig, bad) -> None:
     backends = sorted(set(BACKENDS.names()) | set(BACKEND_MODULES))
     if cfg.backend not in backends:
         bad(f"backend='{cfg.backend}': choose {', '.join(backends)}")
+    if cfg.zero3_gather_for_generation not in ("auto", "on", "off"):
+        bad(f"zero3_gather_for_generation='{cfg.zero3_gather_for_generation}': choose auto, on or off")
     if cfg.zero_stage not in (2, 3):
         bad(f"zero_stage={cfg.zero_stage}: rftlib drives DeepSpeed ZeRO stage 2 or 3")
     if (cfg.offload_params or cfg.offload_optimizer) and cfg.backend != "deepspeed":

@@ -256,6 +256,22 @@ def memory_checks(plan: LaunchPlan, cfg: RunConfig) -> list[tuple[str, Any]]:
     return out
 
 
+def generation_gather_note(cfg: RunConfig, trainer_est) -> str:
+    """What HF generate does under ZeRO-3 on a trainer GPU (rftlib.train.backends.deepspeed.gather_fits),
+    judged from the preflight: the whole model's bf16 weights against the GPU's room beside the estimate."""
+    if cfg.backend != "deepspeed" or cfg.zero_stage != 3 or cfg.rollout_engine != "hf":
+        return ""
+    from rftlib.preflight.memory import MODELS
+    from rftlib.train.backends.deepspeed import gather_fits
+
+    shape = _shape_name(cfg.model)
+    if shape is None:
+        return ""
+    model_bytes = int(MODELS[shape].n_params * 2)  # bf16 weights, gathered whole
+    free = max(0, int((trainer_est.capacity_gb - trainer_est.total_gb) * 1e9))
+    return f"HF generate under ZeRO-3: {gather_fits(cfg, model_bytes, free)[1]}"
+
+
 def check_plan(plan: LaunchPlan, cfg: RunConfig, *, dry_run: bool = False,
                machine_gpus: int | None = None) -> list[str]:
     """Hold the plan against this machine; the notes (also kept in ``plan.checks``), or LaunchError.
@@ -295,6 +311,8 @@ def check_plan(plan: LaunchPlan, cfg: RunConfig, *, dry_run: bool = False,
     for role, est in memory_checks(plan, cfg):
         notes.append(f"memory preflight, {role}: {est.verdict} ({est.total_gb:.1f} of {est.capacity_gb:.1f} GB, "
                      f"dominant term {est.dominant})")
+        if role == "trainer" and (gather := generation_gather_note(cfg, est)):
+            notes.append(gather)
         if est.verdict == "OOM":
             fix = ("set offload_params/offload_optimizer (backend deepspeed, zero_stage 3), add train_gpus, or lower "
                    "micro_batch_size / max_new_tokens" if role == "trainer" else

@@ -36,9 +36,16 @@ ENGINES = Registry("rollout engine")
 
 @ENGINES.register("hf")
 def _hf_engine(cfg, model, tok, run_dir, backend):
-    """HF generate on the trainer's module; in lock-step across ranks when the backend partitions the weights."""
-    synced = backend is not None and backend.partitions_params
-    return HFEngine(model, tok, amp=compute_dtype(cfg.dtype, cfg.autocast), synced_gpus=synced)
+    """HF generate on the trainer's module; in lock-step across ranks when the backend partitions the weights,
+    and then with the whole model gathered once per rollout where it fits (the backend's generation_gather:
+    ZeRO-3, zero3_gather_for_generation) instead of every layer at every decode step."""
+    if backend is None:
+        return HFEngine(model, tok, amp=compute_dtype(cfg.dtype, cfg.autocast))
+    gather, why = backend.generation_gather()
+    if why and backend.dist.is_main:
+        print(f"[rft] HF generate under ZeRO-3: {why}", flush=True)
+    return HFEngine(model, tok, amp=compute_dtype(cfg.dtype, cfg.autocast), synced_gpus=backend.partitions_params,
+                    gather=gather)
 
 
 @ENGINES.register("vllm")

@@ -28,7 +28,7 @@ Dimensions: ``N = B*G`` rows (prompt-major), ``P`` prompt tokens, ``T`` completi
 
 from __future__ import annotations
 
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 
 import torch
 from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
@@ -146,11 +146,14 @@ def shared_prompt_cache(model, ids: torch.Tensor, mask: torch.Tensor, group_size
 class HFEngine:
     shares_trainer_module = True  # behaviour logprobs are the trainer's own: no old-logprob pass, no TIS
 
-    def __init__(self, model, tokenizer, amp: torch.dtype | None = None, synced_gpus: bool = False):
+    def __init__(self, model, tokenizer, amp: torch.dtype | None = None, synced_gpus: bool = False, gather=None):
         self.model = model
         self.tok = tokenizer
         self.amp = amp  # autocast dtype for generation (None: the weights' dtype)
         self.synced_gpus = synced_gpus  # ZeRO-3 ranks keep stepping until every rank is done (HF generate)
+        # ZeRO-3: a context that holds the whole model gathered for one generate call (the backend's
+        # gathered_for_generation); None: DeepSpeed's hooks gather each layer at every decode step
+        self.gather = gather
         # read before any call: _only_this_config sets the model's own generation config aside during generate
         self.stop_ids = model_stop_token_ids(tokenizer, model)
         if tokenizer.padding_side != "left":
@@ -218,14 +221,17 @@ class HFEngine:
             processors.append(recorder)  # last: it samples from what the others left
         was_training = model.training
         model.eval()
+        gathered = self.gather is not None
         try:
-            with autocast(self.amp, device.type), _only_this_config(model, config):
+            with (self.gather() if gathered else nullcontext()), autocast(self.amp, device.type), \
+                    _only_this_config(model, config):
                 cache = None
                 if group_size > 1 and prompt_ids.shape[1] > 1:  # each prompt's prefill once, not G times
                     cache = shared_prompt_cache(model, ids, mask, group_size)
                 # synced_gpus: ZeRO-3 ranks keep stepping until every rank is done (each step is a collective)
+                # gathered, no step is a collective: each rank stops when its own rows are done
                 sequences = model.generate(input_ids=prompt_ids, attention_mask=prompt_mask, generation_config=config,
-                                           logits_processor=processors, synced_gpus=self.synced_gpus,
+                                           logits_processor=processors, synced_gpus=self.synced_gpus and not gathered,
                                            past_key_values=cache)  # (N, P+T)
         finally:
             model.train(was_training)

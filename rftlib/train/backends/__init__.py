@@ -9,6 +9,7 @@ and how the optimizer steps. The loop calls the same methods whichever backend r
     backend.save(tmp_dir) / load(step_dir)   this rank's share of a checkpoint
     backend.trainable_state()        the full trainable tensors (gathered under ZeRO-3)
     backend.adapter_state()          the LoRA tensors to hand an engine (gathered), None without LoRA
+    backend.generation_gather()      (a context HF generate runs in with the whole model gathered, or None; why)
 
 and reads what a backend declares instead of its name:
 

@@ -137,6 +137,39 @@ class DeepSpeedBackend:
     def forward(self, **rows):
         return self.engine(**rows)
 
+    def generation_gather(self):
+        """(the context HF generate enters once per rollout, or None; why, in words): ZeRO-3 gathers the whole
+        model for a rollout when :func:`gather_fits` says so (zero3_gather_for_generation)."""
+        if self.cfg.zero_stage != 3:
+            return None, ""
+        model_bytes = sum(getattr(p, "ds_numel", p.numel()) * p.element_size() for p in self.model.parameters())
+        # one decision for every rank (the gather is a collective): the tightest rank's free memory
+        free = min(self.dist.gather_objects(free_memory_bytes(self.dist.device)))
+        on, why = gather_fits(self.cfg, model_bytes, free)
+        return (self.gathered_for_generation if on else None), why
+
+    @contextlib.contextmanager
+    def gathered_for_generation(self):
+        """The whole model gathered on every rank for one rollout's generate, then re-partitioned (ZeRO-3).
+
+        Without it HF generate runs DeepSpeed's per-module hooks at every decode step: each layer is
+        all-gathered and released T times a rollout. Here every parameter is gathered once
+        (``deepspeed.zero.GatheredParameters``), the ZeRO-3 module hooks are taken off for the block (they
+        would fetch and release parameters that are already whole) and put back after, as TRL's
+        ``unwrap_model_for_generation(gather_deepspeed3_params=True)`` does. Needs the whole model's
+        weights in this rank's memory for the block (:func:`gather_fits`). A no-op below ZeRO-3.
+        """
+        if self.cfg.zero_stage != 3:
+            yield
+            return
+        offload = _zero3_offload(self.engine)
+        with self.ds.zero.GatheredParameters(list(self.model.parameters())):
+            _remove_zero3_hooks(offload)
+            try:
+                yield
+            finally:
+                _add_zero3_hooks(offload)
+
     def accumulate(self, last: bool):
         self._last = last
         return contextlib.nullcontext()
@@ -212,6 +245,71 @@ class DeepSpeedBackend:
 
     def close(self) -> None:
         pass
+
+
+def _zero3_offload(engine):
+    """The object holding a ZeRO-3 engine's module hooks (DeepSpeedZeRoOffload; DeepSpeed 0.19's
+    ``optimizer.parameter_offload``)."""
+    opt = engine.optimizer
+    offload = getattr(opt, "parameter_offload", opt)
+    if offload is None or not hasattr(offload, "forward_hooks"):
+        raise RuntimeError("ZeRO-3 engine without parameter-offload hooks: cannot gather for generation "
+                           "(set zero3_gather_for_generation: off)")
+    return offload
+
+
+def _remove_zero3_hooks(offload) -> None:
+    """Take ZeRO-3's fetch/release hooks off every module (DeepSpeedZeRoOffload.forward_hooks/backward_hooks)
+    and clear each parameter's record of the modules using it, so no hook runs during generate."""
+    for p in offload.module.parameters(recurse=True):
+        p.ds_active_sub_modules.clear()
+    for hook in [*offload.forward_hooks, *offload.backward_hooks]:
+        hook.remove()
+    offload.forward_hooks, offload.backward_hooks = [], []
+
+
+def _add_zero3_hooks(offload) -> None:
+    """Put ZeRO-3's module hooks back; the prefetch trace recorded before generate no longer matches the
+    module order the update will see, so it is invalidated (re-recorded on the next forward)."""
+    coordinator = getattr(offload, "param_coordinator", None)
+    if coordinator is not None and not coordinator.is_invalid_trace():
+        coordinator._invalidate_trace()
+    offload._register_deepspeed_module(offload.module)
+
+
+def free_memory_bytes(device: torch.device) -> int:
+    """Free memory where the gathered model would live: the GPU's (torch.cuda.mem_get_info), else the host's
+    MemAvailable (/proc/meminfo; 0 where it cannot be read, so auto does not gather)."""
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0])
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def gather_fits(cfg, model_bytes: int, free_bytes: int) -> tuple[bool, str]:
+    """Whether HF generate under ZeRO-3 gathers the whole model once per rollout
+    (``zero3_gather_for_generation``), and why, in words for the plan and the step log.
+
+    auto gathers when the whole model's weights take at most half the device's free memory (the other
+    half: the rollout's KV cache and activations, and the gather's own transient buffers)."""
+    mode = cfg.zero3_gather_for_generation
+    gib = f"{model_bytes / 2**30:.1f} GiB of weights, {free_bytes / 2**30:.1f} GiB free"
+    if cfg.backend != "deepspeed" or cfg.zero_stage != 3:
+        return False, "not ZeRO-3: every rank holds the whole model already"
+    if mode == "on":
+        return True, f"gather once per rollout (zero3_gather_for_generation: on; {gib})"
+    if mode == "off":
+        return False, f"per-layer gathers at every decode step (zero3_gather_for_generation: off; {gib})"
+    if cfg.offload_params:
+        return False, "per-layer gathers at every decode step (auto: offload_params means the model does not fit)"
+    fits = 2 * model_bytes <= free_bytes
+    return fits, (f"gather once per rollout (auto: {gib})" if fits else
+                  f"per-layer gathers at every decode step (auto: the whole model does not fit: {gib})")
 
 
 BACKENDS.register("deepspeed")(DeepSpeedBackend)

@@ -90,6 +90,10 @@ class TorchBackend:
         self.optimizer.zero_grad(set_to_none=True)
         return grad_norm, stepped
 
+    def generation_gather(self):
+        """(None, ""): every rank holds whole weights, HF generate needs nothing gathered (DeepSpeed's ZeRO-3 does)."""
+        return None, ""
+
     def lr(self) -> float:
         return self.optimizer.param_groups[0]["lr"]
 
