@@ -5,7 +5,7 @@
     rft train --nproc 2 -p P --set backend=ddp   2 ranks under torchrun (ddp or deepspeed)
     torchrun --nproc_per_node N [--nnodes ...] -m rftlib.cli train -p P ...   the same, multi-node
     rft resume RUN_DIR --additional-steps K
-    rft preflight [-p preset] [--set k=v]  the LR schedule of a config, as a table
+    rft preflight [-p preset] [--set k=v]  the LR schedule of a config, then its memory (GPU, load, host RAM)
     rft validate [-p seed002-...-cpu]      seed 002's loop validation through notebooks/validate.ipynb
     rft eval RUN_DIR [--limit N]           every checkpoint of an attempt, "final" included (resumable)
     rft report RUN_DIR [--baseline DIR]    notebooks/analysis.ipynb for the attempt -> reports/<id>.html
@@ -374,6 +374,9 @@ def cmd_preflight(args) -> int:
 
     pre = lr_preflight(cfg)
     print(f"  preflight: {pre.verdict.upper()} - {pre.message}")
+    from rftlib.preflight.memory import memory_preflight_text
+
+    print(memory_preflight_text(cfg))
     return 0
 
 

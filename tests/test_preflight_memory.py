@@ -165,3 +165,60 @@ def test_bad_inputs_name_the_valid_ones():
         estimate_train_memory("Qwen2.5-1.5B", offload=True)
     short = estimate_rollout_memory("gpt-oss-120b", tensor_parallel=1, gpu_memory_utilization=0.5)
     assert short.verdict == "OOM" and "exceed" in short.problem
+
+
+def test_gpt_oss_counts_eager_attention():
+    """Issue 22 item 4: transformers runs gpt-oss with eager attention (no SDPA path; tests/test_models_gptoss.py
+    checks the loaded model says so), which holds (heads, T, T) score tensors; SDPA models do not.
+
+    gpt-oss-20b, N=1, T=5120, bf16: the computed layer's scores x 2 + 2 causal masks =
+    5120 * (2*64*5120 + 2*5120) * 2 B = 6.816 GB; the saved softmax output, per token per layer,
+    64 heads x 5121 columns (the sink) x 2 B, enters the activations (x2: one layer recomputed with grads)."""
+    from rftlib.preflight.memory import estimate_train_memory
+
+    plan = dict(gpu="H100-80GB", zero_stage=3, world_size=4, sequences=1, seq_len=5120, lora_rank=32)
+    e = estimate_train_memory("gpt-oss-20b", **plan)
+    assert e.gb("eager attention scores") == pytest.approx(5120 * (2 * 64 * 5120 + 2 * 5120) * 2 / GB, rel=1e-12)
+    sdpa = estimate_train_memory("gpt-oss-20b", attention="sdpa", **plan)
+    assert sdpa.gb("eager attention scores") == 0
+    saved = 2 * 5120 * 64 * 5121 * 2 / GB  # 2 x one layer's saved softmax, all tokens
+    assert e.gb("activations") - sdpa.gb("activations") == pytest.approx(saved, rel=1e-12)
+    assert estimate_train_memory("Qwen2.5-1.5B", gpu=80).gb("eager attention scores") == 0  # SDPA by default
+
+
+def test_load_and_host_ram_of_gpt_oss_120b():
+    """Issue 22 item 4: the load-time peak and host RAM. gpt-oss-120b, 4 ranks on one node, bf16:
+    P = 116,829,156,672 params -> 233.66 GB. Loading whole (every rank, then to its GPU): 233.66 GB on an
+    85.5 GB GPU (OOM) and 4 x 233.66 GB of host RAM + every rank's dequantisation of one layer's fused
+    experts (128 x 2880 x 5760 = 2,123,366,400 values x (2.5 + 2.5 x 2) B = 15.93 GB). Partitioned with
+    --offload --adam_offload: the GPU holds one gathered parameter (that tensor, 4.25 GB) + 0.5 GB context;
+    host RAM the 4 offloaded partitions (233.66 GB), rank 0's dequantisation, CPU Adam on the LoRA
+    (47.8M x 12 B) and 4 x 3 GB process allowances."""
+    from rftlib.preflight.memory import estimate_load_memory, lora_params
+
+    P, n = 116_829_156_672, 128 * 2880 * 5760
+    whole_gpu, whole_host = estimate_load_memory("gpt-oss-120b", world_size=4, zero_stage=3, partitioned=False)
+    assert whole_gpu.gb("whole model") == pytest.approx(P * 2 / GB) and whole_gpu.verdict == "OOM"
+    assert whole_host.total_gb == pytest.approx((4 * P * 2 + 4 * n * 7.5) / GB + 4 * 3.0)
+    lora = lora_params("gpt-oss-120b", 64)
+    gpu, host = estimate_load_memory("gpt-oss-120b", world_size=4, zero_stage=3, offload=True, adam_offload=True,
+                                     trainable=lora)
+    assert gpu.total_gb == pytest.approx(n * 2 / GB + 0.5) and gpu.verdict == "fits"
+    assert host.total_gb == pytest.approx((P * 2 + n * 7.5 + lora * 12) / GB + 4 * 3.0)
+    # without offload each GPU holds its quarter: 58.4 GB + the gathered tensor
+    gpu_no, _ = estimate_load_memory("gpt-oss-120b", world_size=4, zero_stage=3)
+    assert gpu_no.total_gb == pytest.approx((P * 2 / 4 + n * 2) / GB + 0.5)
+    with pytest.raises(ValueError, match="zero_stage=3"):
+        estimate_load_memory("gpt-oss-120b", partitioned=True)
+
+
+def test_rft_preflight_prints_memory_for_seed003_presets():
+    from rftlib.config import make_config
+    from rftlib.preflight.memory import memory_preflight, memory_preflight_text
+
+    train, load, host = memory_preflight(make_config("seed003-gpt-oss-120b"))
+    assert train.gb("eager attention scores") > 0 and train.verdict == "fits"
+    assert load.gb("weights partition") == 0 and load.verdict == "fits"  # offloaded partitions
+    assert host.gb("offloaded weight partitions") == pytest.approx(116_829_156_672 * 2 / GB)
+    assert "host RAM of one node" in memory_preflight_text(make_config("seed003-gpt-oss-20b-a28b"))
+    assert "no registered shape" in memory_preflight_text(make_config("tiny"))

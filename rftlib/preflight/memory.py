@@ -1,503 +1,71 @@
-"""GPU memory preflight: estimate the peak memory of one GPU from a plain description of the run.
+"""Memory preflight: before a launch, will the run fit on one trainer GPU, while loading, and in host RAM?
 
-Three seeds lost time to memory: seed 000 OOMed a 40 GB A100 with a 1.5B policy plus a frozen
-copy, seed 002 ran a 0.5B model at ~9.5 of 10 GB, seed 003 sized its 20B/120B allocations by hand
-(``84 GB bf16 / 4 = 21 GB/GPU``). This module does that arithmetic term by term and says which
-term dominates, so the fix (LoRA, checkpointing, chunked logits, smaller micro-batch, ZeRO-3,
-offload) can be chosen before a GPU is rented.
-
-Units: GB = 1e9 bytes, as seed 003's arithmetic uses. GPU capacities are the totals nvidia-smi
-reports (an "80GB" H100 is 81559 MiB = 85.5 GB). Dimension names: N sequences in one
-forward/backward micro-batch, T tokens per sequence (prompt + completion), V vocabulary, L layers,
-h hidden size, hq = heads * head_dim, hkv = kv_heads * head_dim, I intermediate (per expert) size.
-
-What each term assumes (``estimate_train_memory``; every number is bytes per GPU):
-
-- weights: ``params * bytes(train_dtype)``. An MXFP4 checkpoint (gpt-oss) is dequantised to the
-  training dtype, so it costs the same as a bf16 one on the training GPUs; vLLM keeps it in MXFP4
-  (4.25 bits per expert weight: 4-bit values plus one 8-bit scale per 32). /world under ZeRO-3;
-  0 on the GPU with ``offload`` (ZeRO-3 parameter offload moves the partitions to CPU RAM).
-- reference: a frozen copy of the weights when ``reference="copy"`` (full fine-tuning with a KL
-  term); 0 under LoRA, where the reference is the same weights with the adapter disabled.
-- LoRA adapter: ``rank * (in + out)`` per targeted linear per layer (``lora_params``), in the
-  adapter dtype (peft keeps adapters in fp32 on a half-precision model; DeepSpeed casts them to
-  the training dtype).
-- gradients: one per trainable parameter, in the trainable weights' dtype. /world under ZeRO-2/3.
-- optimizer: AdamW's two moments (m, v), ``optimizer_dtype`` each (fp32 by default; a plain
-  ``torch.optim.AdamW`` on bf16 weights keeps them in bf16). /world under ZeRO-1/2/3; 0 with
-  ``adam_offload``.
-- master weights: an fp32 copy of the trainable parameters, kept by mixed-precision optimizers
-  for full fine-tuning in half precision: DeepSpeed bf16/fp16 (partitioned and offloaded like the
-  optimizer), and rftlib's single/DDP backends, whose trainable parameters *are* float32 masters with
-  their gradients in float32 too (autocast holds the half copies the weights line counts).
-- ZeRO-3 gather: under ZeRO-3 the layer being computed is gathered whole, and the next one is
-  prefetched: ``2 * largest layer's params * bytes(train_dtype)``. For MoE layers that is every
-  expert (the HF gpt-oss experts are fused tensors).
-- activations, per token per layer, without checkpointing (what autograd keeps for backward; b =
-  bytes(train_dtype))::
-
-      b * (4h + 3hq + 3hkv)          attention: norm in/out, q, k, v, roped q/k, attention output
-      + 8h                           the fp32 upcast both RMSNorms keep
-      + b * 4I                       dense SwiGLU MLP: gate, up, act(gate), act(gate)*up
-      | b * (k * (4I + h) + E)       MoE instead: k routed experts' SwiGLU + token copies, router logits
-      + b * heads * T * 2            only with eager attention: scores and probabilities (T^2 per head)
-
-  times ``N * T * L``. With gradient checkpointing (HF: one checkpoint per decoder layer) only
-  each layer's input is kept (``b * h`` per token per layer) plus, during backward, one layer's
-  activations recomputed and their gradients (2 x one layer's share).
-- LoRA input casts: when the adapter dtype differs from the activations' dtype, peft casts each
-  targeted linear's input to the adapter dtype before ``lora_A``, and that copy is saved for
-  backward: ``in_features * bytes(adapter)`` per token per targeted module (x2 with dropout,
-  which saves its output). Under checkpointing only the recomputed layer has them.
-- logits: ``N * T * V * 4 * logits_copies`` bytes: float32 (N, T, V) tensors alive at the peak.
-  ``LOGITS_LEAN`` = 3: fp32 logits and the log_softmax output saved for backward, then two
-  gradients in backward while the forward copy is freed. ``LOGITS_NAIVE`` = 6: a hand-written
-  loop that keeps ``log_softmax(policy(x).logits)`` and ``log_softmax(ref(x).logits)`` (fp32 logits
-  and log-probs of both models, 4 copies) alive into the backward pass (+2 gradients).
-  ``logits="chunked"`` (rftlib's ``chunked_logprobs_entropy``) replaces N*T by ``logits_chunk``
-  token rows.
-- generation KV cache (only when HF ``generate`` runs on this GPU; a phase of its own, not
-  concurrent with the backward pass): ``2 * L * kv_heads * head_dim * b * tokens * sequences``
-  plus one step's float32 logits (``sequences * V * 4``).
-- vLLM: a colocated engine reserves ``gpu_memory_utilization * capacity`` up front.
-- overhead: CUDA context, cuBLAS/NCCL workspaces (``overhead_gb``, 0.5 by default).
-
-The peak is the static terms plus the larger of the training phase (activations, LoRA casts,
-logits, gradients) and the generation phase. Verdict: OOM at >= 100% of capacity, tight at >= 90%,
-fits below. The PyTorch caching allocator usually reserves 5-20% beyond what is allocated, so
-"tight" runs often show ~95% in nvidia-smi and may OOM on fragmentation.
+The arithmetic (every term, its formula and its source) is rftlib.models.memory, below the trainer in
+the package graph, so the trainer logs the same estimate it is judged by. This module is the
+preflight's face of it: the names the notebooks and ``rft launch`` use, and :func:`memory_preflight`,
+which turns a RunConfig into the three estimates ``rft preflight`` prints (training peak of one GPU,
+that GPU while the model loads, host RAM of one node).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import dataclasses
 
-GB = 1e9  # bytes; seed 003 writes "84 GB bf16" for 21B params x 4 bytes
-MIB = 2**20
-
-BYTES = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "mxfp4": 4.25 / 8}  # per parameter / element
-
-# Totals as nvidia-smi reports them (MiB), converted to GB.
-GPUS = {
-    "RTX3080-10GB": 10240 * MIB / GB,  # seed 002
-    "A100-40GB": 40960 * MIB / GB,  # seed 000, Phase 14
-    "A100-80GB": 81920 * MIB / GB,
-    "H100-80GB": 81559 * MIB / GB,  # seeds 000 (Phase 15) and 003
-    "H200-141GB": 143771 * MIB / GB,
-}
-
-ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")  # seed 003 §6: attention-only LoRA for MoE models
-ALL_LINEAR = ATTENTION + ("gate_proj", "up_proj", "down_proj")  # peft "all-linear" on a dense model
-
-TIGHT = 0.90  # fraction of capacity from which a plan is "tight"
-LOGITS_LEAN = 3.0  # fp32 (N, T, V) copies at the peak of a lean loss (module doc)
-LOGITS_NAIVE = 6.0  # ... of a hand-written loop keeping policy and reference logits and log-probs
+from rftlib.algo.logprobs import auto_chunk_size
+from rftlib.models.memory import (  # noqa: F401  (re-exported: the preflight's public names)
+    ALL_LINEAR, ATTENTION, BYTES, GB, GPUS, LOGITS_LEAN, LOGITS_NAIVE, MODELS, TIGHT, MemoryEstimate, ModelShape,
+    estimate_for_config, estimate_load_memory, estimate_rollout_memory, estimate_train_memory, get_model,
+    gpu_capacity_gb, lora_params, shape_from_hf_config, train_dtype_of,
+)
 
 
-@dataclass(frozen=True)
-class ModelShape:
-    """The architecture numbers memory depends on (HF config.json names in the comments)."""
-
-    name: str
-    layers: int  # num_hidden_layers (L)
-    hidden: int  # hidden_size (h)
-    heads: int  # num_attention_heads
-    kv_heads: int  # num_key_value_heads
-    head_dim: int  # head_dim (hidden // heads unless given)
-    vocab: int  # vocab_size (V)
-    intermediate: int  # intermediate_size, per expert for MoE (I)
-    tied_embeddings: bool = False  # tie_word_embeddings: the LM head reuses the embedding matrix
-    n_experts: int = 1  # num_local_experts (E); 1 = dense MLP
-    experts_per_tok: int = 1  # num_experts_per_tok (k)
-    attn_bias: str = "none"  # "none" | "qkv" (Qwen2) | "qkvo" (gpt-oss attention_bias: q, k, v and o)
-    attn_sinks: bool = False  # gpt-oss: one learned sink logit per head
-    expert_bias: bool = False  # gpt-oss: biases on the expert projections
-    source: str = ""  # where the numbers come from
-
-    @property
-    def hq(self) -> int:
-        return self.heads * self.head_dim
-
-    @property
-    def hkv(self) -> int:
-        return self.kv_heads * self.head_dim
-
-    @property
-    def is_moe(self) -> bool:
-        return self.n_experts > 1
-
-    def attn_params(self) -> int:
-        h, hq, hkv = self.hidden, self.hq, self.hkv
-        n = h * hq + 2 * h * hkv + hq * h  # q, k, v, o
-        n += {"none": 0, "qkv": hq + 2 * hkv, "qkvo": hq + 2 * hkv + h}[self.attn_bias]
-        return n + (self.heads if self.attn_sinks else 0)
-
-    def expert_params(self) -> int:
-        """One SwiGLU MLP (gate, up, down), with biases if the model has them."""
-        h, i = self.hidden, self.intermediate
-        return 3 * h * i + ((2 * i + h) if self.expert_bias else 0)
-
-    def mlp_params(self) -> int:
-        router = (self.hidden * self.n_experts + self.n_experts) if self.is_moe else 0
-        return self.n_experts * self.expert_params() + router
-
-    def layer_params(self) -> int:
-        return self.attn_params() + self.mlp_params() + 2 * self.hidden  # + two RMSNorm weights
-
-    @property
-    def n_params(self) -> int:
-        """Total parameters: layers, embedding, LM head (unless tied), final norm."""
-        emb = self.vocab * self.hidden
-        return self.layers * self.layer_params() + emb * (1 if self.tied_embeddings else 2) + self.hidden
-
-    @property
-    def n_active(self) -> int:
-        """Parameters used per token, model-card convention (embedding table excluded): 3.6B for gpt-oss-20b."""
-        per_layer = self.layer_params() - (self.n_experts - self.experts_per_tok) * self.expert_params()
-        head = 0 if self.tied_embeddings else self.vocab * self.hidden
-        return self.layers * per_layer + head + self.hidden
-
-    def expert_weight_params(self) -> int:
-        """Parameters stored as MXFP4 in gpt-oss checkpoints: the expert projection matrices."""
-        return self.layers * self.n_experts * 3 * self.hidden * self.intermediate if self.is_moe else 0
+def shape_for_model(model: str) -> ModelShape | None:
+    """The registered shape of a model id ("openai/gpt-oss-120b" -> gpt-oss-120b), or None."""
+    tail = model.rstrip("/").rsplit("/", 1)[-1].lower()
+    return next((s for name, s in MODELS.items() if name.lower() == tail), None)
 
 
-_HF = "HF config.json (values cross-checked in public copies found with the code search)"
-MODELS: dict[str, ModelShape] = {
-    s.name: s
-    for s in [
-        # 494,032,768 params; seed 002 printed 502,830,976 = 494,032,768 + 8,798,208 LoRA (r=16, all-linear)
-        ModelShape("Qwen2.5-0.5B", 24, 896, 14, 2, 64, 151936, 4864, tied_embeddings=True, attn_bias="qkv",
-                   source=f"Qwen/Qwen2.5-0.5B {_HF}; Qwen2.5-Coder-0.5B-Instruct has the same shape"),
-        # 1,543,714,304 params
-        ModelShape("Qwen2.5-1.5B", 28, 1536, 12, 2, 128, 151936, 8960, tied_embeddings=True, attn_bias="qkv",
-                   source=f"Qwen/Qwen2.5-1.5B {_HF}"),
-        # 20,914,757,184 total, 3.6B active; 32 experts, top-4; MXFP4 experts on disk
-        ModelShape("gpt-oss-20b", 24, 2880, 64, 8, 64, 201088, 2880, n_experts=32, experts_per_tok=4,
-                   attn_bias="qkvo", attn_sinks=True, expert_bias=True,
-                   source=f"openai/gpt-oss-20b {_HF}; totals match the model card (21B total, 3.6B active)"),
-        # 116,829,156,672 total, 5.1B active; 128 experts, top-4
-        ModelShape("gpt-oss-120b", 36, 2880, 64, 8, 64, 201088, 2880, n_experts=128, experts_per_tok=4,
-                   attn_bias="qkvo", attn_sinks=True, expert_bias=True,
-                   source=f"openai/gpt-oss-120b {_HF}; totals match the model card (117B total, 5.1B active)"),
-        # 134,515,008 params (the embedded default model)
-        ModelShape("SmolLM2-135M", 30, 576, 9, 3, 64, 49152, 1536, tied_embeddings=True,
-                   source=f"HuggingFaceTB/SmolLM2-135M {_HF}"),
-    ]
-}
-MODELS["Qwen2.5-Coder-0.5B-Instruct"] = MODELS["Qwen2.5-0.5B"]  # seed 002's model: same architecture
+def trainer_world(cfg) -> tuple[int, int]:
+    """(trainer ranks in all, trainer ranks per node) of a config's launch layout."""
+    per_node = cfg.train_ranks or len(cfg.train_gpus or []) or 1
+    return cfg.nnodes * per_node, per_node
 
 
-def get_model(model: str | ModelShape) -> ModelShape:
-    """A registered shape by name (case-insensitive), or the shape itself."""
-    if isinstance(model, ModelShape):
-        return model
-    for name, shape in MODELS.items():
-        if name.lower() == model.lower():
-            return shape
-    raise ValueError(f"unknown model '{model}'; known: {', '.join(MODELS)} (or pass a ModelShape)")
+def memory_preflight(cfg) -> list[MemoryEstimate]:
+    """[training peak of one trainer GPU, that GPU while the model loads, host RAM of one node] for ``cfg``
+    on ``cfg.launch_gpu_type`` GPUs; [] when the model has no registered shape (MODELS)."""
+    shape = shape_for_model(cfg.model)
+    if shape is None:
+        return []
+    world, per_node = trainer_world(cfg)
+    ds = cfg.backend == "deepspeed"
+    seq_len = (cfg.prompt_max_len or 1024) + cfg.max_new_tokens
+    dtype_cfg = cfg if cfg.dtype != "auto" else _with_dtype(cfg, "bfloat16")  # auto on a GPU: bf16
+    train = estimate_for_config(dtype_cfg, shape, gpu=cfg.launch_gpu_type, world_size=world, seq_len=seq_len,
+                                chunk_rows=cfg.logprob_chunk_size or auto_chunk_size(shape.vocab))
+    train.title = f"{shape.name} training: one trainer GPU ({cfg.launch_gpu_type}, {cfg.backend}" + (
+        f" ZeRO-{cfg.zero_stage}" if ds else "") + f" x {world} rank(s))"
+    trainable = lora_params(shape, cfg.lora_rank, _targets(shape, cfg)) if cfg.lora_rank else shape.n_params
+    load, host = estimate_load_memory(
+        shape, gpu=cfg.launch_gpu_type, train_dtype=train_dtype_of(dtype_cfg), world_size=world,
+        ranks_per_node=per_node, zero_stage=cfg.zero_stage if ds else 0, offload=ds and cfg.offload_params,
+        adam_offload=ds and cfg.offload_optimizer, trainable=trainable)
+    return [train, load, host]
 
 
-def gpu_capacity_gb(gpu: str | float) -> float:
-    """GB of a named GPU (see GPUS) or a number of GB as given."""
-    if isinstance(gpu, (int, float)):
-        return float(gpu)
-    if gpu not in GPUS:
-        raise ValueError(f"unknown GPU '{gpu}'; known: {', '.join(GPUS)} (or pass a number of GB)")
-    return GPUS[gpu]
+def memory_preflight_text(cfg) -> str:
+    """memory_preflight's tables, or one line saying why there are none."""
+    ests = memory_preflight(cfg)
+    if not ests:
+        return (f"  memory: no registered shape for model '{cfg.model}' (rftlib.models.memory.MODELS); the trainer logs "
+                "its estimate from the loaded config on a GPU (memory/preflight_gib)")
+    return "\n\n".join(e.table() for e in ests)
 
 
-def _bytes(dtype: str) -> float:
-    if dtype not in BYTES:
-        raise ValueError(f"unknown dtype '{dtype}'; valid: {', '.join(BYTES)}")
-    return BYTES[dtype]
+def _targets(shape: ModelShape, cfg) -> tuple[str, ...]:
+    allowed = ATTENTION if shape.is_moe else ALL_LINEAR
+    return tuple(t for t in cfg.lora_target_modules if t in allowed) or ATTENTION
 
 
-def _linear_dims(m: ModelShape) -> dict[str, tuple[int, int]]:
-    """(in_features, out_features) of each targetable linear in one layer (dense MLP names)."""
-    h, hq, hkv, i = m.hidden, m.hq, m.hkv, m.intermediate
-    return {"q_proj": (h, hq), "k_proj": (h, hkv), "v_proj": (h, hkv), "o_proj": (hq, h),
-            "gate_proj": (h, i), "up_proj": (h, i), "down_proj": (i, h)}
-
-
-def lora_params(model: str | ModelShape, rank: int, targets=ATTENTION) -> int:
-    """Trainable LoRA parameters: ``rank * (in + out)`` per targeted linear per layer.
-
-    Qwen2.5-0.5B, rank 16, all-linear: 24 * 16 * (2*(896+896) + 2*(896+128) + 3*(896+4864)) = 8,798,208,
-    seed 002's "trainable params: 8,798,208". MLP targets on an MoE model are refused (seed 003 §6:
-    "Do NOT use all-linear with MoE models").
-    """
-    m = get_model(model)
-    dims = _linear_dims(m)
-    bad = [t for t in targets if t not in dims]
-    if bad:
-        raise ValueError(f"unknown LoRA target(s) {bad}; valid: {', '.join(dims)}")
-    if m.is_moe and any(t not in ATTENTION for t in targets):
-        raise ValueError(f"{m.name} is MoE: target attention only {ATTENTION} (seed 003 §6)")
-    return m.layers * sum(rank * (dims[t][0] + dims[t][1]) for t in targets)
-
-
-@dataclass
-class MemoryEstimate:
-    """A per-GPU memory breakdown: rows of (term, GB, note), the total, a verdict and the dominant term."""
-
-    title: str
-    capacity_gb: float
-    rows: list[tuple[str, float, str]] = field(default_factory=list)  # terms that add up to the peak
-    aside: list[tuple[str, float, str]] = field(default_factory=list)  # shown but not in the peak (CPU, other phase)
-    assumptions: list[str] = field(default_factory=list)
-    problem: str = ""  # set when the plan fails for a reason the total does not show (vLLM shortfall)
-
-    @property
-    def total_gb(self) -> float:
-        return sum(gb for _, gb, _ in self.rows)
-
-    @property
-    def fraction(self) -> float:
-        return self.total_gb / self.capacity_gb
-
-    @property
-    def verdict(self) -> str:
-        """"OOM" (>= 100% of capacity), "tight" (>= 90%) or "fits"."""
-        if self.problem or self.fraction >= 1.0:
-            return "OOM"
-        return "tight" if self.fraction >= TIGHT else "fits"
-
-    @property
-    def dominant(self) -> str:
-        """The largest term of the peak."""
-        return max(self.rows, key=lambda r: r[1])[0]
-
-    def gb(self, term: str) -> float:
-        """GB of a term by name (0 if absent)."""
-        return sum(g for t, g, _ in self.rows if t == term)
-
-    def table(self) -> str:
-        w = max([len(t) for t, _, _ in self.rows + self.aside] + [24])
-        lines = [self.title]
-        lines += [f"  {t:<{w}} {g:>8.2f} GB  {n}" for t, g, n in self.rows]
-        lines.append("  " + "-" * (w + 12))
-        lines.append(f"  {'total (peak)':<{w}} {self.total_gb:>8.2f} GB  of {self.capacity_gb:.1f} GB "
-                     f"= {self.fraction:.0%}")
-        for t, g, n in self.aside:
-            lines.append(f"  ({t}: {g:.2f} GB, not in the peak: {n})")
-        lines.append(f"  verdict: {self.verdict} - dominant term: {self.dominant} "
-                     f"({self.gb(self.dominant):.2f} GB, {self.gb(self.dominant) / self.total_gb:.0%} of the peak)")
-        if self.problem:
-            lines.append(f"  problem: {self.problem}")
-        if self.assumptions:
-            lines.append("  assumptions: " + "; ".join(self.assumptions))
-        return "\n".join(lines)
-
-    def __str__(self) -> str:
-        return self.table()
-
-
-def _activation_bytes_per_token_layer(m: ModelShape, b: float, seq_len: int, attention: str) -> float:
-    """Bytes autograd keeps per token per layer without checkpointing (see module doc)."""
-    h, hq, hkv, i = m.hidden, m.hq, m.hkv, m.intermediate
-    attn = b * (4 * h + 3 * hq + 3 * hkv) + 8 * h  # + fp32 RMSNorm upcasts (two norms)
-    if m.is_moe:
-        mlp = b * (m.experts_per_tok * (4 * i + h) + m.n_experts)
-    else:
-        mlp = b * 4 * i
-    if attention == "eager":
-        attn += b * m.heads * seq_len * 2  # scores + softmax probabilities, T per head per token
-    elif attention != "sdpa":
-        raise ValueError(f"attention must be 'sdpa' or 'eager', got {attention!r}")
-    return attn + mlp
-
-
-def estimate_train_memory(
-    model: str | ModelShape,
-    *,
-    gpu: str | float = "H100-80GB",  # a name in GPUS or GB
-    train_dtype: str = "bf16",  # weights and activations on the GPU while training (mxfp4 checkpoints dequantise to it)
-    finetune: str = "lora",  # "lora" | "full"
-    lora_rank: int = 32,  # seed 003: 32 (20B), 64 (120B)
-    lora_targets=ATTENTION,  # seed 003 §6: attention only
-    lora_dropout: float = 0.0,
-    lora_adapter_dtype: str | None = None,  # None: fp32 (peft) without ZeRO, train_dtype under DeepSpeed
-    reference: str | None = None,  # "copy" | "adapter_disabled" | "none"; None: LoRA -> adapter_disabled, full -> copy
-    optimizer_dtype: str = "fp32",  # AdamW m and v
-    master_weights: bool | None = None,  # None: yes for full FT in half precision, no otherwise
-    sequences: int = 1,  # N: sequences per forward/backward micro-batch
-    seq_len: int = 1024,  # T: prompt + completion tokens
-    gradient_checkpointing: bool = True,
-    attention: str = "sdpa",  # "sdpa" (flash / memory-efficient) | "eager" (materialises T x T scores)
-    logits: str = "full",  # "full" | "chunked"
-    logits_copies: float = LOGITS_LEAN,  # fp32 (N, T, V) tensors alive at the peak (LOGITS_NAIVE = 6; module doc)
-    logits_chunk: int = 1024,  # token rows per chunk when logits="chunked"
-    generation: tuple[int, int] | None = None,  # (sequences, tokens) if HF generate shares this GPU
-    zero_stage: int = 0,  # DeepSpeed ZeRO stage (0 = plain DDP / single GPU)
-    world_size: int = 1,  # ranks the ZeRO partitions are spread over
-    offload: bool = False,  # ZeRO-3 parameter offload to CPU (OpenRLHF --offload)
-    adam_offload: bool = False,  # optimizer states (and fp32 master) to CPU (--adam_offload)
-    vllm_gpu_memory_utilization: float | None = None,  # a vLLM engine colocated on this GPU
-    overhead_gb: float = 0.5,  # CUDA context, cuBLAS/NCCL workspaces
-    title: str | None = None,
-) -> MemoryEstimate:
-    """Peak memory of one training GPU, term by term (formulas in the module docstring)."""
-    m = get_model(model)
-    cap = gpu_capacity_gb(gpu)
-    b = _bytes(train_dtype)
-    if train_dtype == "mxfp4":
-        raise ValueError("train_dtype 'mxfp4': MXFP4 checkpoints are dequantised for training; use bf16")
-    if finetune not in ("lora", "full"):
-        raise ValueError(f"finetune must be 'lora' or 'full', got {finetune!r}")
-    if zero_stage not in (0, 1, 2, 3):
-        raise ValueError(f"zero_stage must be 0..3, got {zero_stage}")
-    if offload and zero_stage != 3:
-        raise ValueError("offload (parameter offload) needs zero_stage=3")
-    reference = reference or ("adapter_disabled" if finetune == "lora" else "copy")
-    if reference not in ("copy", "adapter_disabled", "none"):
-        raise ValueError(f"reference must be 'copy', 'adapter_disabled' or 'none', got {reference!r}")
-    ws = max(1, world_size)
-    shard_w = ws if zero_stage == 3 else 1  # weights (and a ZeRO-wrapped reference)
-    shard_g = ws if zero_stage >= 2 else 1
-    shard_o = ws if zero_stage >= 1 else 1
-    P = m.n_params
-    rows: list[tuple[str, float, str]] = []
-    aside: list[tuple[str, float, str]] = []
-    notes: list[str] = []
-
-    def add(term, nbytes, note, on_cpu=False):
-        (aside if on_cpu else rows).append((term, nbytes / GB, ("on CPU: " if on_cpu else "") + note))
-
-    part = f" / {shard_w} ranks (ZeRO-3)" if shard_w > 1 else ""
-    add("policy weights", P * b / shard_w, f"{P / 1e9:.2f}B params x {b:g} B ({train_dtype}){part}", on_cpu=offload)
-    if reference == "copy":
-        add("reference model (frozen copy)", P * b / shard_w, f"a second {P / 1e9:.2f}B x {b:g} B{part}",
-            on_cpu=offload)
-    else:
-        notes.append("reference = " + ("policy with the LoRA adapter disabled (no copy)"
-                                       if reference == "adapter_disabled" else "none (no KL term)"))
-
-    if finetune == "lora":
-        trainable = lora_params(m, lora_rank, lora_targets)
-        ad = lora_adapter_dtype or ("fp32" if zero_stage == 0 else train_dtype)
-        ab = _bytes(ad)
-        add("LoRA adapter", trainable * ab / shard_w,
-            f"rank {lora_rank} on {'/'.join(t.replace('_proj', '') for t in lora_targets)}: "
-            f"{trainable / 1e6:.1f}M params x {ab:g} B ({ad})")
-        grad_b, master = ab, False
-    else:
-        trainable, ad, ab = P, train_dtype, b
-        grad_b = b
-        master = (train_dtype != "fp32") if master_weights is None else master_weights
-        if master and zero_stage == 0:
-            grad_b = 4.0  # torch backends: the gradients are the float32 masters'
-
-    ob = _bytes(optimizer_dtype)
-    add("optimizer states (AdamW m+v)", trainable * 2 * ob / shard_o,
-        f"{trainable / 1e6:,.1f}M trainable x 2 x {ob:g} B ({optimizer_dtype})"
-        + (f" / {shard_o} ranks" if shard_o > 1 else ""), on_cpu=adam_offload)
-    if master:
-        add("fp32 master weights", trainable * 4 / shard_o, "mixed precision keeps an fp32 copy of trainable params",
-            on_cpu=adam_offload)
-
-    if zero_stage == 3 and (ws > 1 or offload):
-        biggest = max(m.layer_params(), m.vocab * m.hidden)
-        add("ZeRO-3 gathered layers", 2 * biggest * b,
-            f"current + prefetched layer gathered whole ({biggest / 1e9:.2f}B params each)")
-
-    # training phase
-    train: list[tuple[str, float, str]] = []
-    tokens = sequences * seq_len
-    per_tl = _activation_bytes_per_token_layer(m, b, seq_len, attention)
-    if gradient_checkpointing:
-        act = tokens * (m.layers * b * m.hidden + 2 * per_tl)
-        act_note = (f"checkpointing: {m.layers} layer inputs + 1 layer recomputed with grads, "
-                    f"{tokens:,} tokens ({sequences} x {seq_len})")
-    else:
-        act = tokens * m.layers * per_tl
-        act_note = (f"{per_tl / 1e3:.0f} KB/token/layer x {m.layers} layers x {tokens:,} tokens "
-                    f"({sequences} x {seq_len}), no checkpointing")
-    train.append(("activations", act, act_note + (", eager attention (T^2 scores)" if attention == "eager" else "")))
-    if finetune == "lora" and ab != b:
-        dims = _linear_dims(m)
-        per_tok = sum(dims[t][0] for t in lora_targets) * ab * (2 if lora_dropout > 0 else 1)
-        n_layers = 1 if gradient_checkpointing else m.layers
-        train.append(("LoRA input casts", tokens * n_layers * per_tok,
-                      f"peft casts each targeted input to {ad} and saves it"
-                      + (" (+ dropout output)" if lora_dropout > 0 else "")))
-    if logits == "full":
-        rows_l, ln = tokens, f"(N={sequences}, T={seq_len}, V={m.vocab:,}) fp32"
-    elif logits == "chunked":
-        rows_l, ln = min(tokens, logits_chunk), f"chunks of {logits_chunk} token rows x V={m.vocab:,} fp32"
-    else:
-        raise ValueError(f"logits must be 'full' or 'chunked', got {logits!r}")
-    train.append(("logits", rows_l * m.vocab * 4 * logits_copies, f"{ln} x {logits_copies:g} copies"))
-    train.append(("gradients", trainable * grad_b / shard_g,
-                  f"{trainable / 1e6:,.1f}M trainable x {grad_b:g} B" + (f" / {shard_g} ranks" if shard_g > 1 else "")))
-
-    gen: list[tuple[str, float, str]] = []
-    if generation is not None:
-        gseq, gtok = generation
-        kv = 2 * m.layers * m.kv_heads * m.head_dim * b * gtok * gseq
-        gen.append(("generation KV cache", kv, f"2 x {m.layers} layers x {m.kv_heads} kv heads x {m.head_dim} x "
-                                               f"{b:g} B x {gtok} tokens x {gseq} sequences"))
-        gen.append(("generation logits", gseq * m.vocab * 4, "one decoding step, fp32"))
-    t_sum, g_sum = sum(x[1] for x in train), sum(x[1] for x in gen)
-    peak_phase, other = (train, gen) if t_sum >= g_sum else (gen, train)
-    rows += [(t, n / GB, d) for t, n, d in peak_phase]
-    aside += [(t, n / GB, "other phase: " + d) for t, n, d in other]
-
-    if vllm_gpu_memory_utilization:
-        rows.append(("vLLM reservation (colocated)", vllm_gpu_memory_utilization * cap,
-                     f"gpu_memory_utilization {vllm_gpu_memory_utilization} x {cap:.1f} GB"))
-    rows.append(("CUDA context + workspaces", overhead_gb, "fixed allowance"))
-
-    notes.append(f"{finetune} fine-tuning, {train_dtype} weights, {optimizer_dtype} AdamW states"
-                 + (", fp32 master weights" if master else ""))
-    if zero_stage:
-        notes.append(f"ZeRO-{zero_stage} over {ws} ranks" + (", params offloaded" if offload else "")
-                     + (", optimizer offloaded" if adam_offload else ""))
-    head = title or f"{m.name} training on {gpu if isinstance(gpu, str) else f'{cap:g} GB GPU'}"
-    return MemoryEstimate(head, cap, rows, aside, notes)
-
-
-def estimate_rollout_memory(
-    model: str | ModelShape,
-    *,
-    gpu: str | float = "H100-80GB",
-    gpu_memory_utilization: float = 0.85,  # seed 003: --vllm_gpu_memory_utilization 0.85
-    tensor_parallel: int = 2,  # seed 003: 2 engines x TP=2
-    weight_dtype: str = "mxfp4",  # seed 003: vLLM runs gpt-oss in native MXFP4
-    kv_dtype: str = "bf16",
-    max_model_len: int | None = None,  # tokens per sequence, to say how many sequences the KV pool holds
-    activation_gb: float = 2.0,  # vLLM's profiled forward workspace + CUDA graphs, a rough allowance
-    title: str | None = None,
-) -> MemoryEstimate:
-    """A vLLM rollout GPU: vLLM reserves ``gpu_memory_utilization * capacity`` and fills what its
-    weights shard and workspace leave with KV cache. Fails (OOM) only if the weights and workspace
-    do not fit in the reservation; the verdict on the GPU is the reservation's share of capacity.
-    """
-    m = get_model(model)
-    cap = gpu_capacity_gb(gpu)
-    if weight_dtype == "mxfp4":
-        q = m.expert_weight_params()
-        wbytes = q * BYTES["mxfp4"] + (m.n_params - q) * BYTES["bf16"]  # experts in MXFP4, the rest bf16
-        wnote = f"{q / 1e9:.1f}B expert params x 4.25 bits + {(m.n_params - q) / 1e9:.1f}B x 2 B"
-    else:
-        wbytes = m.n_params * _bytes(weight_dtype)
-        wnote = f"{m.n_params / 1e9:.2f}B x {_bytes(weight_dtype):g} B"
-    reserved = gpu_memory_utilization * cap
-    w = wbytes / tensor_parallel / GB
-    kv_pool = reserved - w - activation_gb
-    rows = [(f"weights ({weight_dtype}) / TP={tensor_parallel}", w, wnote),
-            ("forward workspace (allowance)", activation_gb, "profiled activations, CUDA graphs, sampler")]
-    kv_per_token = 2 * m.layers * m.kv_heads * m.head_dim * _bytes(kv_dtype) / tensor_parallel
-    kv_tokens = max(kv_pool, 0.0) * GB / kv_per_token
-    kv_note = f"the rest of the reservation: {kv_tokens / 1e6:.2f}M tokens"
-    if max_model_len:
-        kv_note += f" = {kv_tokens / max_model_len:.0f} sequences of {max_model_len}"
-    rows.append(("KV cache pool", max(kv_pool, 0.0), kv_note))
-    est = MemoryEstimate(
-        title or f"{m.name} vLLM rollout on {gpu if isinstance(gpu, str) else f'{cap:g} GB GPU'}", cap, rows, [],
-        [f"vLLM reserves gpu_memory_utilization {gpu_memory_utilization} x {cap:.1f} GB = {reserved:.1f} GB "
-         f"= {reserved * GB / 2**30:.1f} GiB as nvidia-smi shows it"])
-    if kv_pool <= 0:
-        est.problem = (f"weights + workspace ({w + activation_gb:.1f} GB) exceed vLLM's reservation "
-                       f"({reserved:.1f} GB): raise gpu_memory_utilization or tensor_parallel")
-    return est
+def _with_dtype(cfg, dtype: str):
+    return dataclasses.replace(cfg, dtype=dtype)
