@@ -5,6 +5,12 @@ The measured figure is the peak resident set of a fresh process running one step
 just before the model was loaded (interpreter, torch, transformers), so both sides count model,
 LoRA, optimizer, activations, logits and the generation cache, and neither counts the libraries.
 Prints both, the ratio and the breakdown. Usage: .venv/bin/python bench/memory_vs_estimate.py
+
+``--load``: the load-time peak instead (issue 22 item 4). A gpt-oss-shaped MXFP4 checkpoint of ~630 MB
+(fp32, dequantised; rftlib.models.gptoss) loaded on 2 CPU ranks under ZeRO-3, partitioned (rftlib's
+load_policy) and whole (every rank loads it all, the path before), each rank's peak RSS above its pre-load
+level against estimate_load_memory's rows for that rank. The measurement is tests/test_models_gptoss.py's
+worker (the test asserts estimate <= measured <= 1.3 x estimate).
 """
 
 from __future__ import annotations
@@ -53,5 +59,37 @@ def main() -> dict:
     return {"measured_gb": measured_gb, "estimated_gb": est.total_gb, "ratio": ratio}
 
 
+def main_load() -> list[dict]:
+    from pathlib import Path
+    from tempfile import mkdtemp
+
+    from transformers import AutoConfig
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    from test_models_gptoss import BIG, _run
+
+    from rftlib.models.gptoss import gptoss_mxfp4_dir
+    from rftlib.models.memory import GB, estimate_load_memory, shape_from_hf_config
+
+    d = gptoss_mxfp4_dir(**BIG)
+    shape = shape_from_hf_config(AutoConfig.from_pretrained(d), "gpt-oss-shaped, 24 layers, 32 experts")
+    g_part, h_part = estimate_load_memory(shape, train_dtype="fp32", world_size=2, zero_stage=3, overhead_gb=0)
+    _, h_whole = estimate_load_memory(shape, train_dtype="fp32", world_size=2, zero_stage=3, partitioned=False,
+                                      overhead_gb=0, host_baseline_gb=0)
+    print(g_part.table(), "\n", h_part.table(), "\n", h_whole.table(), sep="")
+    deq = h_part.gb("MXFP4 dequantisation (rank 0)")
+    est = {"partitioned": [g_part.total_gb + deq, g_part.total_gb], "whole": [h_whole.total_gb / 2] * 2}
+    out = []
+    print(f"\nmodel {shape.n_params * 4 / GB:.3f} GB in fp32; peak RSS above the pre-load level, per rank:")
+    for mode in ("partitioned", "whole"):
+        rows = sorted(_run(Path(mkdtemp()) / mode, d, mode), key=lambda r: r["rank"])
+        for r, e in zip(rows, est[mode]):
+            m = r["peak_bytes"] / GB
+            out.append({"mode": mode, "rank": r["rank"], "measured_gb": m, "estimated_gb": e})
+            print(f"  {mode:<11} rank {r['rank']}: measured {m:.3f} GB, estimated {e:.3f} GB, measured/estimate "
+                  f"{m / e:.2f}")
+    return out
+
+
 if __name__ == "__main__":
-    main()
+    main_load() if "--load" in sys.argv[1:] else main()

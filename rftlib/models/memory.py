@@ -588,7 +588,7 @@ def estimate_load_memory(
         g.rows.append(("weights partition", 0.0 if offload else part / GB,
                        f"{P / 1e9:.2f}B x {b:g} B / {ws} ranks, in {where}"))
         g.rows.append(("one parameter gathered", big * b / GB,
-                       f"the largest ({big / 1e9:.2f}B params) whole on every rank while rank 0 fills it"))
+                       f"the largest ({big / 1e6:,.0f}M params) whole on every rank while rank 0 fills it"))
         if offload:
             h.rows.append(("offloaded weight partitions", per_node * part / GB, f"{per_node} x {part / GB:.1f} GB"))
         if mx:
