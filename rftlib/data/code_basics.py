@@ -16,7 +16,7 @@ every test passes, else 0.5 x the fraction passed; ``correctness`` (all pass) is
 
 Measured base rates of the families (SmolLM2-135M-Instruct, greedy and T=1 sampled) are in
 data/README.md and params/code-cpu.yaml; re-measure them when a template's wording changes
-(``python -m rftlib.data.code_measure``).
+(``python bench/code_measure.py``).
 """
 
 from __future__ import annotations

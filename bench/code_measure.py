@@ -2,7 +2,7 @@
 design rests on. Greedy pass@1 on the held-out set, and T=1 sampled pass@1 (the rate training
 rollouts see), per family, with mean completion length and truncation.
 
-    python -m rftlib.data.code_measure --model smollm2-135m --samples 4 --max-new-tokens 128
+    python bench/code_measure.py --model smollm2-135m --samples 4 --max-new-tokens 128
 
 Prints one line per family and writes the rows to ``--out`` (JSON) when given.
 """
