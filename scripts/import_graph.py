@@ -33,7 +33,7 @@ LAYERS: list[list[str]] = [
     ["train"],                                  # the builder and the loop
     ["preflight"],                              # LR / memory preflight (reads the schedule and the model shapes)
     ["report"],                                 # reports, live view, plots, the notebook templates
-    ["launch", "sft", "ab"],                     # detached runs; the SFT stage; A/B runs
+    ["launch", "sft", "ab", "smoke"],            # detached runs; the SFT stage; A/B runs; the first-run smoke test
     ["workbench", "cli"],                        # the notebooks' and the shell's entry points
 ]
 """Declared layers, lowest first. A package not named here is reported (add it)."""

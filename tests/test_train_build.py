@@ -97,8 +97,13 @@ def test_the_hf_engine_reads_lockstep_generation_off_the_backend(tiny_cfg):
     cfg = tiny_cfg()
     model, tok = load_model_and_tokenizer(cfg.model, "float32")
     for partitioned in (False, True):
-        backend = type("B", (), {"partitions_params": partitioned})()
+        backend = type("B", (), {"partitions_params": partitioned, "generation_gather": lambda self: (None, "")})()
         assert make_engine(cfg, model, tok, None, backend=backend).synced_gpus is partitioned
+    # and it generates inside the whole-model gather the backend offers (ZeRO-3's gather-once), when it offers one
+    gather = object()
+    backend = type("B", (), {"partitions_params": True, "generation_gather": lambda self: (gather, ""),
+                             "dist": type("D", (), {"is_main": True})()})()
+    assert make_engine(cfg, model, tok, None, backend=backend).gather is gather
     assert make_engine(cfg, model, tok, None).synced_gpus is False  # no backend: one process
 
 
