@@ -320,6 +320,11 @@ class RunConfig:
     vllm_sync_probe_tol: float = 0.05
     """max |engine - trainer| log-prob on the sync probe's fixed prompts after every weight sync;
     larger fails the step (stale weights)"""
+    vllm_weight_sync: str = "auto"
+    """how full weights (lora_rank 0) reach server engines after each step: auto (nccl on GPUs, rpc on a CPU) |
+    nccl (vLLM's weight-transfer API: a broadcast from the trainer into the engine's GPUs, as OpenRLHF does) |
+    rpc (in memory, through the engine's /collective_rpc in chunks) | disk (save_pretrained + reload: 42 GB a
+    step for gpt-oss-20b; also the fallback when nccl cannot start)"""
     tis_cap: float = 2.0
     """truncated importance sampling cap C: weights min(exp(old - behaviour), C) correct for
     rollout/trainer mismatch when the engine is not the trainer's module (verl/TRL: 2)"""
@@ -802,6 +807,8 @@ def _validate_scale(cfg: RunConfig, bad) -> None:
         bad(f"rollout_engine='{cfg.rollout_engine}': choose {', '.join(ENGINES.names())}")
     if cfg.vllm_placement not in ("colocate", "server"):
         bad(f"vllm_placement='{cfg.vllm_placement}': choose colocate or server")
+    if cfg.vllm_weight_sync not in ("auto", "nccl", "rpc", "disk"):
+        bad(f"vllm_weight_sync='{cfg.vllm_weight_sync}': choose auto, nccl, rpc or disk")
     if cfg.vllm_num_engines < 1 or cfg.vllm_tensor_parallel_size < 1:
         bad("vllm_num_engines and vllm_tensor_parallel_size must be at least 1")
     if cfg.vllm_gpu_memory_utilization is not None and not 0 < cfg.vllm_gpu_memory_utilization <= 1:

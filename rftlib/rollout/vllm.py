@@ -108,6 +108,7 @@ class VLLMSettings:
     api_key: str | None = None  # sent by the trainer, required by the engine's /v1 routes (other nodes)
     rollout_gpus: tuple = ()  # the GPUs server engines take, TP-sized slices in order (rollout_gpus)
     cpu_threads: int = 0  # CPU engines: torch threads each (torch_threads; 0 = vLLM's default)
+    weight_sync: str = "rpc"  # server engines' full-weight sync: nccl | rpc | disk (vllm_weight_sync, resolved)
 
     @classmethod
     def from_config(cls, cfg, model, run_dir) -> "VLLMSettings":
@@ -164,7 +165,9 @@ class VLLMSettings:
                    tensor_parallel_size=cfg.vllm_tensor_parallel_size, num_engines=cfg.vllm_num_engines,
                    sleep_mode=cfg.vllm_sleep_mode and on_gpu, probe_tol=cfg.vllm_sync_probe_tol, seed=cfg.seed,
                    on_gpu=on_gpu, urls=tuple(cfg.vllm_urls), rollout_gpus=tuple(cfg.rollout_gpus or ()),
-                   cpu_threads=cfg.torch_threads, **kw)
+                   cpu_threads=cfg.torch_threads,
+                   weight_sync=cfg.vllm_weight_sync if cfg.vllm_weight_sync != "auto" else ("nccl" if on_gpu else "rpc"),
+                   **kw)
 
     @property
     def max_lora_rank(self) -> int:

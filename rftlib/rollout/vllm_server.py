@@ -4,13 +4,18 @@ Each engine is ``python -m vllm.entrypoints.openai.api_server`` on 127.0.0.1 wit
 ``<run_dir>/logs/vllm_engine_K.log``; start-up waits for ``/health`` and fails with the log's tail if
 the process exits or the wait times out. Prompts go round-robin over the engines as token ids to
 ``/v1/completions`` (``return_token_ids``, sampled-token ``logprobs``); LoRA adapters are loaded at
-runtime (``/v1/load_lora_adapter``, VLLM_ALLOW_RUNTIME_LORA_UPDATING); full weights are saved to a
-directory and reloaded through the dev-mode ``/collective_rpc`` (VLLM_SERVER_DEV_MODE) calling
-rftlib's worker extension. A dead engine is an ``EngineDiedError`` quoting its log, never a hang.
+runtime (``/v1/load_lora_adapter``, VLLM_ALLOW_RUNTIME_LORA_UPDATING). Full weights (``vllm_weight_sync``):
+``nccl`` on GPUs, vLLM's weight-transfer API (``--weight-transfer-config``, ``/init_weight_transfer_engine``,
+``/update_weights``: a broadcast from the trainer's GPU into the engine's, OpenRLHF's way), falling back to
+disk if it cannot start; ``rpc`` (a CPU's default) in memory through the dev-mode ``/collective_rpc``
+(VLLM_SERVER_DEV_MODE), chunk by chunk into rftlib's worker extension, one in-place reload at the end; ``disk``
+saves a directory and reloads it (every step writes the whole model: 42 GB for gpt-oss-20b).
+A dead engine is an ``EngineDiedError`` quoting its log, never a hang.
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import signal
@@ -23,12 +28,13 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from rftlib.rollout.vllm import WORKER_EXTENSION, VLLMSettings, _VLLMBase, import_vllm
+from rftlib.rollout.vllm import WORKER_EXTENSION, VLLMSettings, _VLLMBase, import_vllm, tied_lm_head_weights
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 START_TIMEOUT_S = float(os.environ.get("RFTLIB_VLLM_START_TIMEOUT", 600))  # model load + warm-up
 REQUEST_TIMEOUT_S = float(os.environ.get("RFTLIB_VLLM_REQUEST_TIMEOUT", 1800))  # one completions call
 BASE_NAME = "base"  # served model name of the base weights
+RPC_CHUNK_BYTES = 256 * 2**20  # full weights over /collective_rpc: tensors per request up to this (base64 adds 1/3)
 
 
 class EngineDiedError(RuntimeError):
@@ -65,6 +71,8 @@ def server_command(s: VLLMSettings, k: int, port: int, python: str = sys.executa
         cmd.append("--enforce-eager")
     if s.lora_rank > 0:
         cmd += ["--enable-lora", "--max-lora-rank", str(s.max_lora_rank), "--max-loras", "1"]
+    elif s.weight_sync == "nccl":  # full weights broadcast from the trainer (vLLM's weight-transfer API)
+        cmd += ["--weight-transfer-config", json.dumps({"backend": "nccl"})]
     if s.on_gpu:
         cmd += ["--gpu-memory-utilization", str(s.gpu_memory_utilization)]
     else:
@@ -262,10 +270,28 @@ class VLLMServerEngine(_VLLMBase):
         self.model_name = name
 
     def _load_full(self, model, path):
-        model.save_pretrained(path)  # safetensors the server reloads from (names as in the checkpoint)
+        """Full weights into every engine by ``vllm_weight_sync`` (module docstring); the prefix cache reset after."""
+        mode = self.s.weight_sync
+        if mode == "nccl":
+            try:
+                self._nccl = nccl_send_full_weights(self.servers, model, getattr(self, "_nccl", None),
+                                                    tp=self.s.tensor_parallel_size)
+            except Exception as e:  # noqa: BLE001 -- the disk path still syncs; the probe checks either way
+                print(f"[rft] vLLM NCCL weight transfer failed ({type(e).__name__}: {e}); full-weight sync falls "
+                      "back to disk (vllm_weight_sync: disk) for the rest of the attempt", flush=True)
+                self.s.weight_sync = mode = "disk"
+        if mode == "rpc":
+            for srv in self.servers:
+                for chunk in weight_chunks(tied_lm_head_weights(model)):
+                    srv.post("/collective_rpc", {"method": "rftlib_stage_weights", "kwargs": {"payload": chunk}},
+                             "sending full weights")
+                srv.post("/collective_rpc", {"method": "rftlib_commit_weights"}, "reloading full weights")
+        elif mode == "disk":
+            model.save_pretrained(path)  # safetensors the server reloads from (names as in the checkpoint)
+            for srv in self.servers:
+                srv.post("/collective_rpc", {"method": "rftlib_reload_weights", "kwargs": {"weights_path": str(path)}},
+                         "reloading full weights")
         for srv in self.servers:
-            srv.post("/collective_rpc", {"method": "rftlib_reload_weights", "kwargs": {"weights_path": str(path)}},
-                     "reloading full weights")
             srv.post("/reset_prefix_cache", {}, "resetting the prefix cache")
 
     def close(self) -> None:
@@ -274,3 +300,59 @@ class VLLMServerEngine(_VLLMBase):
         pool = getattr(self, "pool", None)
         if pool is not None:
             pool.shutdown(wait=False, cancel_futures=True)
+
+
+def weight_chunks(named, limit: int = RPC_CHUNK_BYTES):
+    """(name, tensor) pairs as base64 safetensors blobs of up to ``limit`` bytes of tensors each (one bigger
+    tensor alone), for the worker extension's rftlib_stage_weights: JSON carries only strings."""
+    from safetensors.torch import save
+
+    chunk, size = {}, 0
+    for name, t in named:
+        nbytes = t.numel() * t.element_size()
+        if chunk and size + nbytes > limit:
+            yield base64.b64encode(save(chunk)).decode()
+            chunk, size = {}, 0
+        chunk[name] = t.detach().to("cpu").contiguous()
+        size += nbytes
+    if chunk:
+        yield base64.b64encode(save(chunk)).decode()
+
+
+# ---- GPU-only: full weights over NCCL through vLLM's weight-transfer API ---------------------------------
+# Not run here (NCCL needs CUDA on both ends). Written against vllm 0.32's trainer-side API
+# (vllm.distributed.weight_transfer: NCCLTrainerWeightTransferEngine.trainer_init / send_weights over an
+# HTTPVLLMWeightSyncClient, which drives the engine's /init_weight_transfer_engine, /start_weight_update,
+# /update_weights and /finish_weight_update); the engine is started with --weight-transfer-config
+# '{"backend": "nccl"}' (server_command). One NCCL group per engine: the trainer is rank 0, the engine's
+# TP workers ranks 1..TP; the group is made at the first sync and kept.
+def nccl_send_full_weights(servers, model, groups: list | None, *, tp: int) -> list:
+    """Broadcast the trainer's full weights (tied lm_head left out) into every engine; returns the per-engine
+    transfer engines to reuse at the next sync. Raises when NCCL or the routes are unavailable."""
+    import torch
+
+    from vllm.distributed.weight_transfer.base import ParamMeta, WeightSource
+    from vllm.distributed.weight_transfer.clients import HTTPVLLMWeightSyncClient
+    from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerInitInfo, NCCLTrainerWeightTransferEngine
+
+    if not torch.cuda.is_available():
+        raise RuntimeError("NCCL weight transfer needs CUDA on the trainer")
+
+    class TrainerWeights(WeightSource):
+        """The trainer's weights as vLLM's weight-transfer source: HF names, the tied lm_head left out."""
+
+        def metadata(self):
+            return [ParamMeta(n, t.dtype, tuple(t.shape)) for n, t in tied_lm_head_weights(model)]
+
+        def __iter__(self):
+            return iter(tied_lm_head_weights(model))
+
+    if groups is None:
+        groups = []
+        for srv in servers:
+            info = NCCLTrainerInitInfo(master_address="127.0.0.1", master_port=_free_port(), world_size=1 + tp, rank=0)
+            groups.append(NCCLTrainerWeightTransferEngine.trainer_init(
+                info, client=HTTPVLLMWeightSyncClient(srv.url), source=TrainerWeights()))
+    for g in groups:
+        g.send_weights()
+    return groups

@@ -20,6 +20,26 @@ class RftlibWorkerExtension:
         return refresh_tied_lm_head(self.model_runner.get_model())
 
 
+    def rftlib_stage_weights(self, payload: str) -> int:
+        """Hold one chunk of full weights sent in memory (base64 of a safetensors blob, the trainer's
+        rftlib.rollout.vllm_server.weight_chunks) until :meth:`rftlib_commit_weights`; returns the tensors held."""
+        import base64
+
+        from safetensors.torch import load
+
+        staged = self.__dict__.setdefault("_rftlib_staged", {})
+        staged.update(load(base64.b64decode(payload)))
+        return len(staged)
+
+    def rftlib_commit_weights(self) -> bool:
+        """Reload every staged tensor in place (one reload_weights over the whole set, then the tied lm_head
+        repack) and drop them; returns whether a tied lm_head was repacked."""
+        staged = self.__dict__.pop("_rftlib_staged", None)
+        if not staged:
+            raise RuntimeError("rftlib_commit_weights: no weights were staged (rftlib_stage_weights first)")
+        return self.rftlib_reload_weights(weights_iterator=iter(staged.items()))
+
+
 def refresh_tied_lm_head(model) -> bool:
     """Rebuild a tied lm_head's CPU GEMM from the reloaded weights.
 
