@@ -13,6 +13,7 @@ from rftlib.config import make_config
 from rftlib.data.base import Example, Task
 from rftlib.data.code_problems import code_task_batch_reward
 from rftlib.rewards.code import CodeProblem
+from rftlib.rewards.registry import Reward
 from rftlib.rewards.sandbox import check_available
 from rftlib.train.step_metrics import sandbox_metrics
 
@@ -45,11 +46,11 @@ def _fixed_programs_reward(completions, examples, truncated):
     return code_task_batch_reward(texts, examples, truncated)
 
 
-def _reward(text, example, truncated):  # the row-by-row form is never used: the trainer takes .batch
-    raise AssertionError("the trainer scores a rollout with reward.batch")
+def _row(text, example, truncated):  # the row-by-row form is never used: the trainer takes the batch form
+    raise AssertionError("the trainer scores a rollout with the reward's declared batch form")
 
 
-_reward.batch = _fixed_programs_reward
+_reward = Reward("fixed_programs", _row, batch=_fixed_programs_reward)
 
 
 @pytest.mark.skipif(not check_available()[0], reason=f"no sandbox here: {check_available()[1]}")

@@ -48,6 +48,7 @@ from typing import Any, Callable
 
 from rftlib.config import RunConfig
 from rftlib.report.html import Html, esc, fmt, join, pre, status_badge, table
+from rftlib.rewards.registry import Reward, as_reward
 
 
 @dataclass
@@ -245,8 +246,6 @@ def _metered(meter: PhaseMeter, name: str, fn: Callable) -> Callable:
     def wrapped(*a, **kw):
         with meter.phase(name):
             return fn(*a, **kw)
-    if hasattr(fn, "batch"):
-        wrapped.batch = _metered(meter, name, fn.batch)  # type: ignore[attr-defined]
     return wrapped
 
 
@@ -310,19 +309,22 @@ def run_validation(cfg: RunConfig, run_dir: str | Path | None = None, *, control
     meter = PhaseMeter(cuda=cuda)
     undo_meter = _meter_trainer(trainer, meter)
 
-    def recording(fn):
-        def wrapped(text, example, truncated):
-            r, d = fn(text, example, truncated)
+    def recording(fn) -> Reward:
+        """``fn`` (a Reward or a row function) recording every score, metered as the reward phase, with the
+        same batch form the trainer would use (the sandbox scores a rollout in one map)."""
+        base = as_reward(fn)
+
+        def row(text, example, truncated):
+            r, d = base.row(text, example, truncated)
             record.append((text, float(r), dict(d)))
             return r, d
 
-        def batch(texts, examples, truncated):  # the trainer's path when the reward has one (the sandbox's map)
-            out = fn.batch(texts, examples, truncated)
+        def batch(texts, examples, truncated):
+            out = base.score(texts, examples, truncated)
             record.extend((t, float(r), dict(d)) for t, (r, d) in zip(texts, out))
             return out
-        if hasattr(fn, "batch"):
-            wrapped.batch = batch
-        return _metered(meter, "reward", wrapped)
+        return Reward(base.name, _metered(meter, "reward", row),
+                      _metered(meter, "reward", batch) if base.batch is not None else None)
 
     def one_step(control: bool) -> StepRecord:
         record.clear()
