@@ -32,6 +32,13 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import torch
+
+from rftlib.attempts import runs_root as default_runs_root
+from rftlib.config import make_config
+from rftlib.train.dist import init_dist, shutdown_dist
+from rftlib.train.loop import Trainer
+
 LINES = ("single", "zero3", "vllm")
 ESTIMATE_SLACK = 1.25  # a GPU line fails when its measured peak exceeds the preflight's estimate by more than this
 LINE_TIMEOUT_S = 480  # one line (load, start-up, one step): the whole smoke stays under ~10 minutes
@@ -89,12 +96,6 @@ def line_overrides(line: str, *, gpu: bool, n_gpus: int, model: str) -> dict:
 
 def run_line(line: str, *, gpu: bool, n_gpus: int, model: str, runs_root: str) -> SmokeLine:
     """One line, in this process: build the trainer, take one step, measure it."""
-    import torch
-
-    from rftlib.config import make_config
-    from rftlib.train.dist import init_dist, shutdown_dist
-    from rftlib.train.loop import Trainer
-
     title = titles(gpu)[line]
     cfg = make_config("default", {**line_overrides(line, gpu=gpu, n_gpus=n_gpus, model=model), "runs_root": runs_root})
     dist = init_dist(cfg)
@@ -123,7 +124,6 @@ def run_line(line: str, *, gpu: bool, n_gpus: int, model: str, runs_root: str) -
     over = gpu and est is not None and peak is not None and peak > ESTIMATE_SLACK * est
     if over:
         msg.append(f"peak {peak:.1f} GiB > {ESTIMATE_SLACK} x the preflight's {est:.1f} GiB: the estimate under-counts")
-    del torch
     return SmokeLine(line, title, "fail" if problems or over else "pass", round(seconds, 2),
                      round(rows * row["response_length_mean"] / seconds, 1), None if peak is None else round(peak, 3),
                      None if est is None else round(est, 3), "; ".join(msg))
@@ -132,15 +132,11 @@ def run_line(line: str, *, gpu: bool, n_gpus: int, model: str, runs_root: str) -
 def trainable_checksum(params) -> float:
     """A float64 sum of |w| over this process's trainable tensors (a ZeRO-3 parameter's local shard, ds_tensor:
     its ``data`` is an empty placeholder outside a gather): any optimizer step that moves a weight changes it."""
-    import torch
-
     with torch.no_grad():
         return float(sum(getattr(p, "ds_tensor", p).detach().double().abs().sum() for p in params))
 
 
 def _gpus() -> int:
-    import torch
-
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
@@ -148,8 +144,6 @@ def run_smoke(lines: tuple[str, ...] = LINES, *, model: str = "smollm2-135m", ru
               write=print, timeout: float = LINE_TIMEOUT_S) -> list[SmokeLine]:
     """Every line in its own process (``python -m rftlib.smoke --line L``); returns the table's rows,
     the GPU lines marked "not run" on a CPU-only machine."""
-    from rftlib.attempts import runs_root as default_runs_root
-
     n_gpus = _gpus()
     gpu = n_gpus > 0
     root = Path(runs_root) if runs_root else default_runs_root() / "smoke"

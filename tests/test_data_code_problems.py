@@ -13,16 +13,6 @@ from rftlib.data.code_problems import (FAMILIES, PROBLEMS_FILE, code_problems_ta
                                        load_code_problems, procedural_code_problems)
 from rftlib.data.jsonl import DataError
 from rftlib.rewards.code import batch_code_reward, code_reward
-from rftlib.rewards.sandbox import Sandbox, check_available
-
-
-@pytest.fixture(scope="module")
-def sb():
-    ok, why = check_available()
-    if not ok:
-        pytest.fail(f"the sandbox is unavailable here ({why}): run `bash scripts/setup_sandbox.sh`")
-    with Sandbox(num_workers=2, timeout_s=5.0) as box:
-        yield box
 
 
 def test_set_spans_difficulties_1_to_10_with_seed_002_anchors():

@@ -24,7 +24,7 @@ from rftlib.rollout.sync_probe import probe_max_diff  # noqa: E402
 from rftlib.rollout.vllm_server import server_command, weight_chunks  # noqa: E402
 from rftlib.rollout.vllm import VLLMSettings  # noqa: E402
 
-STALE_MIN = 0.1  # the perturbed policy differs from the engine's old weights by far more (test_vllm_engine: 0.7-3)
+STALE_MIN = 0.1  # the perturbed policy differs from the engine's old weights by far more (test_rollout_vllm_engine: 0.7-3)
 
 
 def _cfg(tmp_path, **kw):

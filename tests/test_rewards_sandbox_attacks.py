@@ -21,6 +21,7 @@ from rftlib.rewards.code import CodeProblem, code_reward
 from rftlib.rewards.sandbox import Call, Exec, Job, Sandbox, SandboxUnavailable, check_available
 
 TIMEOUT_S = 1.0  # per-job wall clock used by the attack jobs
+SANDBOX_TIMEOUT_S = TIMEOUT_S  # the shared sb fixture (conftest.py) reads it
 SLACK_S = 1.0  # "ends within timeout + 1 s"
 ADD = "def add(a, b):\n    return a + b\n"
 ADD_TESTS = (Call((1, 2)), Call(("x", "y")))
@@ -30,13 +31,6 @@ def _require_bwrap() -> None:
     ok, why = check_available()
     if not ok:
         pytest.fail(f"the sandbox is unavailable here ({why}): run `bash scripts/setup_sandbox.sh`")
-
-
-@pytest.fixture(scope="module")
-def sb():
-    _require_bwrap()
-    with Sandbox(num_workers=2, timeout_s=TIMEOUT_S) as box:
-        yield box
 
 
 def _works(sb: Sandbox) -> None:

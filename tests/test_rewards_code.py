@@ -6,7 +6,7 @@ import pytest
 
 from rftlib.rewards.code import (CodeProblem, batch_code_reward, code_reward, extract_code,
                                  lift_assert, reward_from)
-from rftlib.rewards.sandbox import Sandbox, check_available
+
 
 FIZZBUZZ = CodeProblem("fizzbuzz", tests=[((3,), "Fizz"), ((5,), "Buzz"), ((15,), "FizzBuzz"),
                                           ((7,), "7"), ((9,), "Fizz")])
@@ -20,15 +20,6 @@ FIZZBUZZ_OK = '''def fizzbuzz(n: int) -> str:
     return str(n)
 '''
 FIZZBUZZ_NO_15 = FIZZBUZZ_OK.replace("n % 15 == 0", "n == 30")  # 15 -> "Fizz"
-
-
-@pytest.fixture(scope="module")
-def sb():
-    ok, why = check_available()
-    if not ok:
-        pytest.fail(f"the sandbox is unavailable here ({why}): run `bash scripts/setup_sandbox.sh`")
-    with Sandbox(num_workers=2, timeout_s=5.0) as box:
-        yield box
 
 
 def fenced(code: str, tag: str = "python") -> str:
