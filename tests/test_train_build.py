@@ -134,3 +134,26 @@ def test_a_registered_toy_backend_is_built_by_name_and_steps_the_optimizer(monke
         assert isinstance(tr.backend, CountingBackend) and tr.backend.steps == cfg.optimizer_steps_per_rollout
     finally:
         tr.close()
+
+
+def test_a_full_weight_sync_of_partitioned_weights_is_refused(monkeypatch, tiny_cfg):
+    """Without LoRA an engine that is not the trainer's module gets model.state_dict(): under ZeRO-3 over
+    several ranks those are empty shards, so the builder refuses before the first sync (a LoRA policy, or a
+    backend that holds whole weights, is built as before)."""
+    from rftlib.train.build import check_full_weight_sync
+
+    class Partitioned(CountingBackend):
+        partitions_params = True
+
+    separate = type("E", (), {"shares_trainer_module": False})()
+    monkeypatch.setattr(BACKENDS, "_table", dict(BACKENDS._table))
+    BACKENDS.register("partitioned")(Partitioned)
+    with pytest.raises(ConfigError, match="does not gather the partitioned weights"):
+        build(tiny_cfg(backend="partitioned", lora_rank=0), engine=separate)
+    cfg = tiny_cfg(lora_rank=0)
+    parts = build(cfg)
+    try:
+        check_full_weight_sync(parts.backend, separate, parts.model)  # whole weights: the sync reads them
+        check_full_weight_sync(Partitioned, parts.engine, parts.model)  # the trainer's own module: nothing moves
+    finally:
+        parts.lock.close()

@@ -35,7 +35,7 @@ from rftlib.attempts import AttemptLockedError, create_attempt, lock_attempt
 from rftlib.config import ConfigError, RunConfig
 from rftlib.data.base import Task, build_task as build_registered_task
 from rftlib.eval import format_prompts
-from rftlib.models.loading import Reference, load_policy
+from rftlib.models.loading import Reference, is_peft, load_policy
 from rftlib.monitor.metrics import MetricsLogger
 from rftlib.rewards.registry import Reward, combine_rewards
 from rftlib.rollout.factory import make_engine
@@ -147,6 +147,16 @@ def fit_prompts(task: Task, tok, max_len: int, *, say: bool) -> None:
     task.train = keep
 
 
+def check_full_weight_sync(backend, engine, model) -> None:
+    """Refuse what would hand an engine empty weights: a full-weight sync (no LoRA) to an engine that is not the
+    trainer's module reads ``model.state_dict()``, which under a backend that partitions the parameters (ZeRO-3
+    over several ranks) holds each rank's empty placeholders. The LoRA path gathers (backend.adapter_state)."""
+    if backend.partitions_params and not engine.shares_trainer_module and not is_peft(model):
+        raise ConfigError("lora_rank: 0 with a separate rollout engine under ZeRO-3 over several ranks: the "
+                          "full-weight sync does not gather the partitioned weights yet, the engine would get empty "
+                          "shards. Use LoRA (lora_rank > 0), zero_stage: 2, one rank, or rollout_engine: hf")
+
+
 def build_sampler(cfg: RunConfig, task: Task):
     """The task's own sampler (a curriculum, weighted mixing) or the seeded per-epoch PromptSampler."""
     return task.make_sampler(cfg.seed) or PromptSampler(len(task.train), cfg.seed)
@@ -176,6 +186,7 @@ def build(cfg: RunConfig, run_dir: str | Path | None = None, *, dist: Dist | Non
         warmup = warmup_steps_for(total, cfg.warmup_ratio)
         backend = make_backend(cfg, D, model, total_opt_steps=total, warmup_steps=warmup)
         engine = engine or make_engine(cfg, model, tok, run_dir, sync=False, backend=backend)
+        check_full_weight_sync(backend, engine, model)
         if cfg.prompt_max_len:
             fit_prompts(task, tok, cfg.prompt_max_len, say=D.is_main)
         sampler = build_sampler(cfg, task)
