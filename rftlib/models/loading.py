@@ -249,12 +249,16 @@ def load_partitioned(name: str, dtype: str, ds_config: dict):
       dequantises it, and DeepSpeed scatters it. Peak per rank: its partition + one gathered parameter
       (+ on rank 0 one dequantisation's buffers).
 
-    The HfDeepSpeedConfig is kept on the model (transformers reads it through a weak reference, e.g. for
-    ZeRO-3 generate), and the load runs under a forked RNG, so LoRA's init after it is the one a whole
-    load would give.
+    The HfDeepSpeedConfig lives for the load only: transformers reads it through a process-wide weak
+    reference, and one kept alive (on a model a DeepSpeed engine still holds) turned every later
+    ``from_pretrained`` in the process into a zero.Init build, e.g. the next attempt of a notebook kernel
+    got empty embedding shards (rftlib passes ``synced_gpus`` to generate itself, so nothing after the
+    load needs it). The load runs under a forked RNG, so LoRA's init after it is the one a whole load
+    would give.
     """
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
     from transformers.integrations import HfDeepSpeedConfig
+    from transformers.integrations.deepspeed import unset_hf_deepspeed_config
 
     if ds_config.get("zero_optimization", {}).get("stage") != 3:
         raise ValueError(f"load_partitioned needs a ZeRO stage 3 DeepSpeed config, got {ds_config.get('zero_optimization')}")
@@ -265,18 +269,21 @@ def load_partitioned(name: str, dtype: str, ds_config: dict):
 
         path = Path(snapshot_download(path))
     torch_dtype = DTYPES["float32" if dtype == "auto" else dtype]
-    hf_ds = HfDeepSpeedConfig(ds_config)  # while alive, transformers' is_deepspeed_zero3_enabled() is True
     tok = AutoTokenizer.from_pretrained(path, padding_side="left")
-    with torch.random.fork_rng(devices=[]):
-        if quant_method(path) is None:
-            model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype)
-        else:
-            _dequantize_kwargs(path)  # refuses a quantisation other than mxfp4, with its message
-            config = AutoConfig.from_pretrained(path)
-            del config.quantization_config  # the model is built with plain (dequantised) expert tensors
-            model = AutoModelForCausalLM.from_config(config, dtype=torch_dtype)
-            _fill_partitioned(model, path, ds)
-    model._rftlib_hf_ds_config = hf_ds
+    hf_ds = HfDeepSpeedConfig(ds_config)  # while alive, transformers' is_deepspeed_zero3_enabled() is True
+    try:
+        with torch.random.fork_rng(devices=[]):
+            if quant_method(path) is None:
+                model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype)
+            else:
+                _dequantize_kwargs(path)  # refuses a quantisation other than mxfp4, with its message
+                config = AutoConfig.from_pretrained(path)
+                del config.quantization_config  # the model is built with plain (dequantised) expert tensors
+                model = AutoModelForCausalLM.from_config(config, dtype=torch_dtype)
+                _fill_partitioned(model, path, ds)
+    finally:
+        del hf_ds
+        unset_hf_deepspeed_config()  # the process is back to whole-model loading
     return _finish(name, model, tok)
 
 
