@@ -42,7 +42,7 @@ from rftlib.models.loading import apply_lora, autocast_dtype, load_model_and_tok
 from rftlib.monitor.metrics import MetricsLogger, read_metrics
 from rftlib.report.html import Html, table
 from rftlib.rollout.hf import HFEngine
-from rftlib.train.dist import resolve_dtype
+from rftlib.train.dist import DIST_ENV, resolve_dtype
 from rftlib.train.schedule import warmup_steps_for
 
 FORMAT_THRESHOLD = 0.95  # seed 003 section 12: SFT first when the \boxed{} rate is below 95%
@@ -128,9 +128,6 @@ def _log_callback(logger: MetricsLogger, total: int, write):
                       f"{logs.get('mean_token_accuracy', float('nan')):.3f}  lr {logs.get('learning_rate', 0):.2e}")
 
     return ToMetrics()
-
-
-DIST_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
 
 @contextlib.contextmanager

@@ -36,7 +36,7 @@ import torch
 
 from rftlib.attempts import runs_root as default_runs_root
 from rftlib.config import make_config
-from rftlib.train.dist import init_dist, shutdown_dist
+from rftlib.train.dist import init_dist, shutdown_dist, without_group_env
 from rftlib.train.loop import Trainer
 
 LINES = ("single", "zero3", "vllm")
@@ -163,7 +163,7 @@ def run_smoke(lines: tuple[str, ...] = LINES, *, model: str = "smollm2-135m", ru
         with open(log, "w") as f:
             try:
                 code = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, timeout=timeout,
-                                      env={**os.environ, "PYTHONUNBUFFERED": "1"}).returncode
+                                      env=without_group_env({**os.environ, "PYTHONUNBUFFERED": "1"})).returncode
             except subprocess.TimeoutExpired:
                 code = None
         if result.exists():

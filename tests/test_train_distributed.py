@@ -22,6 +22,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from rftlib.train.dist import without_group_env
+
 REPO = Path(__file__).resolve().parents[1]
 WORKER = REPO / "tests" / "dist_worker.py"
 ZERO3 = REPO / "tests" / "data" / "zero3_tiny.json"
@@ -29,7 +31,7 @@ pytest.importorskip("deepspeed", reason="scripts/setup.sh installs deepspeed (CP
 
 
 def run_worker(out: Path, *args: str, nproc: int = 1, timeout: int = 900) -> dict:
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    env = without_group_env({**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"})
     if nproc == 1:
         cmd = [sys.executable, str(WORKER), str(out), *args]
     else:
@@ -232,7 +234,7 @@ def test_embedded_default_ddp_and_zero3_match_one_process(tmp_path):
 
 def test_rft_train_nproc_launches_torchrun_ranks(tmp_path):
     """`rft train --nproc 2` makes the attempt, starts 2 ranks under torchrun, and rank 0 alone writes."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env = without_group_env({**os.environ, "OMP_NUM_THREADS": "1"})
     p = subprocess.run([sys.executable, "-m", "rftlib.cli", "train", "--nproc", "2", "-p", "tiny", "--set", "backend=ddp",
                         "--set", "num_steps=2", "--set", f"runs_root={tmp_path}"], cwd=REPO, env=env,
                        capture_output=True, text=True, timeout=900)

@@ -16,6 +16,7 @@ import pytest
 
 from rftlib.config import make_config
 from rftlib.train.backends.deepspeed import gather_fits
+from rftlib.train.dist import without_group_env
 
 REPO = Path(__file__).resolve().parents[1]
 ZERO3 = REPO / "tests" / "data" / "zero3_tiny.json"
@@ -47,7 +48,7 @@ def test_launch_plan_says_which_generate_gather_is_used(tmp_path):
 
 def test_zero3_generate_gathers_once_with_the_same_rollout(tmp_path):
     pytest.importorskip("deepspeed", reason="scripts/setup.sh installs deepspeed (CPU ZeRO-3 tests)")
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    env = without_group_env({**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"})
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
            str(REPO / "tests" / "zero3_gather_worker.py"), str(tmp_path), str(ZERO3)]
     p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)

@@ -58,7 +58,7 @@ def main() -> None:
     dist = init_dist(cfg)
     tr = Trainer(cfg, progress=False, dist=dist, reward_override=reward)
     counts = count_all_gathers()
-    res: dict = {"rank": dist.rank, "plan": tr.generation_gather, "gather_set": tr.engine.gather is not None,
+    res: dict = {"rank": dist.rank, "plan": tr.engine.gather_plan, "gather_set": tr.engine.gather is not None,
                  "param_tensors": len(list(tr.model.parameters()))}
     examples = tr.task.train[dist.rank * 2:(dist.rank + 1) * 2]
     prompts = format_prompts(tr.tok, examples, tr.task.system_prompt)

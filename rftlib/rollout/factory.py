@@ -45,7 +45,7 @@ def _hf_engine(cfg, model, tok, run_dir, backend):
     if why and backend.dist.is_main:
         print(f"[rft] HF generate under ZeRO-3: {why}", flush=True)
     return HFEngine(model, tok, amp=compute_dtype(cfg.dtype, cfg.autocast), synced_gpus=backend.partitions_params,
-                    gather=gather)
+                    gather=gather, gather_plan=why)
 
 
 @ENGINES.register("vllm")

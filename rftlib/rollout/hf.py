@@ -146,7 +146,8 @@ def shared_prompt_cache(model, ids: torch.Tensor, mask: torch.Tensor, group_size
 class HFEngine:
     shares_trainer_module = True  # behaviour logprobs are the trainer's own: no old-logprob pass, no TIS
 
-    def __init__(self, model, tokenizer, amp: torch.dtype | None = None, synced_gpus: bool = False, gather=None):
+    def __init__(self, model, tokenizer, amp: torch.dtype | None = None, synced_gpus: bool = False, gather=None,
+                 gather_plan: str = ""):
         self.model = model
         self.tok = tokenizer
         self.amp = amp  # autocast dtype for generation (None: the weights' dtype)
@@ -154,6 +155,7 @@ class HFEngine:
         # ZeRO-3: a context that holds the whole model gathered for one generate call (the backend's
         # gathered_for_generation); None: DeepSpeed's hooks gather each layer at every decode step
         self.gather = gather
+        self.gather_plan = gather_plan  # why the gather is used or not, in words (the trainer prints it)
         # read before any call: _only_this_config sets the model's own generation config aside during generate
         self.stop_ids = model_stop_token_ids(tokenizer, model)
         if tokenizer.padding_side != "left":

@@ -144,6 +144,18 @@ def init_dist(cfg) -> Dist:
     return Dist(rank=rank, world_size=world, local_rank=local_rank, local_world_size=local_world, device=device)
 
 
+DIST_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+"""torch.distributed's rendezvous variables (init_dist sets them for a one-rank group without torchrun)"""
+
+
+def without_group_env(env: dict[str, str]) -> dict[str, str]:
+    """``env`` less torch.distributed's rendezvous variables: what a child process (torchrun, a rank, a smoke
+    line) must start from. A one-rank DeepSpeed group set up earlier in this process (a notebook kernel's
+    ZeRO-3 attempt, a test) leaves RANK/WORLD_SIZE/MASTER_PORT here, with the port still held by its store:
+    a child that inherits them joins the wrong group or fails with EADDRINUSE."""
+    return {k: v for k, v in env.items() if k not in DIST_ENV}
+
+
 def _free_port() -> int:
     import socket
 

@@ -16,6 +16,8 @@ from collections import deque
 from pathlib import Path
 from typing import Callable
 
+from rftlib.train.dist import without_group_env
+
 
 def torchrun_command(nproc: int, rank_args: list[str], *, nnodes: int = 1, node_rank: int = 0,
                      rdzv_endpoint: str | None = None, python: str = sys.executable) -> list[str]:
@@ -41,7 +43,7 @@ def torchrun_command(nproc: int, rank_args: list[str], *, nnodes: int = 1, node_
 def rank_env(base: dict[str, str] | None = None) -> dict[str, str]:
     """The ranks' environment: this one, with rftlib importable and torch's CPU threads left to
     rftlib (it splits the cores between local ranks; torchrun would pin every rank to 1 thread)."""
-    env = dict(os.environ if base is None else base)
+    env = without_group_env(dict(os.environ if base is None else base))  # torchrun picks its own rendezvous
     repo = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = repo + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
