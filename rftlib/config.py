@@ -10,9 +10,13 @@ Unknown keys are errors listing near matches; impossible settings are errors say
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import difflib
+import inspect
 import math
+import re
+import sys
 import types
 import typing
 from dataclasses import dataclass, field, fields
@@ -20,6 +24,19 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
+from rftlib.algo.advantages import ADVANTAGES, REWARD_SCALES, takes_scale_rewards
+from rftlib.algo.aggregation import AGGREGATIONS, SEQ_NORMS
+from rftlib.algo.kl import KL_ESTIMATORS, KL_NOT_IN_LOSS
+from rftlib.algo.loss_spec import AUTO
+from rftlib.algo.losses import POLICY_LOSSES  # importing the losses registers them
+from rftlib.algo.schedule import lr_at, warmup_steps_for
+from rftlib.data.base import registered_rewards, registered_tasks
+from rftlib.monitor.trackers import TRACKERS
+from rftlib.rewards.math import MODES
+from rftlib.rewards.registry import TASK_REWARD
+from rftlib.rollout.factory import ENGINES, engine_kind
+from rftlib.train.backends import BACKEND_MODULES, BACKENDS, backend_class
 
 PARAMS_DIR = Path(__file__).resolve().parent.parent / "params"
 
@@ -384,9 +401,6 @@ def value_from_text(name: str, text: str) -> Any:
 
 def field_docs() -> dict[str, str]:
     """Each field's one-line doc, read from the attribute docstrings in this file's source."""
-    import ast
-    import inspect
-
     tree = ast.parse(inspect.getsource(RunConfig))
     docs: dict[str, str] = {}
     body = tree.body[0].body  # type: ignore[attr-defined]
@@ -551,10 +565,6 @@ def _mirror_reward_mode(values: dict[str, Any]) -> None:
 
 def _task_takes(task: str, arg: str) -> bool:
     """Whether the registered builder of ``task`` takes ``arg`` (False for an unknown task)."""
-    import inspect
-
-    from rftlib.data.tasks import registered_tasks
-
     tasks = registered_tasks()
     if task not in tasks:
         return False
@@ -568,8 +578,6 @@ def schedule(cfg: RunConfig, check_step: int = 20) -> dict[str, Any]:
     ``lr_at_check`` is the LR after ``check_step`` optimizer steps (seed 003's preflight checks step
     20); None when the run is shorter than that.
     """
-    from rftlib.algo.schedule import lr_at, warmup_steps_for
-
     total = cfg.num_steps * cfg.optimizer_steps_per_rollout
     warmup = warmup_steps_for(total, cfg.warmup_ratio)
     at = (lr_at(check_step, total_steps=total, warmup_steps=warmup, lr=cfg.lr, min_lr_ratio=cfg.min_lr_ratio)
@@ -581,12 +589,6 @@ def schedule(cfg: RunConfig, check_step: int = 20) -> dict[str, Any]:
 
 def validate(cfg: RunConfig) -> None:
     """Refuse impossible settings with a message that says what to change."""
-    from rftlib.algo.advantages import ADVANTAGES
-    from rftlib.algo.aggregation import AGGREGATIONS
-    from rftlib.algo.kl import KL_ESTIMATORS
-    from rftlib.algo.loss_spec import AUTO
-    from rftlib.algo.losses import POLICY_LOSSES
-
     def bad(msg: str) -> None:
         raise ConfigError(msg)
 
@@ -661,13 +663,9 @@ def validate(cfg: RunConfig) -> None:
     if cfg.loss_agg_mode != AUTO and cfg.loss_agg_mode not in AGGREGATIONS:
         bad(f"loss_agg_mode='{cfg.loss_agg_mode}': valid values are {', '.join(AGGREGATIONS.names())} "
             "(or auto: the policy loss's own)")
-    from rftlib.data.tasks import registered_tasks
-
     tasks = registered_tasks()
     if cfg.task not in tasks:
         bad(f"task='{cfg.task}': valid tasks are {', '.join(tasks.names())}")
-    import inspect
-
     params = inspect.signature(tasks.get(cfg.task)).parameters
     if not any(p.kind is p.VAR_KEYWORD for p in params.values()):
         bad_args = sorted(set(cfg.task_args) - set(params))
@@ -699,9 +697,6 @@ def validate(cfg: RunConfig) -> None:
 
 def _validate_rewards(cfg: RunConfig, bad) -> None:
     """rewards names registered rewards (or 'task') with finite numeric weights."""
-    from rftlib.data.base import registered_rewards
-    from rftlib.rewards.registry import TASK_REWARD
-
     known = registered_rewards()
     for name, w in cfg.rewards.items():
         if name != TASK_REWARD and name not in known:
@@ -712,8 +707,6 @@ def _validate_rewards(cfg: RunConfig, bad) -> None:
 
 def _validate_trackers(cfg: RunConfig, bad) -> None:
     """report_to names registered trackers, each once (rftlib.monitor.trackers)."""
-    from rftlib.monitor.trackers import TRACKERS
-
     unknown = [t for t in cfg.report_to if t not in TRACKERS]
     if unknown or len(set(cfg.report_to)) != len(cfg.report_to):
         bad(f"report_to={cfg.report_to}: name each tracker once, from {', '.join(TRACKERS.names())} ([] for none)")
@@ -736,8 +729,6 @@ def _check_finite(cfg: RunConfig, bad) -> None:
 
 def _validate_seed_schedule(cfg: RunConfig, bad) -> None:
     """The OpenRLHF-style schedule fields, per-probe eval settings and the reward mode."""
-    from rftlib.rewards.math import MODES
-
     for name in ("num_episodes", "pool_size", "train_batch_size_samples", "prompt_max_len"):
         v = getattr(cfg, name)
         if v is not None and v < 1:
@@ -766,11 +757,6 @@ def _validate_seed_schedule(cfg: RunConfig, bad) -> None:
     for probe, n in cfg.eval_n_samples.items():
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             bad(f"eval_n_samples[{probe!r}]={n!r}: must be an integer >= 1")
-        if n > 1 and cfg.eval_temperature.get(probe, 0.0) == 0 and cfg.rollout_engine == "hf":
-            bad(f"eval_n_samples[{probe!r}]={n} at temperature 0: HF greedy samples are identical, so n > 1 "
-                "only repeats work (seed 003 sec. 9: do not combine temp 0 with n > 1; its "
-                "nondet_proxy_pass@8 measures vLLM batching nondeterminism only); set "
-                f"eval_temperature[{probe!r}] (seed 003: 0.6) or n 1")
     if cfg.reward_mode not in MODES:
         bad(f"reward_mode='{cfg.reward_mode}': choose {' or '.join(MODES)}")
     if cfg.reward_mode != "exact" and not _task_takes(cfg.task, "reward_mode"):
@@ -782,29 +768,21 @@ def _validate_seed_schedule(cfg: RunConfig, bad) -> None:
 
 
 def _validate_scale(cfg: RunConfig, bad) -> None:
-    """The accelerator, rank and rollout-engine settings; backend and engine names from their registries."""
-    import re
-
-    from rftlib.rollout.factory import ENGINES
-    from rftlib.train.backends import BACKEND_MODULES, BACKENDS
-
+    """The accelerator, rank and rollout-engine settings; backend and engine names from their registries, and
+    each one's own rules (Backend.check_config, EngineKind.check_config): no backend or engine is named here."""
     if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", cfg.device):
         bad(f"device='{cfg.device}': choose auto, cpu, cuda or cuda:N")
     backends = sorted(set(BACKENDS.names()) | set(BACKEND_MODULES))
     if cfg.backend not in backends:
         bad(f"backend='{cfg.backend}': choose {', '.join(backends)}")
+    for problem in backend_class(cfg.backend).check_config(cfg):
+        bad(problem)
     if cfg.zero3_gather_for_generation not in ("auto", "on", "off"):
         bad(f"zero3_gather_for_generation='{cfg.zero3_gather_for_generation}': choose auto, on or off")
-    if cfg.zero_stage not in (2, 3):
-        bad(f"zero_stage={cfg.zero_stage}: rftlib drives DeepSpeed ZeRO stage 2 or 3")
-    if (cfg.offload_params or cfg.offload_optimizer) and cfg.backend != "deepspeed":
-        bad("offload_params/offload_optimizer need backend: deepspeed (CPU offload is DeepSpeed ZeRO's)")
-    if cfg.offload_params and cfg.zero_stage != 3:
-        bad("offload_params needs zero_stage 3 (ZeRO-2 partitions no parameters to offload)")
-    if cfg.dtype == "float16" and cfg.backend != "deepspeed" and cfg.device == "cpu":
-        bad("dtype float16 on CPU: CPUs have no fast float16 and no GradScaler path; use float32 or bfloat16")
     if cfg.rollout_engine not in ENGINES:
         bad(f"rollout_engine='{cfg.rollout_engine}': choose {', '.join(ENGINES.names())}")
+    for problem in engine_kind(cfg.rollout_engine).check_config(cfg):
+        bad(problem)
     if cfg.vllm_placement not in ("colocate", "server"):
         bad(f"vllm_placement='{cfg.vllm_placement}': choose colocate or server")
     if cfg.vllm_weight_sync not in ("auto", "nccl", "rpc", "disk"):
@@ -849,10 +827,6 @@ def _validate_launch(cfg: RunConfig, bad) -> None:
 def _validate_algo(cfg: RunConfig, bad) -> None:
     """The algorithm variants: reward scaling, the policy loss's own settings, dynamic sampling, overlong,
     KL placement."""
-    from rftlib.algo.advantages import ADVANTAGES, REWARD_SCALES, takes_scale_rewards
-    from rftlib.algo.aggregation import SEQ_NORMS
-    from rftlib.algo.kl import KL_NOT_IN_LOSS
-
     if cfg.scale_rewards is not None:
         if cfg.scale_rewards not in REWARD_SCALES:
             bad(f"scale_rewards='{cfg.scale_rewards}': valid values are {', '.join(REWARD_SCALES.names())} (or null)")
@@ -892,8 +866,6 @@ def _validate_policy_loss(cfg: RunConfig, bad) -> str:
     """What the registered losses declare (rftlib.algo.loss_spec): each loss's checks of its own settings
     (every loss's, in use or not: a bad value is wrong either way), and for cfg.policy_loss its clip
     settings, its dual clip and its aggregations. Returns the aggregation the loss will run."""
-    from rftlib.algo.losses import POLICY_LOSSES  # importing the losses registers them
-
     values = {f.name: getattr(cfg, f.name) for f in fields(cfg)}
     for name in POLICY_LOSSES.names():
         spec = POLICY_LOSSES.get(name)
@@ -938,6 +910,4 @@ def schedule_table(presets: list[str] | None = None) -> str:
 
 
 if __name__ == "__main__":  # python -m rftlib.config [preset ...]: the presets' derived schedules
-    import sys
-
     print(schedule_table(sys.argv[1:] or None))

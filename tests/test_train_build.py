@@ -10,7 +10,7 @@ from rftlib.attempts import lock_attempt
 from rftlib.config import ConfigError, make_config
 from rftlib.data.arithmetic import all_problems
 from rftlib.data.base import Task
-from rftlib.rollout.factory import ENGINES, make_engine
+from rftlib.rollout.factory import ENGINES, engine_kind, make_engine, register_engine
 from rftlib.rollout.hf import HFEngine
 from rftlib.train.backends import BACKENDS
 from rftlib.train.backends.torch_backend import TorchBackend
@@ -75,9 +75,11 @@ def test_a_registered_toy_engine_is_built_by_name_and_runs_the_rollouts(monkeypa
         tiny_cfg(rollout_engine="recording")
     monkeypatch.setattr(ENGINES, "_table", dict(ENGINES._table))
 
-    @ENGINES.register("recording")
+    @register_engine("recording", on_trainer_module=True)
     def _recording(cfg, model, tok, run_dir, backend):
         return RecordingEngine(model, tok, backend=backend)
+
+    assert engine_kind("recording").on_trainer_module  # declared before any engine is built
 
     cfg = tiny_cfg(rollout_engine="recording", num_steps=1, eval_steps=0, save_steps=0)
     tr = Trainer(cfg, progress=False)
@@ -157,3 +159,71 @@ def test_a_full_weight_sync_of_partitioned_weights_is_refused(monkeypatch, tiny_
         check_full_weight_sync(Partitioned, parts.engine, parts.model)  # the trainer's own module: nothing moves
     finally:
         parts.lock.close()
+
+
+def test_a_backend_and_an_engine_bring_their_own_config_rules(monkeypatch, tiny_cfg):
+    """The config asks the registered backend and engine for their rules (Backend.check_config,
+    EngineKind.check_config) instead of naming them: a toy pair's rules refuse a config with their words."""
+    monkeypatch.setattr(BACKENDS, "_table", dict(BACKENDS._table))
+    monkeypatch.setattr(ENGINES, "_table", dict(ENGINES._table))
+
+    class Strict(CountingBackend):
+        @staticmethod
+        def check_config(cfg):
+            return [f"lr={cfg.lr}: the strict backend takes lr <= 1e-3"] if cfg.lr > 1e-3 else []
+
+    BACKENDS.register("strict")(Strict)
+    register_engine("short", on_trainer_module=True,
+                    check_config=lambda cfg: ["max_new_tokens over 8"] if cfg.max_new_tokens > 8 else [])(
+        lambda cfg, model, tok, run_dir, backend: HFEngine(model, tok))
+    with pytest.raises(ConfigError, match="the strict backend takes lr <= 1e-3"):
+        tiny_cfg(backend="strict", lr=1e-2)
+    with pytest.raises(ConfigError, match="max_new_tokens over 8"):
+        tiny_cfg(rollout_engine="short", max_new_tokens=12)
+    assert tiny_cfg(backend="strict", lr=1e-4, rollout_engine="short", max_new_tokens=8).backend == "strict"
+    # the built-in rules live with their owners too: offload is ZeRO's, greedy n > 1 is the HF engine's
+    with pytest.raises(ConfigError, match="offload_params/offload_optimizer need backend: deepspeed"):
+        tiny_cfg(offload_optimizer=True)
+    with pytest.raises(ConfigError, match="HF greedy samples are identical"):
+        tiny_cfg(eval_n_samples={"heldout": 4})
+
+
+def _named_outside(root, owner: str, names: set[str], fields: set[str]) -> list[str]:
+    """file:line of every place outside ``owner`` that spells one of ``names`` as a string or compares a config
+    field of ``fields`` with a string: what 'chosen from a registry, never branched on by name' rules out."""
+    import ast
+
+    hits = []
+    for path in sorted((root / "rftlib").rglob("*.py")):
+        rel = path.relative_to(root).as_posix()
+        if rel.startswith(owner):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Constant) and node.value in names:
+                hits.append(f"{rel}:{node.lineno} {node.value!r}")
+            if isinstance(node, ast.Compare) and any(
+                    isinstance(x, ast.Attribute) and x.attr in fields for x in [node.left, *node.comparators]) and any(
+                    isinstance(x, ast.Constant) and isinstance(x.value, str) for x in [node.left, *node.comparators]):
+                hits.append(f"{rel}:{node.lineno} compares {ast.unparse(node)}")
+    return hits
+
+
+def test_no_module_outside_its_package_names_a_backend_or_branches_on_an_engine(tmp_path):
+    """Issue 20's rule, held: only rftlib/train/backends names 'deepspeed' or compares cfg.backend with a name,
+    only rftlib/rollout compares cfg.rollout_engine with one. attempts.PACKAGES lists installed distributions
+    for an attempt's provenance (the package, not the backend): the one allowed spelling."""
+    import shutil
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    allowed = {"rftlib/attempts.py"}
+    backends = [h for h in _named_outside(root, "rftlib/train/backends/", {"deepspeed"}, {"backend"})
+                if h.split(":")[0] not in allowed]
+    engines = _named_outside(root, "rftlib/rollout/", set(), {"rollout_engine"})
+    assert not backends, backends
+    assert not engines, engines
+    # and the scan sees a branch where one is planted
+    shutil.copytree(root / "rftlib", tmp_path / "rftlib")
+    (tmp_path / "rftlib" / "smoke_bad.py").write_text('def f(cfg):\n    return cfg.rollout_engine == "vllm"\n')
+    assert _named_outside(tmp_path, "rftlib/rollout/", set(), {"rollout_engine"}) == [
+        "rftlib/smoke_bad.py:2 compares cfg.rollout_engine == 'vllm'"]

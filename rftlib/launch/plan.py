@@ -26,9 +26,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rftlib.algo.logprobs import auto_chunk_size
 from rftlib.config import RunConfig
+from rftlib.preflight.memory import MODELS, estimate_rollout_memory, estimate_train_memory
+from rftlib.rollout.factory import engine_kind
 from rftlib.rollout.vllm import API_KEY_ENV, VLLMSettings, engine_gpu_memory, engine_max_len
 from rftlib.rollout.vllm_server import server_command, server_env
+from rftlib.train.backends import backend_class, sharding_of
 from rftlib.train.launch import torchrun_command
 
 DEFAULT_RDZV_PORT = 29400
@@ -123,14 +127,13 @@ def detect_gpus() -> int:
 
 def _uses_gpus(cfg: RunConfig) -> bool:
     return cfg.device != "cpu" and (cfg.device.startswith("cuda") or bool(cfg.train_gpus or cfg.rollout_gpus)
-                                    or cfg.rollout_engine == "vllm" and cfg.vllm_placement == "server")
+                                    or engine_kind(cfg.rollout_engine).serves(cfg))
 
 
 def _server_engines(cfg: RunConfig) -> int:
-    """vLLM server engines this launch starts per node (none when vllm_urls name engines elsewhere)."""
-    if cfg.rollout_engine != "vllm" or cfg.vllm_placement != "server" or cfg.vllm_urls:
-        return 0
-    return cfg.vllm_num_engines
+    """Engine server processes this launch starts per node, as the engine declares them (vLLM: vllm_num_engines
+    when served, none when vllm_urls name engines elsewhere)."""
+    return engine_kind(cfg.rollout_engine).server_processes(cfg)
 
 
 def make_plan(cfg: RunConfig, run_dir: str | Path, *, preset: str = "", resume: bool = False,
@@ -158,9 +161,9 @@ def make_plan(cfg: RunConfig, run_dir: str | Path, *, preset: str = "", resume: 
     ranks = cfg.train_ranks or len(train) or 1
     if train and ranks != len(train):
         raise LaunchError(f"train_ranks={ranks} but train_gpus={train}: one trainer rank per GPU")
-    if ranks > 1 and cfg.backend == "single":
-        raise LaunchError(f"{ranks} trainer ranks with backend 'single': set backend ddp or deepspeed "
-                          "(or train_ranks 1 / one train GPU)")
+    if ranks > 1 and backend_class(cfg.backend).single_process:
+        raise LaunchError(f"{ranks} trainer ranks with backend '{cfg.backend}', which runs one process: choose a "
+                          "backend that runs ranks (ddp, or ZeRO's) (or train_ranks 1 / one train GPU)")
     hosts = list(cfg.hosts) or ["localhost"]
     if cfg.nnodes > 1 and len(hosts) != cfg.nnodes:
         raise LaunchError(f"nnodes={cfg.nnodes} needs one host per node in hosts (got {hosts})")
@@ -202,7 +205,7 @@ def make_plan(cfg: RunConfig, run_dir: str | Path, *, preset: str = "", resume: 
         procs.insert(node, Process(name, "trainer", node, hosts[node], train, cmd, env, f"logs/{name}.log"))
     return LaunchPlan(run_dir=run_dir, preset=preset, nnodes=cfg.nnodes, hosts=hosts, gpus_per_node=n_gpu,
                       train_ranks_per_node=ranks, backend=cfg.backend,
-                      zero_stage=cfg.zero_stage if cfg.backend == "deepspeed" else None,
+                      zero_stage=sharding_of(cfg).zero_stage or None,
                       offload={"params": cfg.offload_params, "optimizer": cfg.offload_optimizer},
                       engine_urls=urls, processes=procs)
 
@@ -214,8 +217,6 @@ def _max_len(cfg: RunConfig) -> int:
 
 def _shape_name(model: str) -> str | None:
     """The memory preflight's shape for a model id ("openai/gpt-oss-20b" -> "gpt-oss-20b"), or None."""
-    from rftlib.preflight.memory import MODELS
-
     tail = model.rsplit("/", 1)[-1].lower()
     for name in MODELS:
         if name.lower() == tail:
@@ -225,27 +226,21 @@ def _shape_name(model: str) -> str | None:
 
 def memory_checks(plan: LaunchPlan, cfg: RunConfig) -> list[tuple[str, Any]]:
     """(role, MemoryEstimate) for one trainer GPU and one engine GPU of the plan (rftlib.preflight.memory)."""
-    from rftlib.preflight.memory import estimate_rollout_memory, estimate_train_memory
-
     shape = _shape_name(cfg.model)
     if shape is None or not any(p.gpus for p in plan.processes):
         return []
     out = []
     trainer = plan.processes[0]
     if trainer.gpus:
-        from rftlib.algo.logprobs import auto_chunk_size
-        from rftlib.preflight.memory import MODELS
-
-        ds = cfg.backend == "deepspeed"
+        sharding = sharding_of(cfg)
         out.append(("trainer", estimate_train_memory(
             shape, gpu=cfg.launch_gpu_type, finetune="lora" if cfg.lora_rank else "full", lora_rank=cfg.lora_rank or 32,
             sequences=cfg.micro_batch_size, seq_len=_max_len(cfg),
             gradient_checkpointing=cfg.gradient_checkpointing, logits="chunked",
             logits_chunk=cfg.logprob_chunk_size or auto_chunk_size(MODELS[shape].vocab),
-            zero_stage=cfg.zero_stage if ds else 0, world_size=plan.world_size,
-            offload=ds and cfg.offload_params, adam_offload=ds and cfg.offload_optimizer,
-            title=f"trainer rank GPU ({cfg.launch_gpu_type}, {plan.backend}"
-                  f"{f' ZeRO-{plan.zero_stage}' if ds else ''} x {plan.world_size})")))
+            zero_stage=sharding.zero_stage, world_size=plan.world_size,
+            offload=sharding.offload_params, adam_offload=sharding.offload_optimizer,
+            title=f"trainer rank GPU ({cfg.launch_gpu_type}, {plan.backend}{sharding.label} x {plan.world_size})")))
     eng = [p for p in plan.processes if p.role == "vllm"]
     if eng:
         out.append(("vllm", estimate_rollout_memory(
@@ -257,19 +252,16 @@ def memory_checks(plan: LaunchPlan, cfg: RunConfig) -> list[tuple[str, Any]]:
 
 
 def generation_gather_note(cfg: RunConfig, trainer_est) -> str:
-    """What HF generate does under ZeRO-3 on a trainer GPU (rftlib.train.backends.deepspeed.gather_fits),
-    judged from the preflight: the whole model's bf16 weights against the GPU's room beside the estimate."""
-    if cfg.backend != "deepspeed" or cfg.zero_stage != 3 or cfg.rollout_engine != "hf":
-        return ""
-    from rftlib.preflight.memory import MODELS
-    from rftlib.train.backends.deepspeed import gather_fits
-
+    """What an engine that generates on the trainer's module does with partitioned weights (ZeRO-3: the
+    backend's plan_generation_gather), judged from the preflight: the whole model's bf16 weights against the
+    GPU's room beside the estimate. '' where the engine is separate or every rank holds whole weights."""
     shape = _shape_name(cfg.model)
-    if shape is None:
+    if shape is None or not engine_kind(cfg.rollout_engine).on_trainer_module:
         return ""
     model_bytes = int(MODELS[shape].n_params * 2)  # bf16 weights, gathered whole
     free = max(0, int((trainer_est.capacity_gb - trainer_est.total_gb) * 1e9))
-    return f"HF generate under ZeRO-3: {gather_fits(cfg, model_bytes, free)[1]}"
+    plan = backend_class(cfg.backend).plan_generation_gather(cfg, model_bytes, free)
+    return "" if plan is None else f"HF generate under ZeRO-3: {plan[1]}"
 
 
 def check_plan(plan: LaunchPlan, cfg: RunConfig, *, dry_run: bool = False,

@@ -642,15 +642,18 @@ def train_dtype_of(cfg) -> str:
 
 
 def estimate_for_config(cfg, shape: str | ModelShape, *, gpu: str | float, world_size: int, seq_len: int,
-                        chunk_rows: int, hf_generate: bool | None = None) -> MemoryEstimate:
-    """estimate_train_memory for a RunConfig (duck-typed: its fields), one trainer GPU of ``world_size`` ranks."""
-    ds = cfg.backend == "deepspeed"
-    gen = cfg.rollout_engine == "hf" if hf_generate is None else hf_generate
+                        chunk_rows: int, sharding, hf_generate: bool) -> MemoryEstimate:
+    """estimate_train_memory for a RunConfig (duck-typed: its fields), one trainer GPU of ``world_size`` ranks.
+
+    What depends on the backend and the engine comes from their declarations, passed in by the caller (this
+    layer knows neither registry): ``sharding`` (rftlib.train.backends.sharding_of: ZeRO stage, CPU offload)
+    and ``hf_generate`` (the engine generates on the trainer's module: EngineKind.on_trainer_module)."""
     return estimate_train_memory(
         shape, gpu=gpu, train_dtype=train_dtype_of(cfg), finetune="lora" if cfg.lora_rank else "full",
         lora_rank=max(cfg.lora_rank, 1), lora_targets=tuple(t for t in cfg.lora_target_modules
                                                  if t in (ATTENTION if get_model(shape).is_moe else ALL_LINEAR)) or ATTENTION, sequences=cfg.micro_batch_size, seq_len=seq_len,
         gradient_checkpointing=cfg.gradient_checkpointing, logits="chunked", logits_chunk=chunk_rows,
-        generation=(max(1, cfg.rollout_batch_size * cfg.n_samples_per_prompt // world_size), seq_len) if gen else None,
-        zero_stage=cfg.zero_stage if ds else 0, world_size=world_size, offload=ds and cfg.offload_params,
-        adam_offload=ds and cfg.offload_optimizer)
+        generation=(max(1, cfg.rollout_batch_size * cfg.n_samples_per_prompt // world_size), seq_len) if hf_generate
+        else None,
+        zero_stage=sharding.zero_stage, world_size=world_size, offload=sharding.offload_params,
+        adam_offload=sharding.offload_optimizer)

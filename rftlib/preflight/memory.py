@@ -12,6 +12,8 @@ from __future__ import annotations
 import dataclasses
 
 from rftlib.algo.logprobs import auto_chunk_size
+from rftlib.rollout.factory import engine_kind
+from rftlib.train.backends import sharding_of
 from rftlib.models.memory import (  # noqa: F401  (re-exported: the preflight's public names)
     ALL_LINEAR, ATTENTION, BYTES, GB, GPUS, LOGITS_LEAN, LOGITS_NAIVE, MODELS, TIGHT, MemoryEstimate, ModelShape,
     estimate_for_config, estimate_load_memory, estimate_rollout_memory, estimate_train_memory, get_model,
@@ -38,18 +40,19 @@ def memory_preflight(cfg) -> list[MemoryEstimate]:
     if shape is None:
         return []
     world, per_node = trainer_world(cfg)
-    ds = cfg.backend == "deepspeed"
+    sharding = sharding_of(cfg)
     seq_len = (cfg.prompt_max_len or 1024) + cfg.max_new_tokens
     dtype_cfg = cfg if cfg.dtype != "auto" else _with_dtype(cfg, "bfloat16")  # auto on a GPU: bf16
     train = estimate_for_config(dtype_cfg, shape, gpu=cfg.launch_gpu_type, world_size=world, seq_len=seq_len,
-                                chunk_rows=cfg.logprob_chunk_size or auto_chunk_size(shape.vocab))
-    train.title = f"{shape.name} training: one trainer GPU ({cfg.launch_gpu_type}, {cfg.backend}" + (
-        f" ZeRO-{cfg.zero_stage}" if ds else "") + f" x {world} rank(s))"
+                                chunk_rows=cfg.logprob_chunk_size or auto_chunk_size(shape.vocab), sharding=sharding,
+                                hf_generate=engine_kind(cfg.rollout_engine).on_trainer_module)
+    train.title = (f"{shape.name} training: one trainer GPU ({cfg.launch_gpu_type}, {cfg.backend}{sharding.label} "
+                   f"x {world} rank(s))")
     trainable = lora_params(shape, cfg.lora_rank, _targets(shape, cfg)) if cfg.lora_rank else shape.n_params
     load, host = estimate_load_memory(
         shape, gpu=cfg.launch_gpu_type, train_dtype=train_dtype_of(dtype_cfg), world_size=world,
-        ranks_per_node=per_node, zero_stage=cfg.zero_stage if ds else 0, offload=ds and cfg.offload_params,
-        adam_offload=ds and cfg.offload_optimizer, trainable=trainable)
+        ranks_per_node=per_node, zero_stage=sharding.zero_stage, offload=sharding.offload_params,
+        adam_offload=sharding.offload_optimizer, trainable=trainable)
     return [train, load, host]
 
 

@@ -13,11 +13,15 @@ generate 75 -> 6.6 tokens/s), so ranks sharing a machine's CPU split its cores b
 from __future__ import annotations
 
 import os
+import socket
+import sys
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.distributed as tdist
+
+from rftlib.train.backends import backend_class
 
 
 @dataclass
@@ -114,19 +118,21 @@ def cpu_threads_per_rank(local_world_size: int, requested: int = 0) -> int:
 
 def init_dist(cfg) -> Dist:
     """Set up this process for ``cfg.backend``: join the process group (torchrun's env), pick the
-    device, split CPU threads between ranks. One process (single, or ddp/deepspeed without torchrun)
-    needs no process group, except DeepSpeed, which insists on one (a world of 1)."""
+    device, split CPU threads between ranks. One process without torchrun needs no process group, except
+    under a backend that declares it needs one alone (``needs_group_alone``: DeepSpeed's initialize), which
+    gets a world of 1; the backend joins the group its own way (``Backend.join_group``)."""
     rank, world, local_rank, local_world = env_world()
-    if world > 1 and cfg.backend == "single":
-        raise RuntimeError(f"started as rank {rank} of {world} (torchrun) but backend is 'single': "
-                           "set backend: ddp or deepspeed, or start one process")
+    backend = backend_class(cfg.backend)
+    if world > 1 and backend.single_process:
+        raise RuntimeError(f"started as rank {rank} of {world} (torchrun) but backend '{cfg.backend}' runs one "
+                           "process: choose a backend that runs ranks (ddp, or ZeRO's), or start one process")
     device = resolve_device(cfg.device, local_rank)
     if device.type == "cuda":
         torch.cuda.set_device(device)
     threads = cpu_threads_per_rank(local_world, cfg.torch_threads)
     if device.type == "cpu" and (cfg.torch_threads or local_world > 1):
         torch.set_num_threads(threads)
-    needs_group = world > 1 or cfg.backend == "deepspeed"
+    needs_group = world > 1 or backend.needs_group_alone
     if needs_group and not tdist.is_initialized():
         pg_backend = "nccl" if device.type == "cuda" else "gloo"
         if world == 1:  # a one-rank group on a free port, without torchrun
@@ -135,12 +141,7 @@ def init_dist(cfg) -> Dist:
             os.environ.setdefault("RANK", "0")
             os.environ.setdefault("WORLD_SIZE", "1")
             os.environ.setdefault("LOCAL_RANK", "0")
-        if cfg.backend == "deepspeed":
-            from rftlib.train.backends.deepspeed import import_deepspeed
-
-            import_deepspeed().init_distributed(dist_backend=pg_backend)
-        else:
-            tdist.init_process_group(backend=pg_backend, device_id=device if device.type == "cuda" else None)
+        backend.join_group(pg_backend, device)
     return Dist(rank=rank, world_size=world, local_rank=local_rank, local_world_size=local_world, device=device)
 
 
@@ -157,8 +158,6 @@ def without_group_env(env: dict[str, str]) -> dict[str, str]:
 
 
 def _free_port() -> int:
-    import socket
-
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -186,8 +185,6 @@ def exit_rank(code: int = 0) -> None:
     and killed the other rank. ``os._exit`` skips that teardown; call it only after every file is
     written and the process group is destroyed. Never call it in a process that is not a rank.
     """
-    import sys
-
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()

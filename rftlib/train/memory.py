@@ -13,6 +13,8 @@ import sys
 import torch
 
 from rftlib.models.memory import estimate_for_config, shape_from_hf_config
+from rftlib.rollout.factory import engine_kind
+from rftlib.train.backends import sharding_of
 
 
 def peak_rss_gib() -> float:
@@ -26,7 +28,8 @@ def preflight_gib(cfg, hf_config, world_size: int, prompt_len: int, chunk_rows: 
     try:
         total = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory / 1e9
         est = estimate_for_config(cfg, shape_from_hf_config(hf_config), gpu=total, world_size=world_size,
-                                  seq_len=prompt_len + cfg.max_new_tokens, chunk_rows=chunk_rows)
+                                  seq_len=prompt_len + cfg.max_new_tokens, chunk_rows=chunk_rows,
+                                  sharding=sharding_of(cfg), hf_generate=engine_kind(cfg.rollout_engine).on_trainer_module)
         return est.total_gb * 1e9 / 2**30
     except (ValueError, KeyError, AttributeError, RuntimeError):
         return None

@@ -11,26 +11,38 @@ and how the optimizer steps. The loop calls the same methods whichever backend r
     backend.adapter_state()          the LoRA tensors to hand an engine (gathered), None without LoRA
     backend.generation_gather()      (a context HF generate runs in with the whole model gathered, or None; why)
 
-and reads what a backend declares instead of its name:
+and reads what a backend declares instead of its name. A backend subclasses :class:`Backend`, whose
+class-level declarations answer before anything is built (the config's checks, the memory preflight,
+the launch plan, the process group) and default to a backend that holds a whole model on every rank:
 
     fixed_micro_steps   the optimizer steps after a fixed count of micro-steps (no row skipping)
     micro_step_grads    p.grad holds the running gradient after each micro-step (the GNS probe)
     partitions_params   each rank holds a shard of every weight (generation on the module runs in lock-step)
-    partitioned_load_config(cfg, world)   the config to load the policy partitioned under (ZeRO-3), else None
+    needs_group_alone   one process without torchrun still joins a (one-rank) process group
+    single_process      runs one process only (refused as a torchrun rank)
+    check_config(cfg) -> [problem, ...]     the backend's own rules on a RunConfig (offload, ZeRO stage, dtype)
+    sharding(cfg) -> Sharding               ZeRO stage and CPU offload, for the memory estimates and plans
+    partitioned_load_config(cfg, world)     the config to load the policy partitioned under (ZeRO-3), else None
+    join_group(pg_backend, device)          how this process joins torch.distributed's group
+    plan_generation_gather(cfg, model_bytes, free_bytes) -> (gather?, why) | None   HF generate on shards
     checkpoint_format   which backends can resume each other's checkpoints (checkpoint_format_of(name))
 
 ``single`` and ``ddp`` are torch (rftlib.train.backends.torch_backend); ``deepspeed`` is DeepSpeed's
 engine (ZeRO-2/3, CPU offload), imported only when asked for (DeepSpeed is an optional heavy
 dependency, imported in one place: deepspeed.import_deepspeed).
 
-How to add a backend (one place): a class with the methods above in its own module here, registered
-with ``BACKENDS.register("name")(MyBackend)``, and its module named in ``BACKEND_MODULES`` so
+How to add a backend (one place): a :class:`Backend` subclass with the methods above in its own module
+here, registered with ``BACKENDS.register("name")(MyBackend)``, and its module named in ``BACKEND_MODULES`` so
 ``make_backend`` imports it when a config asks for it (tests/test_train_build.py registers a toy one).
 """
 
 from __future__ import annotations
 
 import importlib
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as tdist
 
 from rftlib.algo.registry import Registry
 
@@ -42,6 +54,73 @@ BACKEND_MODULES = {"single": "torch_backend", "ddp": "torch_backend", "deepspeed
 
 CHECKPOINT_FORMATS = {"single": "torch", "ddp": "torch"}
 """backend name -> checkpoint format, where several backends share one (others: their own name)"""
+
+
+ZERO_BACKEND = "deepspeed"
+"""the backend that runs DeepSpeed ZeRO stages and CPU offload: what a caller that asks for ZeRO by
+design (rft smoke's ZeRO-3 line, a preset) names, without spelling a backend's name outside this package"""
+
+
+@dataclass(frozen=True)
+class Sharding:
+    """How a backend lays the training state over ranks and memory, declared from the config alone: read by
+    the memory estimates (rftlib.models.memory), the preflight and the launch plan before anything is built."""
+
+    zero_stage: int = 0
+    """0: every rank holds whole weights, gradients and optimizer state; 2: gradients and optimizer state
+    partitioned; 3: the weights too"""
+    offload_params: bool = False
+    offload_optimizer: bool = False
+
+    @property
+    def label(self) -> str:
+        """' ZeRO-3' for a title, '' when nothing is partitioned."""
+        return f" ZeRO-{self.zero_stage}" if self.zero_stage else ""
+
+
+class Backend:
+    """The declarations every backend makes, with the defaults of one that keeps a whole model, its gradients
+    and its optimizer state on every rank (single, ddp). A subclass overrides what differs; the instance
+    methods of the seam (forward, accumulate, backward, step, ...) are the subclass's own."""
+
+    name = "base"
+    fixed_micro_steps = False
+    micro_step_grads = True
+    partitions_params = False
+    needs_group_alone = False
+    single_process = False  # refuses to run as one of several torchrun ranks (single)
+
+    @staticmethod
+    def check_config(cfg) -> list[str]:
+        """Problems with ``cfg`` under this backend, each a sentence naming the field (RunConfig's checks
+        add them to the config's error)."""
+        problems = []
+        if cfg.offload_params or cfg.offload_optimizer:
+            problems.append(f"offload_params/offload_optimizer need backend: {ZERO_BACKEND} (CPU offload is "
+                            f"DeepSpeed ZeRO's; backend '{cfg.backend}' keeps the training state on the device)")
+        if cfg.dtype == "float16" and cfg.device == "cpu":
+            problems.append("dtype float16 on CPU: CPUs have no fast float16 and no GradScaler path; use float32 "
+                            "or bfloat16")
+        return problems
+
+    @staticmethod
+    def sharding(cfg) -> Sharding:
+        return Sharding()
+
+    @staticmethod
+    def partitioned_load_config(cfg, world_size: int) -> dict | None:
+        return None
+
+    @staticmethod
+    def join_group(pg_backend: str, device: torch.device) -> None:
+        """Join torch.distributed's group from torchrun's environment (init_dist has set a one-rank one's)."""
+        tdist.init_process_group(backend=pg_backend, device_id=device if device.type == "cuda" else None)
+
+    @staticmethod
+    def plan_generation_gather(cfg, model_bytes: int, free_bytes: int) -> tuple[bool, str] | None:
+        """For HF generate on partitioned weights: (gather the whole model once per rollout?, why), judged from
+        the weights' size and the free memory beside them; None where every rank holds whole weights."""
+        return None
 
 
 def checkpoint_format_of(name: str) -> str:
@@ -59,10 +138,13 @@ def backend_class(name: str):
 
 def partitioned_load_config(cfg, world_size: int) -> dict | None:
     """The config under which the policy must be *loaded* partitioned (ZeRO-3: every parameter arrives as
-    this rank's shard, rftlib.models.loading.load_policy), or None when the backend wraps a whole model.
-    A backend declares it with a ``partitioned_load_config(cfg, world_size)`` static method."""
-    declare = getattr(backend_class(cfg.backend), "partitioned_load_config", None)
-    return declare(cfg, world_size) if declare is not None else None
+    this rank's shard, rftlib.models.loading.load_policy), or None when the backend wraps a whole model."""
+    return backend_class(cfg.backend).partitioned_load_config(cfg, world_size)
+
+
+def sharding_of(cfg) -> Sharding:
+    """The ZeRO stage and CPU offload ``cfg.backend`` runs ``cfg`` with (Sharding() for a whole-model backend)."""
+    return backend_class(cfg.backend).sharding(cfg)
 
 
 def make_backend(cfg, dist, model, *, total_opt_steps: int, warmup_steps: int):

@@ -19,12 +19,13 @@ import contextlib
 import json
 import math
 import os
+import warnings
 from pathlib import Path
 
 import torch
 
-from rftlib.train.backends import BACKENDS
 from rftlib.models.forward import PolicyForward
+from rftlib.train.backends import BACKENDS, Backend, Sharding
 from rftlib.train.backends.scheduler import make_scheduler
 
 DS_TAG = "ds"  # the tag of the one DeepSpeed checkpoint inside a step directory
@@ -34,8 +35,6 @@ def import_deepspeed():
     """deepspeed, imported lazily, with the install line when it is missing."""
     if not torch.cuda.is_available():
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
-    import warnings
-
     # ZeRO-3 calls torch's older collective names each step; torch warns every time
     warnings.filterwarnings("ignore", message=r"`torch\.distributed\.(all_gather_into_tensor|reduce_scatter_tensor)` "
                             "is deprecated", category=FutureWarning)
@@ -102,12 +101,39 @@ def deepspeed_config_for(cfg, world_size: int) -> dict:
                             // cfg.micro_batch_size)
 
 
-class DeepSpeedBackend:
+class DeepSpeedBackend(Backend):
     name = "deepspeed"
+    needs_group_alone = True  # deepspeed.initialize insists on a process group, even for one process
     # DeepSpeed steps the optimizer after gradient_accumulation_steps micro-batches, a count fixed at
     # initialize: the loop must run exactly that many per optimizer batch (no zero-advantage row skipping)
     fixed_micro_steps = True
     micro_step_grads = False  # gradients live in DeepSpeed's buffers (partitioned): no per-micro-batch p.grad (GNS probe)
+
+    @staticmethod
+    def check_config(cfg) -> list[str]:
+        """ZeRO stage 2 or 3; parameters offload only where ZeRO-3 partitions them. float16 is DeepSpeed's own
+        loss-scaled path (on CPU too)."""
+        problems = []
+        if cfg.zero_stage not in (2, 3):
+            problems.append(f"zero_stage={cfg.zero_stage}: rftlib drives DeepSpeed ZeRO stage 2 or 3")
+        if cfg.offload_params and cfg.zero_stage != 3:
+            problems.append("offload_params needs zero_stage 3 (ZeRO-2 partitions no parameters to offload)")
+        return problems
+
+    @staticmethod
+    def sharding(cfg) -> Sharding:
+        return Sharding(zero_stage=cfg.zero_stage, offload_params=cfg.offload_params,
+                        offload_optimizer=cfg.offload_optimizer)
+
+    @staticmethod
+    def join_group(pg_backend: str, device: torch.device) -> None:
+        """DeepSpeed's own init_distributed (it records the group its engine and zero.Init use)."""
+        import_deepspeed().init_distributed(dist_backend=pg_backend)
+
+    @staticmethod
+    def plan_generation_gather(cfg, model_bytes: int, free_bytes: int) -> tuple[bool, str] | None:
+        """ZeRO-3: :func:`gather_fits`; below it every rank holds the whole model (None)."""
+        return gather_fits(cfg, model_bytes, free_bytes) if cfg.zero_stage == 3 else None
 
     @staticmethod
     def partitioned_load_config(cfg, world_size: int) -> dict | None:

@@ -1,6 +1,6 @@
 """``single`` (one process) and ``ddp`` (torch DistributedDataParallel under torchrun) backends.
 
-Both run torch's AdamW and the LR schedule of rftlib.train.schedule. Under DDP every rank holds the
+Both run torch's AdamW and the LR schedule of rftlib.train.backends.scheduler. Under DDP every rank holds the
 whole model and optimizer; gradients are all-reduced (averaged) on the last micro-step of each
 optimizer batch only (``no_sync`` before it, as nanoGPT does), so a rank's optimizer state equals
 every other rank's and rank 0's copy is the checkpoint.
@@ -24,9 +24,10 @@ import math
 from pathlib import Path
 
 import torch
+from torch.nn.parallel import DistributedDataParallel as DDP
 
-from rftlib.train.backends import BACKENDS
 from rftlib.models.forward import PolicyForward
+from rftlib.train.backends import BACKENDS, Backend
 from rftlib.train.backends.scheduler import make_scheduler
 
 
@@ -38,8 +39,9 @@ def keep_float32_masters(params: list[torch.nn.Parameter]) -> None:
             p.data = p.data.float()
 
 
-class TorchBackend:
+class TorchBackend(Backend):
     name = "single"
+    single_process = True  # several ranks need DDP's gradient all-reduce: backend ddp
     fixed_micro_steps = False  # the optimizer steps when the loop says so: micro-batches may be skipped
     micro_step_grads = True  # p.grad holds the accumulated gradient after each micro-step (the GNS probe reads it)
     partitions_params = False  # every rank holds whole weights
@@ -135,12 +137,11 @@ class TorchBackend:
 
 class DDPBackend(TorchBackend):
     name = "ddp"
+    single_process = False
 
     def _wrap(self, policy):
         if not self.dist.distributed:
             return policy  # one rank: DDP would only add hooks
-        from torch.nn.parallel import DistributedDataParallel as DDP
-
         dev = self.dist.device
         return DDP(policy, device_ids=[dev.index] if dev.type == "cuda" else None)
 
