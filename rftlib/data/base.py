@@ -30,6 +30,34 @@ class Example:
     meta: dict = field(default_factory=dict, compare=False, hash=False)
 
 
+class Sampler:
+    """A training pool's prompt order behind a resumable state: what the trainer draws each rollout's prompts
+    from. A subclass gives ``next``, ``state`` and ``load_state``; one that moves on the measured solve rate (a
+    curriculum) declares ``adaptive = True`` and overrides ``update``; ``metrics`` is logged each step. Every
+    rank holds the same sampler and draws the same global order (the trainer slices it per rank)."""
+
+    adaptive = False
+    """moved by the results: the trainer gathers every rank's (pool index, correctness) into update() each step"""
+
+    def next(self, k: int) -> list[int]:
+        """The next ``k`` pool indices."""
+        raise NotImplementedError
+
+    def state(self) -> dict:
+        """What a checkpoint keeps to resume the order exactly."""
+        raise NotImplementedError
+
+    def load_state(self, s: dict) -> None:
+        raise NotImplementedError
+
+    def update(self, indices: list[int], correct: list[float]) -> None:
+        """Results of the rollout just scored (one entry per sample); only an adaptive sampler uses them."""
+
+    def metrics(self) -> dict[str, float]:
+        """Numbers for the step's metrics row (a curriculum's level, a mix's shares); none by default."""
+        return {}
+
+
 @dataclass
 class Task:
     """A training pool, a held-out set disjoint from it, and the reward for one completion."""
@@ -52,10 +80,9 @@ class Task:
             raise ValueError(f"task {self.name}: {len(overlap)} held-out prompts also in the training pool, "
                              f"e.g. {sorted(overlap)[0]!r}")
 
-    def make_sampler(self, seed: int):
-        """The task's own prompt sampler (a curriculum, weighted mixing), or None for the trainer's seeded
-        per-epoch order. A sampler has next(k), state(), load_state(s); optionally update(indices,
-        correct) (moved by the measured solve rate) and metrics() (logged each step)."""
+    def make_sampler(self, seed: int) -> Sampler | None:
+        """The task's own prompt sampler (a curriculum, weighted mixing: a :class:`Sampler`), or None for the
+        trainer's seeded per-epoch order."""
         return None
 
     def eval_set(self, probe: str) -> list[Example]:

@@ -25,7 +25,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from rftlib.data.base import TASKS, Example, Task, build_task
+from rftlib.data.base import TASKS, Example, Sampler, Task, build_task
 
 
 @dataclass(frozen=True)
@@ -90,8 +90,10 @@ def _set_rng_state(rng: random.Random, s: list) -> None:
     rng.setstate((s[0], tuple(s[1]), s[2]))
 
 
-class CurriculumSampler:
+class CurriculumSampler(Sampler):
     """Curriculum over a pool of Examples; see the module docstring for the rule."""
+
+    adaptive = True  # moves on the measured solve rate (update)
 
     def __init__(self, pool: list[Example], seed: int = 0, config: CurriculumConfig | None = None, *,
                  start_level: Any = None, difficulty: Callable[[Example], Any] = lambda e: e.meta["difficulty"],
@@ -212,7 +214,7 @@ class CurriculumSampler:
 # mixing tasks
 
 
-class WeightedSampler:
+class WeightedSampler(Sampler):
     """Deals pool indices task by task in proportion to weights (smooth weighted round-robin:
     after n draws each task has within one draw of n * its share), each task's examples in seeded
     per-pass permutations."""

@@ -33,7 +33,7 @@ import torch
 from rftlib.algo.schedule import warmup_steps_for
 from rftlib.attempts import AttemptLockedError, create_attempt, lock_attempt
 from rftlib.config import ConfigError, RunConfig
-from rftlib.data.base import Task, build_task as build_registered_task
+from rftlib.data.base import Sampler, Task, build_task as build_registered_task
 from rftlib.eval import format_prompts
 from rftlib.models.loading import Reference, is_peft, load_policy
 from rftlib.monitor.metrics import MetricsLogger
@@ -59,7 +59,7 @@ class Parts:
     reference: Reference  # the KL reference: the adapter disabled, never a second copy
     backend: Any  # rftlib.train.backends
     engine: Any  # rftlib.rollout.base.RolloutEngine
-    sampler: Any  # next(k) / state() / load_state(); optionally update() and metrics() (a curriculum)
+    sampler: Sampler  # rftlib.data.base.Sampler: next(k) / state() / load_state(); update() when adaptive
     logger: MetricsLogger | None  # rank 0 only
     load_seconds: float  # loading the policy, for the report
     total_opt_steps: int

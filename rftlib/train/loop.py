@@ -214,7 +214,7 @@ class Trainer:
     def _move_sampler(self, indices: list[int], diags: list[dict], rewards: list[float]) -> None:
         """A sampler that moves on the measured solve rate (a curriculum) sees every rank's results, so it
         moves the same way on every rank."""
-        if not hasattr(self.sampler, "update"):
+        if not self.sampler.adaptive:
             return
         G = self.cfg.n_samples_per_prompt
         correct = [float(d.get("correctness", r)) for d, r in zip(diags, rewards)]
@@ -404,8 +404,7 @@ class Trainer:
                            skipped_steps=self.skipped_steps)
         for k in (allr["extra"][0] if allr["extra"] else {}):  # per-rank step metrics: the mean over ranks
             row[k] = float(np.mean([e[k] for e in allr["extra"]]))
-        if hasattr(self.sampler, "metrics"):
-            row.update(self.sampler.metrics())
+        row.update(self.sampler.metrics())
         row.update(step_memory(D.device))
         if not self.engine.shares_trainer_module:
             row.update({"sync/bytes": float(sync.get("bytes", 0)),

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from rftlib.data.base import Sampler
 
-class PromptSampler:
+
+class PromptSampler(Sampler):
     """Walks the training pool in seeded per-epoch permutations; its state is a resumable cursor."""
 
     def __init__(self, pool_size: int, seed: int, epoch: int = 0, pos: int = 0):
