@@ -18,6 +18,7 @@ import torch
 from rftlib.data.code_basics import FAMILIES, code_basics_task
 from rftlib.eval import format_prompts
 from rftlib.models.loading import compute_dtype, load_model_and_tokenizer
+from rftlib.rewards.registry import as_reward
 from rftlib.rollout.hf import HFEngine
 
 
@@ -32,6 +33,7 @@ def measure(model_name: str = "smollm2-135m", *, samples: int = 4, max_new_token
     ex = task.eval
     rows = {e.id: {"family": e.meta["type"], "greedy": 0.0, "sampled": 0.0, "rg": 0.0, "rs": 0.0,
                    "len": 0.0, "trunc": 0.0} for e in ex}
+    reward = as_reward(task.reward)  # the registered code_tests reward, with its declared batch form
     t0 = time.time()
     for mode, n in (("greedy", 1), ("sampled", samples)):
         if n == 0:
@@ -42,8 +44,8 @@ def measure(model_name: str = "smollm2-135m", *, samples: int = 4, max_new_token
             ro = engine.generate(format_prompts(tok, batch, task.system_prompt), group_size=n,
                                  max_new_tokens=max_new_tokens, temperature=temperature if n > 1 else 0.0,
                                  greedy=n == 1)
-            rewards = task.reward.batch(list(ro.texts), [e for e in batch for _ in range(n)],
-                                        [bool(c) for c in ro.truncated.tolist()])
+            rewards = reward.score(list(ro.texts), [e for e in batch for _ in range(n)],
+                                   [bool(c) for c in ro.truncated.tolist()])
             lengths = ro.lengths().tolist()
             for j, e in enumerate(batch):
                 r = rows[e.id]

@@ -13,6 +13,7 @@ from rftlib.data.code_problems import (FAMILIES, PROBLEMS_FILE, code_problems_ta
                                        load_code_problems, procedural_code_problems)
 from rftlib.data.jsonl import DataError
 from rftlib.rewards.code import batch_code_reward, code_reward
+from rftlib.rewards.registry import as_reward
 
 
 def test_set_spans_difficulties_1_to_10_with_seed_002_anchors():
@@ -58,8 +59,9 @@ def test_batch_form_scores_like_the_row_by_row_reward(sb, monkeypatch):
     wrong = ex.answer.replace("n % 15 == 0", "n == 30")
     texts = [f"```python\n{ex.answer}```", f"```python\n{wrong}```", "no code at all"]
     trunc = [False, True, False]
-    assert code_task_reward.batch is cp.code_task_batch_reward  # what the trainer looks for
-    batch = code_task_reward.batch(texts, [ex] * 3, trunc)
+    code = as_reward(code_task_reward)  # what the trainer scores with: the registered reward, batch form declared
+    assert code.batch is cp.code_task_batch_reward and not hasattr(code_task_reward, "batch")
+    batch = code.score(texts, [ex] * 3, trunc)
     # 1.0 (all pass), 0.5 * 4/5 (4 of 5 tests; the partial-credit rule above), 0.0 (nothing to run)
     assert [r for r, _ in batch] == pytest.approx([1.0, 0.4, 0.0])
     def timeless(scored):  # exec_s is a wall-clock measurement: it differs run to run

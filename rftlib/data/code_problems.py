@@ -303,9 +303,8 @@ def code_task_batch_reward(completions: list[str], examples: list[Example],
     return [_task_result(r, t) for r, t in zip(rs, truncated)]
 
 
-# the trainer scores a whole rollout with ``Task.reward.batch`` when the reward has one; a wrapper
-# that replaces the reward (a recording one, a test's) carries no ``batch`` and is called row by row
-code_task_reward.batch = code_task_batch_reward
+# the batch form is declared with the registration: the trainer's as_reward(task.reward) finds the registered
+# Reward (row function + batch form); a wrapper that replaces the reward (a test's) is scored row by row
 register_reward("code_tests", code_task_reward, batch=code_task_batch_reward)  # the reward seam: rftlib.rewards.registry
 
 

@@ -49,7 +49,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from rftlib.train.schedule import MIN_LR_RATIO, lr_at, warmup_steps_for
+from rftlib.algo.schedule import MIN_LR_RATIO, lr_at, warmup_steps_for
 
 CHECK_STEP = 20  # seed 003 §7: "Aborts if LR@step20 < 30% of target"
 
