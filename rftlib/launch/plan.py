@@ -26,13 +26,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from rftlib.algo.logprobs import auto_chunk_size
-from rftlib.config import RunConfig
+from rftlib.config import ConfigError, RunConfig
 from rftlib.preflight.memory import MODELS, estimate_rollout_memory, estimate_train_memory
 from rftlib.rollout.factory import engine_kind
 from rftlib.rollout.vllm import API_KEY_ENV, VLLMSettings, engine_gpu_memory, engine_max_len
 from rftlib.rollout.vllm_server import server_command, server_env
 from rftlib.train.backends import backend_class, sharding_of
+from rftlib.train.build import check_world
 from rftlib.train.launch import torchrun_command
 
 DEFAULT_RDZV_PORT = 29400
@@ -110,8 +113,6 @@ class LaunchPlan:
 def detect_gpus() -> int:
     """GPUs this machine shows: torch.cuda.device_count(), else nvidia-smi's list, else 0."""
     try:
-        import torch
-
         if torch.cuda.is_available():
             return torch.cuda.device_count()
     except Exception:  # a broken CUDA install counts as no GPU, the check then says so
@@ -294,10 +295,7 @@ def check_plan(plan: LaunchPlan, cfg: RunConfig, *, dry_run: bool = False,
     else:
         notes.append(f"CPU plan: {plan.train_ranks_per_node} trainer rank(s) per node, no GPU")
     try:  # the trainer's own rule for sharding prompts over ranks, checked before anything starts
-        from rftlib.config import ConfigError
-        from rftlib.train.loop import Trainer
-
-        Trainer._check_world(cfg, plan.world_size)
+        check_world(cfg, plan.world_size)
     except ConfigError as e:
         problems.append(f"{e}: change the trainer ranks (train_gpus / train_ranks / nnodes) or the batch sizes")
     for role, est in memory_checks(plan, cfg):

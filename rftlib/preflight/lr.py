@@ -49,6 +49,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from matplotlib.figure import Figure
+
 from rftlib.algo.schedule import MIN_LR_RATIO, lr_at, warmup_steps_for
 
 CHECK_STEP = 20  # seed 003 §7: "Aborts if LR@step20 < 30% of target"
@@ -130,8 +132,6 @@ class LRPreflight:
         """LR against optimizer step (the trainer's numbering: step k trains at lr_at(k - 1)), with the
         first full-LR step, the check step and the refusal threshold marked."""
         if ax is None:  # a bare Figure: no pyplot state, works headless and is shown inline by Jupyter
-            from matplotlib.figure import Figure
-
             fig = Figure(figsize=(6, 3.5), layout="constrained")
             ax = fig.add_subplot()
         else:

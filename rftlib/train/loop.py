@@ -44,7 +44,7 @@ from rftlib.train import checkpoint as ckpt
 from rftlib.train import steps
 from rftlib.train.backends import checkpoint_format_of
 from rftlib.train.backends.scheduler import restart_schedule
-from rftlib.train.build import Parts, build, check_world, fit_prompts
+from rftlib.train.build import Parts, build, fit_prompts
 from rftlib.train.dist import Dist
 from rftlib.train.memory import preflight_gib, step_memory
 from rftlib.train.step_metrics import step_metrics
@@ -61,8 +61,6 @@ class Trainer:
     ``reward_override`` is deprecated (it replaces the task's reward, eval included): pass a task
     with its reward, ``task=Task(..., reward=fn)``, or name rewards in RunConfig.rewards.
     """
-
-    _check_world = staticmethod(check_world)  # rftlib.launch.plan checks a plan's world size with it
 
     def __init__(self, cfg: RunConfig, run_dir: str | Path | None = None, *, resume: bool = False,
                  progress: bool = True, callbacks: list[Callable[[dict], None]] | None = None,
@@ -698,8 +696,6 @@ class Trainer:
     def _fit_prompts(self, max_len: int) -> None:
         """rftlib.train.build.fit_prompts on this trainer's task (prompt_max_len)."""
         fit_prompts(self.task, self.tok, max_len, say=self.dist.is_main)
-
-    # the optimizer state lives in the backend (DeepSpeed partitions it)
 
 
 def resume_config(run_dir: str | Path, **overrides: Any) -> RunConfig:

@@ -27,6 +27,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from rftlib.models.forward import PolicyForward
+from rftlib.models.loading import load_trainable_state
 from rftlib.train.backends import BACKENDS, Backend
 from rftlib.train.backends.scheduler import make_scheduler
 
@@ -118,8 +119,6 @@ class TorchBackend(Backend):
             torch.save(self.scaler.state_dict(), tmp / "grad_scaler.pt")
 
     def load(self, d: Path) -> None:
-        from rftlib.models.loading import load_trainable_state
-
         load_trainable_state(self.model, torch.load(d / "trainable.pt", weights_only=True,
                                                     map_location=self.dist.device))
         self.optimizer.load_state_dict(torch.load(d / "optimizer.pt", weights_only=False,
