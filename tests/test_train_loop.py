@@ -234,7 +234,7 @@ def test_training_logprobs_match_behaviour_logprobs(tiny_cfg):
     """At ratio 1 the trainer's logprobs (hidden states + chunked head, explicit position ids)
     equal what generate sampled with: same model, same temperature, left padding."""
     from rftlib.eval import format_prompts
-    from rftlib.train.forward import completion_logprobs
+    from rftlib.models.forward import completion_logprobs
 
     tr = Trainer(tiny_cfg(temperature=0.7, autocast="none"), progress=False)
     ex = tr.task.train[:3]
@@ -252,7 +252,7 @@ def test_lora_reference_is_base_model_with_adapter_disabled(tiny_cfg, tiny_dir):
     from transformers import AutoModelForCausalLM
 
     from rftlib.eval import format_prompts
-    from rftlib.train.forward import completion_logprobs
+    from rftlib.models.forward import completion_logprobs
 
     tr, _ = _run(tiny_cfg(num_steps=2, beta=0.1, autocast="none", lr=5e-2), reward_override=varied_reward)
     ro = tr.engine.generate(format_prompts(tr.tok, tr.task.train[:2]), group_size=2, max_new_tokens=8,
