@@ -428,7 +428,7 @@ def worker_update(side: str, args) -> None:
     if side == "rftlib":
         from rftlib.algo.losses import grpo_loss
         from rftlib.models.loading import apply_lora
-        from rftlib.train.forward import completion_logprobs
+        from rftlib.models.forward import completion_logprobs
         from rftlib.algo.logprobs import auto_chunk_size, recompute_needed
         chunk = args.chunk_size or auto_chunk_size(args.vocab)  # 0: the Trainer's default (logprob_chunk_size 0)
         recompute = recompute_needed(args.rows * args.completion_len, args.vocab, chunk)

@@ -40,6 +40,22 @@ def tiny_cfg(tmp_path):
     return make
 
 
+@pytest.fixture(scope="session")
+def task_with():
+    """``task_with(cfg, reward)``: the config's own task (RunConfig.task with its task_args and eval_size)
+    scored by ``reward``: how a test hands the trainer its reward, ``Trainer(cfg, task=task_with(cfg, fn))``.
+    A fresh task on each call (build() drops prompts longer than prompt_max_len from task.train in place),
+    so a resumed Trainer gets its own. Session-scoped: a module fixture may use it."""
+    from dataclasses import replace
+
+    from rftlib.train.build import build_task
+
+    def make(cfg, reward):
+        return replace(build_task(cfg), reward=reward)
+
+    return make
+
+
 @pytest.fixture(scope="module")
 def sb(request):
     """A 2-worker code sandbox pool shared by a test module. A module sets ``SANDBOX_TIMEOUT_S`` for another

@@ -12,6 +12,7 @@ final trainable weights, the optimizer's Adam moments and (ZeRO-3) each rank's p
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import hashlib
 import json
 import sys
@@ -19,10 +20,7 @@ from pathlib import Path
 
 import torch
 
-
-def reward(text, ex, truncated):
-    """Learnable by the tiny model: the share of the letter 'a' in the completion (varies within a group)."""
-    return min(1.0, 5 * text.count("a") / max(len(text), 1)), {"correctness": 0.0}
+from toy_rewards import letter_a_share  # tests/toy_rewards.py: this script's directory is on sys.path
 
 
 class PerPromptSeededEngine:
@@ -87,6 +85,7 @@ def main(argv=None) -> None:
     from rftlib.config import make_config
     from rftlib.models.tiny import tiny_model_dir  # noqa: F401  (builds it once, before ranks race)
     from rftlib.rollout.hf import HFEngine
+    from rftlib.train.build import build_task
     from rftlib.train.dist import exit_rank, init_dist, shutdown_dist
     from rftlib.train.loop import Trainer
 
@@ -102,7 +101,8 @@ def main(argv=None) -> None:
     cfg = make_config("tiny", overrides)
     dist = init_dist(cfg)
     run_dir = out / "runs" / "attempt-01-dist" if a.resume else None  # the first session's attempt
-    tr = Trainer(cfg, run_dir=run_dir, resume=a.resume, progress=False, reward_override=reward, dist=dist)
+    task = dataclasses.replace(build_task(cfg), reward=letter_a_share)  # the config's task, scored by the test's reward
+    tr = Trainer(cfg, run_dir=run_dir, resume=a.resume, progress=False, task=task, dist=dist)
     init = tr.backend.trainable_state()  # the weights before this session's first update (a resume: restored)
     tr.engine = PerPromptSeededEngine(HFEngine(tr.model, tr.tok, amp=None, synced_gpus=tr.engine.synced_gpus))
     if a.resume:

@@ -100,15 +100,11 @@ def test_every_family_variant_shows_in_the_config_diff(name):
     assert d[name][1] == VARIANTS[name], d
 
 
-def digit_reward(text, example, truncated):
-    r = float(any(c.isdigit() for c in text))
-    return r, {"correctness": r}
-
-
-def test_rft_ab_grpo_gspo_cispo_trains_each_arm_and_writes_the_compare_report(tmp_path):
+def test_rft_ab_grpo_gspo_cispo_trains_each_arm_and_writes_the_compare_report(tmp_path, task_with):
     from rftlib.attempts import create_attempt
     from rftlib.report.publish import write_compare
     from rftlib.train.loop import Trainer
+    from toy_rewards import has_digit
 
     runs, reports = tmp_path / "runs", tmp_path / "reports"
     base = {"runs_root": str(runs), "num_steps": 3, "eval_steps": 3, "lr": 2e-2, "warmup_ratio": 0.0}
@@ -117,7 +113,7 @@ def test_rft_ab_grpo_gspo_cispo_trains_each_arm_and_writes_the_compare_report(tm
     def train(params):
         params = dict(params)
         cfg = make_config(params.pop("preset"), {**params, "name": params["policy_loss"]})
-        trainer = Trainer(cfg, create_attempt(cfg), progress=False, reward_override=digit_reward)
+        trainer = Trainer(cfg, create_attempt(cfg), progress=False, task=task_with(cfg, has_digit))
         before = {k: v.detach().clone() for k, v in trainer.model.named_parameters() if v.requires_grad}
         trainer.train()
         after = dict(trainer.model.named_parameters())

@@ -6,8 +6,6 @@ GSPO and GMPO average a per-completion quantity over completions (only seq-mean-
 that; token-mean weighs a completion by its length), CISPO normalises by the batch's token count.
 """
 
-import hashlib
-
 import pytest
 import torch
 
@@ -15,6 +13,7 @@ import rftlib.train.loop as loop
 from rftlib.algo.loss_spec import POLICY_LOSSES, register_loss
 from rftlib.config import ConfigError, make_config
 from rftlib.train.steps import clip_range, loss_kwargs
+from toy_rewards import half_constant_reward
 
 
 @pytest.mark.parametrize("name, agg", [("ppo_clip", "seq-mean-token-mean"), ("gspo", "seq-mean-token-mean"),
@@ -55,13 +54,6 @@ def test_every_preset_still_validates_and_runs_the_aggregation_it_did():
 
 
 # ---- a loss registered in one place, then validated and trained with --------------------------------
-def half_constant_reward(text, ex, truncated):
-    """Prompts whose md5 is even: 1.0 for every completion (a constant group); others: digit share."""
-    if int(hashlib.md5(ex.prompt.encode()).hexdigest(), 16) % 2 == 0:
-        return 1.0, {"correctness": 1.0}
-    return sum(c.isdigit() for c in text) / max(len(text), 1), {"correctness": 0.0}
-
-
 @pytest.fixture
 def toy_loss(monkeypatch):
     """Register 'toy_reinforce' (REINFORCE with a clipped IS weight, token-mean only) for one test."""
@@ -102,15 +94,15 @@ def test_a_registered_loss_with_an_unknown_clip_setting_is_refused(monkeypatch):
         make_config(None, {})
 
 
-def test_a_registered_loss_trains_through_the_trainer(tiny_cfg, monkeypatch, toy_loss):
+def test_a_registered_loss_trains_through_the_trainer(tiny_cfg, monkeypatch, toy_loss, task_with):
     seen = []
     real = loop.grpo_loss
     monkeypatch.setattr(loop, "grpo_loss", lambda *a, **kw: seen.append(kw) or real(*a, **kw))
     adv = []
     real_adv = loop.compute_advantages
     monkeypatch.setattr(loop, "compute_advantages", lambda *a, **kw: adv.append(real_adv(*a, **kw)) or adv[-1])
-    tr = loop.Trainer(tiny_cfg(policy_loss="toy_reinforce", eps_clip_high=0.3, lr=1e-2, warmup_ratio=0.0),
-                      progress=False, reward_override=half_constant_reward)
+    cfg = tiny_cfg(policy_loss="toy_reinforce", eps_clip_high=0.3, lr=1e-2, warmup_ratio=0.0)
+    tr = loop.Trainer(cfg, progress=False, task=task_with(cfg, half_constant_reward))
     before = {k: v.detach().clone() for k, v in tr.model.named_parameters() if v.requires_grad}
     try:
         row = tr.step()

@@ -1,4 +1,5 @@
-"""rftlib.train.schedule: warmup + cosine-to-min-LR, checked by hand and against transformers."""
+"""The LR schedule (rftlib.algo.schedule; the optimizer's LambdaLR from rftlib.train.backends.scheduler):
+warmup + cosine-to-min-LR, checked by hand and against transformers."""
 
 import math
 
@@ -6,7 +7,8 @@ import pytest
 import torch
 from transformers import get_scheduler
 
-from rftlib.train.schedule import lr_at, make_scheduler, warmup_steps_for
+from rftlib.algo.schedule import lr_at, warmup_steps_for
+from rftlib.train.backends.scheduler import make_scheduler
 
 CONFIGS = [  # (total_steps, warmup_ratio, lr)
     (200, 0.05, 5e-7),  # seed 003 a28: 400 prompts * 8 samples // 16 * 1 episode

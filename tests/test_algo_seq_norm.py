@@ -6,7 +6,6 @@ them (loss_seq_norm all, TRL's), masking changes nothing at all. verl divides by
 the loss (nonempty, the default), so masking scales the informative rows up to a full batch's weight.
 """
 
-import hashlib
 from dataclasses import replace
 
 import pytest
@@ -17,6 +16,7 @@ from rftlib.algo.aggregation import batch_totals
 from rftlib.algo.losses import grpo_loss
 from rftlib.config import ConfigError, make_config
 from rftlib.train.steps import loss_totals
+from toy_rewards import half_constant_reward
 
 # 4 rows of T = 3; row 2 has an empty loss mask (a masked group), row 3 one token
 MASK = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0], [0.0, 0.0, 0.0], [1.0, 0.0, 0.0]])
@@ -67,21 +67,15 @@ def test_a_mask_that_changes_no_gradient_is_refused():
     make_config(None, {"dynamic_sampling": "mask", "loss_seq_norm": "all", "entropy_coef": 0.01})
 
 
-def half_constant_reward(text, ex, truncated):
-    """Prompts whose md5 is even: 1.0 for every completion (a constant group); others: digit share."""
-    if int(hashlib.md5(ex.prompt.encode()).hexdigest(), 16) % 2 == 0:
-        return 1.0, {"correctness": 1.0}
-    return sum(c.isdigit() for c in text) / max(len(text), 1), {"correctness": 0.0}
-
-
-def test_dynamic_sampling_mask_moves_the_trainer_gradient(tiny_cfg, monkeypatch):
+def test_dynamic_sampling_mask_moves_the_trainer_gradient(tiny_cfg, monkeypatch, task_with):
     # One rollout, three updates of the same weights: off (the completion mask), mask under nonempty,
     # mask under all. With B*G = 16 rows of which k are in constant groups, seq-mean-token-mean gives
     # grad(mask, nonempty) = grad(off) * 16 / (16 - k) and grad(mask, all) = grad(off).
     seen = []
     real_update = loop.Trainer._update
     monkeypatch.setattr(loop.Trainer, "_update", lambda self, *a: seen.append(a) or real_update(self, *a))
-    tr = loop.Trainer(tiny_cfg(dynamic_sampling="mask", lr=1e-2), progress=False, reward_override=half_constant_reward)
+    cfg = tiny_cfg(dynamic_sampling="mask", lr=1e-2)
+    tr = loop.Trainer(cfg, progress=False, task=task_with(cfg, half_constant_reward))
     grads = []
 
     def step(loss_finite):  # record the accumulated gradient; leave the weights as they are

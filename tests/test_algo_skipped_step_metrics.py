@@ -61,10 +61,11 @@ def test_skipped_steps_fire_no_entropy_collapse_and_leave_no_dip_in_the_plot():
     assert list(line.get_xdata()) == [1, 2, 3] and list(line.get_ydata()) == [2.0, 2.0, 2.0]
 
 
-def test_the_trainer_logs_no_entropy_when_every_group_is_constant(tiny_cfg):
+def test_the_trainer_logs_no_entropy_when_every_group_is_constant(tiny_cfg, task_with):
     import rftlib.train.loop as loop
 
-    tr = loop.Trainer(tiny_cfg(), progress=False, reward_override=lambda t, e, tr_: (1.0, {"correctness": 1.0}))
+    cfg = tiny_cfg()
+    tr = loop.Trainer(cfg, progress=False, task=task_with(cfg, lambda t, e, tr_: (1.0, {"correctness": 1.0})))
     try:
         row = tr.step()  # every group constant: every advantage 0, every row skipped
         assert row["update/skipped_row_frac"] == 1.0

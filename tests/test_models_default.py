@@ -29,14 +29,14 @@ def test_smollm2_loads_with_its_chat_template():
     assert sum(p.numel() for p in model.parameters()) == 134_515_008
 
 
-def test_one_real_grpo_step(tmp_path):
+def test_one_real_grpo_step(tmp_path, task_with):
     cfg = make_config("default", {"runs_root": str(tmp_path), "num_steps": 1, "rollout_batch_size": 2,
                                   "n_samples_per_prompt": 4, "micro_batch_size": 4, "max_new_tokens": 12,
                                   "eval_size": 4, "save_steps": 1})
     # 8 samples of 12 tokens may all score 0 on arithmetic (then nothing trains): a reward on the
     # fraction of digit characters varies across any 4 completions, so the step must update
     tr = Trainer(cfg, progress=False,
-                 reward_override=lambda text, ex, trunc: (sum(c in "0123456789" for c in text) / max(len(text), 1), {}))
+                 task=task_with(cfg, lambda text, ex, trunc: (sum(c in "0123456789" for c in text) / max(len(text), 1), {})))
     before = {k: v.detach().clone() for k, v in tr.model.named_parameters() if v.requires_grad}
     try:
         summary = tr.train()

@@ -105,21 +105,19 @@ def test_loader_passes_dequantize_to_transformers(gptoss_dir, monkeypatch):
     assert seen and isinstance(seen[-1], Mxfp4Config) and seen[-1].dequantize is True, seen
 
 
-def test_lora_grpo_step_on_the_mxfp4_model_trains(gptoss_dir, tmp_path):
+def test_lora_grpo_step_on_the_mxfp4_model_trains(gptoss_dir, tmp_path, task_with):
     """One GRPO step through the trainer (load_policy) on the dequantised model: advantages non-zero, the LoRA
     adapter moves, the frozen experts do not."""
     from rftlib.config import make_config
     from rftlib.monitor.metrics import read_metrics
     from rftlib.train.loop import Trainer
-
-    def reward(text, ex, truncated):  # varies within a group on a random model: the share of letters 'a'
-        return min(1.0, 5 * text.count("a") / max(len(text), 1)), {"correctness": 0.0}
+    from toy_rewards import letter_a_share  # varies within a group on a random model
 
     cfg = make_config("tiny", dict(model=str(gptoss_dir), runs_root=str(tmp_path), num_steps=1, rollout_batch_size=2,
                                    n_samples_per_prompt=4, micro_batch_size=4, max_new_tokens=8, eval_steps=0,
                                    eval_size=2, save_steps=0, lr=1e-2, warmup_ratio=0.0, lora_dropout=0.0,
                                    lora_target_modules=["q_proj", "k_proj", "v_proj", "o_proj"], beta=0.0))
-    tr = Trainer(cfg, progress=False, reward_override=reward)
+    tr = Trainer(cfg, progress=False, task=task_with(cfg, letter_a_share))
     before = {n: p.detach().clone() for n, p in tr.model.named_parameters()}
     tr.train()
     row = [r for r in read_metrics(tr.run_dir) if "loss" in r][-1]

@@ -30,30 +30,26 @@ T_ID = "attempt-27-train-notebook"
 A_ID, B_ID = "attempt-28-eps-clip-0.2", "attempt-28-eps-clip-0.1"
 
 
-def digit_reward(text, example, truncated):
-    """A reward the untrained tiny model can earn (its greedy output is all newlines, its samples
-    are noise): 1 if the completion holds a digit. With it the A/B arms learn, and diverge."""
-    r = float(any(c.isdigit() for c in text))
-    return r, {"correctness": r}
-
-
-def train_arm(runs, attempt_id, eps_clip):
+def train_arm(runs, attempt_id, eps_clip, task_with):
+    """One A/B arm, on toy_rewards.has_digit: a reward the untrained tiny model can earn (1 if the
+    completion holds a digit). With it the A/B arms learn, and diverge."""
     from rftlib.attempts import create_attempt
     from rftlib.config import make_config
     from rftlib.train.loop import Trainer
+    from toy_rewards import has_digit
 
     # two updates per rollout: the second is off-policy, so the ratio moves and eps_clip binds
     cfg = make_config("tiny", {"runs_root": str(runs), "name": attempt_id[11:], "eps_clip": eps_clip, "num_steps": 6,
                                "eval_steps": 2, "lr": 2e-2, "warmup_ratio": 0.0, "num_updates_per_rollout": 2,
                                "notes": f"seed 003 a28 A/B arm: eps_clip {eps_clip}. Tiny model with a test reward "
                                         "(1 if the completion holds a digit), also what 'accuracy' means here."})
-    trainer = Trainer(cfg, create_attempt(cfg, attempt_id), progress=False, reward_override=digit_reward)
+    trainer = Trainer(cfg, create_attempt(cfg, attempt_id), progress=False, task=task_with(cfg, has_digit))
     trainer.train()
     trainer.close()
 
 
 @pytest.fixture(scope="module")
-def ws(tmp_path_factory):
+def ws(tmp_path_factory, task_with):
     root = tmp_path_factory.mktemp("ws")
     runs, reports = root / "runs", root / "reports"
     # T: the whole train notebook from a shell: train, every checkpoint evaluated, report, index
@@ -61,8 +57,8 @@ def ws(tmp_path_factory):
                      "--set", "name=train-notebook", "--set", "notes=rft train -p tiny: the train notebook"]) == 0
     assert cli.main(["eval", str(runs / T_ID)]) == 0  # resumable: everything is already there
     # seed 003's A/B (a28a eps_clip 0.2 vs a28b 0.1), then the verbs a user runs on finished attempts
-    train_arm(runs, A_ID, 0.2)
-    train_arm(runs, B_ID, 0.1)
+    train_arm(runs, A_ID, 0.2, task_with)
+    train_arm(runs, B_ID, 0.1, task_with)
     assert cli.main(["report", str(runs / B_ID), "--baseline", str(runs / A_ID)]) == 0
     assert cli.main(["compare", str(runs / A_ID), str(runs / B_ID)]) == 0
     # seed 002's validation, in its own runs root

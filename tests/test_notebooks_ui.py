@@ -125,7 +125,7 @@ def test_time_budget_stops_with_a_checkpoint_and_says_why(tiny_cfg):
         make_config("tiny", {"max_train_minutes": 0})
 
 
-def test_health_lines_only_where_no_view_shows_the_verdicts(tiny_cfg, capsys):
+def test_health_lines_only_where_no_view_shows_the_verdicts(tiny_cfg, capsys, task_with):
     from rftlib.report.live import LiveView, TextView
     from rftlib.train.loop import Trainer
 
@@ -136,7 +136,7 @@ def test_health_lines_only_where_no_view_shows_the_verdicts(tiny_cfg, capsys):
         run_dir = create_attempt(cfg)
         view = make_view(cfg, run_dir)
         tr = Trainer(cfg, run_dir, progress=False, callbacks=[view.update],
-                     reward_override=lambda text, ex, truncated: (0.0, {"correctness": 0.0}))
+                     task=task_with(cfg, lambda text, ex, truncated: (0.0, {"correctness": 0.0})))
         try:
             tr.train()
         finally:

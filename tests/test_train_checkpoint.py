@@ -18,9 +18,9 @@ def _trainable(tr):
     return {k: v.detach().clone() for k, v in tr.model.named_parameters() if v.requires_grad}
 
 
-def test_crash_mid_save_keeps_previous_checkpoint_and_resume_works(tiny_cfg, monkeypatch):
+def test_crash_mid_save_keeps_previous_checkpoint_and_resume_works(tiny_cfg, monkeypatch, task_with):
     cfg = tiny_cfg(num_steps=3, save_steps=0, lr=3e-2, warmup_ratio=0.0)
-    tr = Trainer(cfg, progress=False, reward_override=_digits)
+    tr = Trainer(cfg, progress=False, task=task_with(cfg, _digits))
     tr.step()
     tr.save()  # step_1, whole
     at1 = _trainable(tr)
@@ -48,7 +48,7 @@ def test_crash_mid_save_keeps_previous_checkpoint_and_resume_works(tiny_cfg, mon
     dead.mkdir()
     (dead / "trainable.pt").write_bytes(b"half a file")
 
-    resumed = Trainer(cfg, tr.run_dir, resume=True, progress=False, reward_override=_digits)
+    resumed = Trainer(cfg, tr.run_dir, resume=True, progress=False, task=task_with(cfg, _digits))
     assert resumed.step_num == 1
     now = _trainable(resumed)
     assert all(torch.equal(now[k], at1[k]) for k in at1)  # the weights of the whole step_1, not step 2's

@@ -6,29 +6,27 @@ import pytest
 import torch
 
 import rftlib.train.loop as loop
+from toy_rewards import isdigit_share as digit_reward
 
 
-def digit_reward(text, ex, truncated):
-    return sum(c.isdigit() for c in text) / max(len(text), 1), {"correctness": 0.0}
-
-
-def test_importance_ess_is_taken_over_the_batch_not_one_micro_batch(tiny_cfg):
+def test_importance_ess_is_taken_over_the_batch_not_one_micro_batch(tiny_cfg, task_with):
     """micro_batch_size 1 (every seed-003 preset): a per-micro-batch ESS of one sequence is 1.0 by
     construction. Over the batch, the second PPO epoch's moved weights give ESS < 1."""
-    tr = loop.Trainer(tiny_cfg(micro_batch_size=1, num_updates_per_rollout=2, lr=5e-2, warmup_ratio=0.0),
-                      progress=False, reward_override=digit_reward)
+    cfg = tiny_cfg(micro_batch_size=1, num_updates_per_rollout=2, lr=5e-2, warmup_ratio=0.0)
+    tr = loop.Trainer(cfg, progress=False, task=task_with(cfg, digit_reward))
     row = tr.step()
     tr.close()
     assert row["importance_ess"] < 0.999  # epoch 1 is exactly 1, epoch 2 below: the mean is below 1
 
 
-def test_a_skipped_non_finite_step_still_advances_the_lr_schedule(tiny_cfg):
+def test_a_skipped_non_finite_step_still_advances_the_lr_schedule(tiny_cfg, task_with):
     poison = {"on": False}
 
     def reward(text, ex, truncated):
         return (float("nan") if poison["on"] else digit_reward(text, ex, truncated)[0]), {"correctness": 0.0}
 
-    tr = loop.Trainer(tiny_cfg(num_steps=4, warmup_ratio=0.0, lr=1e-2), progress=False, reward_override=reward)
+    cfg = tiny_cfg(num_steps=4, warmup_ratio=0.0, lr=1e-2)
+    tr = loop.Trainer(cfg, progress=False, task=task_with(cfg, reward))
     tr.step()
     poison["on"] = True
     with pytest.warns(UserWarning, match="optimizer step skipped"):
@@ -41,7 +39,7 @@ def test_a_skipped_non_finite_step_still_advances_the_lr_schedule(tiny_cfg):
     assert row["lr"] == pytest.approx(1e-2 * (0.1 + 0.9 * (1 + math.cos(math.pi * 2 / 4)) / 2))
 
 
-def test_ppo_epochs_see_the_rows_in_a_fresh_order(tiny_cfg, monkeypatch):
+def test_ppo_epochs_see_the_rows_in_a_fresh_order(tiny_cfg, monkeypatch, task_with):
     seen = []
     real = loop.grpo_loss
 
@@ -50,8 +48,8 @@ def test_ppo_epochs_see_the_rows_in_a_fresh_order(tiny_cfg, monkeypatch):
         return real(logp, old, adv, mask, **kw)
 
     monkeypatch.setattr(loop, "grpo_loss", spy)
-    tr = loop.Trainer(tiny_cfg(num_updates_per_rollout=2, micro_batch_size=4, rollout_batch_size=4, seed=3),
-                      progress=False, reward_override=digit_reward)
+    cfg = tiny_cfg(num_updates_per_rollout=2, micro_batch_size=4, rollout_batch_size=4, seed=3)
+    tr = loop.Trainer(cfg, progress=False, task=task_with(cfg, digit_reward))
     tr.step()
     tr.close()
     first, second = torch.cat(seen[:4]), torch.cat(seen[4:])  # 16 rows, 4 micro-batches per epoch
@@ -104,7 +102,7 @@ def test_micro_batches_trimmed_to_their_own_lengths_give_the_same_logprobs(tiny_
     """Issue 13: a micro-batch pays for its own padding only. Trimmed rows score every valid token as
     the untrimmed rollout does (positions come from the mask)."""
     from rftlib.eval import format_prompts
-    from rftlib.train.forward import completion_logprobs
+    from rftlib.models.forward import completion_logprobs
 
     tr = loop.Trainer(tiny_cfg(autocast="none"), progress=False)
     exs = tr.task.train[:3]

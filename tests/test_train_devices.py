@@ -97,12 +97,12 @@ class DeviceAudit(TorchDispatchMode):
         return out
 
 
-def test_a_trainer_step_runs_on_its_device(tiny_cfg):
+def test_a_trainer_step_runs_on_its_device(tiny_cfg, task_with):
     from rftlib.train.loop import Trainer
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    tr = Trainer(tiny_cfg(device=device, num_steps=1), progress=False,
-                 reward_override=lambda t, e, tr_: (float(len(t) % 2), {"correctness": 0.0}))
+    cfg = tiny_cfg(device=device, num_steps=1)
+    tr = Trainer(cfg, progress=False, task=task_with(cfg, lambda t, e, tr_: (float(len(t) % 2), {"correctness": 0.0})))
     audit = DeviceAudit()
     with audit:
         row = tr.step()

@@ -32,12 +32,12 @@ def test_planted_ood_drop_stops_after_second_drop(tiny_cfg, monkeypatch):
     assert (tr.run_dir / "eval" / "step_2_ood.json").exists()
 
 
-def test_health_verdicts_written_and_abort(tiny_cfg, capsys):
+def test_health_verdicts_written_and_abort(tiny_cfg, capsys, task_with):
     # every reward 0 (a random model is almost never right, but a chance hit must not decide the test),
     # every advantage 0, so grad_norm is exactly 0: seed 003 section 12's "frozen weights" smoke test,
     # which fails after 2 steps
     cfg = tiny_cfg(num_steps=8, health_abort=True, save_steps=0)
-    tr = loop.Trainer(cfg, progress=False, reward_override=lambda t, e, tr_: (0.0, {"correctness": 0.0}))
+    tr = loop.Trainer(cfg, progress=False, task=task_with(cfg, lambda t, e, tr_: (0.0, {"correctness": 0.0})))
     summary = tr.train()
     tr.close()
     verdicts = {v["name"]: v for v in json.loads((tr.run_dir / "logs" / "health.json").read_text())}
@@ -50,9 +50,9 @@ def test_health_verdicts_written_and_abort(tiny_cfg, capsys):
     assert ckpt.list_steps(tr.run_dir) == [2]  # checkpointed before stopping
 
 
-def test_spike_log_records_prompt_hashes(tiny_cfg):
+def test_spike_log_records_prompt_hashes(tiny_cfg, task_with):
     cfg = tiny_cfg(num_steps=1, spike_grad_norm=0.0)  # every step is a "spike"
-    tr = loop.Trainer(cfg, progress=False, reward_override=lambda t, e, tr_: (float(len(t) % 2), {}))
+    tr = loop.Trainer(cfg, progress=False, task=task_with(cfg, lambda t, e, tr_: (float(len(t) % 2), {})))
     tr.train()
     tr.close()
     (line,) = (tr.run_dir / "logs" / "spike_log.jsonl").read_text().splitlines()
@@ -61,11 +61,11 @@ def test_spike_log_records_prompt_hashes(tiny_cfg):
     assert {"grad_norm", "log_ratio_max", "ratio_max"} <= set(spike)
 
 
-def test_gns_probe_and_ess_logged(tiny_cfg):
+def test_gns_probe_and_ess_logged(tiny_cfg, task_with):
     from rftlib.monitor.metrics import read_metrics
 
     cfg = tiny_cfg(num_steps=1, gns_probe=True, micro_batch_size=4)  # 16 rows: 4 micro-batches
-    tr = loop.Trainer(cfg, progress=False, reward_override=lambda t, e, tr_: (float(len(t) % 2), {}))
+    tr = loop.Trainer(cfg, progress=False, task=task_with(cfg, lambda t, e, tr_: (float(len(t) % 2), {})))
     tr.train()
     tr.close()
     row = read_metrics(tr.run_dir)[1]

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import rftlib.train.loop as loop
+from toy_rewards import isdigit_share as digit_reward  # varied rewards from the untrained tiny model: advantages non-zero
 
 # Same weights, same rows; only the batching (and so the trim to a batch's longest row, i.e. left
 # padding that the attention mask and mask-derived positions make inert) differs, so the two passes
@@ -22,17 +23,12 @@ import rftlib.train.loop as loop
 TOL = 1e-4
 
 
-def digit_reward(text, ex, truncated):
-    """The share of digits: the untrained tiny model earns varied rewards, so advantages are non-zero."""
-    return sum(c.isdigit() for c in text) / max(len(text), 1), {"correctness": 0.0}
-
-
-def test_reference_and_old_logprobs_run_wider_forwards_with_the_same_result(tiny_cfg):
+def test_reference_and_old_logprobs_run_wider_forwards_with_the_same_result(tiny_cfg, task_with):
     # 4 prompts x G 4 = 16 rows; train_batch_size 2 prompts: 2 optimizer steps per rollout, so the update is
     # off-policy and needs old logprobs; beta > 0 needs reference logprobs; seed 003's micro-batch 1
     cfg = tiny_cfg(micro_batch_size=1, train_batch_size=2, beta=0.04, autocast="none", lr=1e-2,
                    max_new_tokens=16)
-    tr = loop.Trainer(cfg, progress=False, reward_override=digit_reward)
+    tr = loop.Trainer(cfg, progress=False, task=task_with(cfg, digit_reward))
     try:
         tr._timing = {}
         ro = tr._sample_groups(cfg.rollout_batch_size).items[0][0]

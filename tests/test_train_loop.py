@@ -2,8 +2,9 @@
 
 The tiny random model never answers arithmetic: every reward 0, every advantage 0, nothing
 trains, and a resume that restored nothing would still match. So the tests that need learning
-train on ``digit_reward``, a signal the tiny model moves within a few steps, and check that
-advantages, weights and Adam moments are non-zero / changed before comparing anything.
+train on ``digit_reward`` (toy_rewards.ascii_digit_share), a signal the tiny model moves within a
+few steps, and check that advantages, weights and Adam moments are non-zero / changed before
+comparing anything. A test hands the trainer its reward in the config's task (conftest's task_with).
 """
 
 import json
@@ -23,6 +24,7 @@ from rftlib.monitor.metrics import read_metrics
 from rftlib.train import checkpoint as ckpt
 from rftlib.train.loop import Trainer
 from rftlib.train.sampler import PromptSampler
+from toy_rewards import ascii_digit_share as digit_reward
 
 REQUIRED = [
     "reward_mean", "reward_std", "reward_min", "reward_max", "reward_p90", "correctness",
@@ -43,14 +45,6 @@ def _run(cfg, **kw):
     return tr, summary
 
 
-def digit_reward(text, ex, trunc):
-    """Fraction of the completion's characters that are ASCII digits ("ab12" -> 2/4 = 0.5).
-
-    Dense (every sampled token can move it) and learnable: full fine-tuning at lr 3e-2 takes the
-    tiny model from ~0.07 to ~0.9 in 10 steps (test_digit_reward_is_learned)."""
-    return sum(c in "0123456789" for c in text) / max(len(text), 1), {"correctness": 0.0}
-
-
 def varied_reward(text, ex, trunc):
     """Rewards that vary with the completion, so advantages are non-zero (no learnable direction)."""
     return float(len(text) % 2), {"correctness": 0.0}
@@ -69,20 +63,20 @@ def test_digit_reward_is_scored_as_written():
     assert digit_reward("", None, False)[0] == 0.0 and digit_reward("\u00b2\u0663", None, False)[0] == 0.0  # ASCII only
 
 
-def test_digit_reward_is_learned(tiny_cfg):
+def test_digit_reward_is_learned(tiny_cfg, task_with):
     """The signal the tests below rely on really trains, in the right direction: the mean reward
     of steps 9-10 is over 3x that of step 1 (measured: 0.07 -> 0.88)."""
-    tr, _ = _run(tiny_cfg(num_steps=10, save_steps=0, lora_rank=0, lr=3e-2, warmup_ratio=0.0),
-                 reward_override=digit_reward)
+    cfg = tiny_cfg(num_steps=10, save_steps=0, lora_rank=0, lr=3e-2, warmup_ratio=0.0)
+    tr, _ = _run(cfg, task=task_with(cfg, digit_reward))
     rows = read_metrics(tr.run_dir)[1:]
     assert all(r["advantage_max"] > 0 for r in rows)
     first, last = rows[0]["reward_mean"], (rows[-1]["reward_mean"] + rows[-2]["reward_mean"]) / 2
     assert last > 3 * first, [round(r["reward_mean"], 3) for r in rows]
 
 
-def test_run_writes_metrics_checkpoints_samples(tiny_cfg):
+def test_run_writes_metrics_checkpoints_samples(tiny_cfg, task_with):
     cfg = tiny_cfg(num_steps=3, save_steps=1, max_ckpt_num=2, beta=0.05)
-    tr, summary = _run(cfg, reward_override=digit_reward)
+    tr, summary = _run(cfg, task=task_with(cfg, digit_reward))
     rows = read_metrics(tr.run_dir)
     assert [r["step"] for r in rows] == [0, 1, 2, 3]  # step-0 baseline eval, then one line per step
     for r in rows[1:]:
@@ -133,29 +127,30 @@ def _differences(a: dict, b: dict) -> set[str]:
 
 
 @pytest.fixture(scope="module", params=[16, 0], ids=["lora", "full"])
-def resume_runs(request, tmp_path_factory):
+def resume_runs(request, tmp_path_factory, task_with):
     """4 straight steps, and the same config stopped after 2 (a session stop checkpoints step 2)."""
     root = tmp_path_factory.mktemp("resume")
     base = {"runs_root": str(root), "num_steps": 4, "save_steps": 0, "lr": 3e-2, "lora_rank": request.param}
-    straight = Trainer(make_config("tiny", {**base, "name": "straight"}), progress=False, reward_override=digit_reward)
+    straight_cfg = make_config("tiny", {**base, "name": "straight"})
+    straight = Trainer(straight_cfg, progress=False, task=task_with(straight_cfg, digit_reward))
     init = _trainable(straight)
     straight.train()
     straight.close()
     after4 = _snapshot(straight)  # now: the RNG state is global
     split_cfg = make_config("tiny", {**base, "name": "split", "stop_after_steps": 2})
-    split = Trainer(split_cfg, progress=False, reward_override=digit_reward)
+    split = Trainer(split_cfg, progress=False, task=task_with(split_cfg, digit_reward))
     split.train()
     split.close()
     after2 = _snapshot(split)
     assert ckpt.list_steps(split.run_dir) == [2]
     return SimpleNamespace(init=init, straight=after4, at2=after2, split_dir=split.run_dir,
-                           cfg=replace(split_cfg, stop_after_steps=None))
+                           cfg=replace(split_cfg, stop_after_steps=None), task_with=task_with)
 
 
 def _resume_two_more(runs, tmp_path) -> dict:
     d = tmp_path / runs.split_dir.name  # a copy, so that each resume starts from the same step-2 checkpoint
     shutil.copytree(runs.split_dir, d, symlinks=True)
-    tr = Trainer(runs.cfg, run_dir=d, resume=True, progress=False, reward_override=digit_reward)
+    tr = Trainer(runs.cfg, run_dir=d, resume=True, progress=False, task=runs.task_with(runs.cfg, digit_reward))
     try:
         tr.train()
         return _snapshot(tr)
@@ -199,14 +194,15 @@ def test_resume_comparison_catches_a_resume_that_skips_a_restore(resume_runs, tm
     assert expected <= _differences(resumed, resume_runs.straight)
 
 
-def test_nonfinite_loss_skips_step_and_keeps_weights(tiny_cfg):
+def test_nonfinite_loss_skips_step_and_keeps_weights(tiny_cfg, task_with):
     poison = {"on": False}
 
     def reward(text, ex, trunc):
         r, d = digit_reward(text, ex, trunc)
         return (float("nan") if poison["on"] else r), d
 
-    tr = Trainer(tiny_cfg(lr=5e-2, warmup_ratio=0.0), progress=False, reward_override=reward)
+    cfg = tiny_cfg(lr=5e-2, warmup_ratio=0.0)
+    tr = Trainer(cfg, progress=False, task=task_with(cfg, reward))
     row = tr.step()
     assert row["advantage_max"] > 0 and row["grad_norm"] > 0
     poison["on"] = True
@@ -234,7 +230,7 @@ def test_training_logprobs_match_behaviour_logprobs(tiny_cfg):
     """At ratio 1 the trainer's logprobs (hidden states + chunked head, explicit position ids)
     equal what generate sampled with: same model, same temperature, left padding."""
     from rftlib.eval import format_prompts
-    from rftlib.train.forward import completion_logprobs
+    from rftlib.models.forward import completion_logprobs
 
     tr = Trainer(tiny_cfg(temperature=0.7, autocast="none"), progress=False)
     ex = tr.task.train[:3]
@@ -247,14 +243,15 @@ def test_training_logprobs_match_behaviour_logprobs(tiny_cfg):
     tr.close()
 
 
-def test_lora_reference_is_base_model_with_adapter_disabled(tiny_cfg, tiny_dir):
+def test_lora_reference_is_base_model_with_adapter_disabled(tiny_cfg, tiny_dir, task_with):
     """After training moves the adapter, the reference still equals the untouched base model."""
     from transformers import AutoModelForCausalLM
 
     from rftlib.eval import format_prompts
-    from rftlib.train.forward import completion_logprobs
+    from rftlib.models.forward import completion_logprobs
 
-    tr, _ = _run(tiny_cfg(num_steps=2, beta=0.1, autocast="none", lr=5e-2), reward_override=varied_reward)
+    cfg = tiny_cfg(num_steps=2, beta=0.1, autocast="none", lr=5e-2)
+    tr, _ = _run(cfg, task=task_with(cfg, varied_reward))
     ro = tr.engine.generate(format_prompts(tr.tok, tr.task.train[:2]), group_size=2, max_new_tokens=8,
                             temperature=1.0)
     rows = (ro.prompt_ids, ro.prompt_mask, ro.completion_ids, ro.completion_mask)
@@ -269,7 +266,7 @@ def test_lora_reference_is_base_model_with_adapter_disabled(tiny_cfg, tiny_dir):
     assert tr.ref.copy is None  # no second copy of the weights under LoRA
 
 
-def test_off_policy_updates_and_eps_clip_reach_the_loss(tiny_cfg, monkeypatch):
+def test_off_policy_updates_and_eps_clip_reach_the_loss(tiny_cfg, monkeypatch, task_with):
     seen = []
     real = loop.grpo_loss
 
@@ -280,7 +277,7 @@ def test_off_policy_updates_and_eps_clip_reach_the_loss(tiny_cfg, monkeypatch):
     monkeypatch.setattr(loop, "grpo_loss", spy)
     cfg = tiny_cfg(num_steps=2, num_updates_per_rollout=2, eps_clip=0.1, eps_clip_high=0.28,
                    loss_agg_mode="token-mean", lr=5e-2)
-    tr, _ = _run(cfg, reward_override=varied_reward)
+    tr, _ = _run(cfg, task=task_with(cfg, varied_reward))
     assert not tr.on_policy and tr.opt_steps_per_rollout == 2
     assert set(seen) == {(0.1, 0.28, "token-mean")}
     rows = read_metrics(tr.run_dir)[1:]
@@ -288,13 +285,13 @@ def test_off_policy_updates_and_eps_clip_reach_the_loss(tiny_cfg, monkeypatch):
     assert max(r["log_ratio_abs_p99"] for r in rows) > 0
 
 
-def test_full_finetune_reference_copy(tiny_cfg, tiny_dir):
+def test_full_finetune_reference_copy(tiny_cfg, tiny_dir, task_with):
     """Full fine-tuning with beta > 0 keeps a frozen copy that stays the base model while the
     policy moves (a copy sharing the policy's tensors would move with it)."""
     from transformers import AutoModelForCausalLM
 
-    tr, _ = _run(tiny_cfg(num_steps=2, lora_rank=0, beta=0.1, lr=3e-2, warmup_ratio=0.0),
-                 reward_override=digit_reward)
+    cfg = tiny_cfg(num_steps=2, lora_rank=0, beta=0.1, lr=3e-2, warmup_ratio=0.0)
+    tr, _ = _run(cfg, task=task_with(cfg, digit_reward))
     assert tr.ref.copy is not None
     assert all(not p.requires_grad for p in tr.ref.copy.parameters())
     base = dict(AutoModelForCausalLM.from_pretrained(tiny_dir).named_parameters())
@@ -304,9 +301,10 @@ def test_full_finetune_reference_copy(tiny_cfg, tiny_dir):
     assert all(not torch.equal(pol[k], base[k]) for k in base)  # every policy tensor moved
 
 
-def test_init_adapter_starts_from_a_saved_adapter(tiny_cfg):
+def test_init_adapter_starts_from_a_saved_adapter(tiny_cfg, task_with):
     """Seed 001 starts RL from an SFT LoRA adapter: the new attempt's adapter equals the saved one."""
-    first, _ = _run(tiny_cfg(num_steps=1, lr=5e-2, save_steps=1, warmup_ratio=0.0), reward_override=varied_reward)
+    cfg = tiny_cfg(num_steps=1, lr=5e-2, save_steps=1, warmup_ratio=0.0)
+    first, _ = _run(cfg, task=task_with(cfg, varied_reward))
     adapter = first.run_dir / "training_state" / "step_1" / "adapter"
     saved = {k: v for k, v in first.model.named_parameters() if v.requires_grad}
     second = Trainer(tiny_cfg(init_adapter=str(adapter), name="from-sft"), progress=False)
@@ -326,13 +324,13 @@ def test_task_args_are_checked_against_the_builder(tiny_cfg):
 
 
 @pytest.mark.parametrize("coef", [0.0, 0.01])
-def test_entropy_bonus_trains(tiny_cfg, coef):
+def test_entropy_bonus_trains(tiny_cfg, task_with, coef):
     """entropy_coef != 0 back-propagates through the entropy (it used to be computed without grad).
 
     A constant reward makes every advantage 0 and beta is 0, so the policy loss has no gradient:
     grad_norm is exactly 0 without the bonus, and > 0 only if the bonus's gradient reaches the weights."""
-    tr, _ = _run(tiny_cfg(num_steps=1, entropy_coef=coef, beta=0.0, warmup_ratio=0.0),
-                 reward_override=lambda text, ex, trunc: (1.0, {}))
+    cfg = tiny_cfg(num_steps=1, entropy_coef=coef, beta=0.0, warmup_ratio=0.0)
+    tr, _ = _run(cfg, task=task_with(cfg, lambda text, ex, trunc: (1.0, {})))
     row = read_metrics(tr.run_dir)[1]
     assert row["advantage_max"] == row["advantage_min"] == 0.0 and math.isfinite(row["loss"])
     assert (row["grad_norm"] > 0) == (coef != 0)
@@ -360,7 +358,7 @@ def test_dropout_with_off_policy_updates_is_refused(tiny_cfg):
         tiny_cfg(init_adapter="/tmp/x", beta=0.04)
 
 
-def test_lm_head_chunk_is_sized_from_the_vocabulary_by_default(tiny_cfg, monkeypatch):
+def test_lm_head_chunk_is_sized_from_the_vocabulary_by_default(tiny_cfg, monkeypatch, task_with):
     """logprob_chunk_size 0 (the default): the Trainer asks auto_chunk_size for the model's vocabulary
     and every LM-head pass of the step runs with that many rows; a set value is passed as it is."""
     import rftlib.models.forward as forward
@@ -369,7 +367,8 @@ def test_lm_head_chunk_is_sized_from_the_vocabulary_by_default(tiny_cfg, monkeyp
     monkeypatch.setattr(loop, "auto_chunk_size", lambda v: asked.append(v) or 5)
     real = forward.chunked_logprobs_entropy
     monkeypatch.setattr(forward, "chunked_logprobs_entropy", lambda *a, **k: used.append(k["chunk_size"]) or real(*a, **k))
-    tr = Trainer(tiny_cfg(num_steps=1, eval_steps=0), progress=False, reward_override=varied_reward)
+    cfg = tiny_cfg(num_steps=1, eval_steps=0)
+    tr = Trainer(cfg, progress=False, task=task_with(cfg, varied_reward))
     assert asked == [tr.model.config.vocab_size] and tr.logprob_chunk_size == 5
     tr.step()
     assert used and set(used) == {5}, used

@@ -18,18 +18,14 @@ import torch
 import rftlib.train.build as build
 import rftlib.train.loop as loop
 from rftlib.train.loop import Trainer
+from toy_rewards import ascii_digit_share as digit_reward  # varies between a prompt's samples: advantages non-zero
 
 LR = 1e-6  # seed 000's order of magnitude; far below bf16's spacing for the tiny model's weights
 
 
-def digit_reward(text, ex, trunc):
-    """Fraction of ASCII digits: varies between a prompt's samples, so advantages are non-zero."""
-    return sum(c in "0123456789" for c in text) / max(len(text), 1), {"correctness": 0.0}
-
-
-def _one_step_delta(cfg) -> tuple[dict[str, torch.Tensor], Trainer]:
+def _one_step_delta(cfg, task_with) -> tuple[dict[str, torch.Tensor], Trainer]:
     """(per trainable parameter: weight after one optimizer step - before, in float32; the trainer)."""
-    tr = Trainer(cfg, progress=False, reward_override=digit_reward)
+    tr = Trainer(cfg, progress=False, task=task_with(cfg, digit_reward))
     try:
         before = {n: p.detach().float().clone() for n, p in tr.model.named_parameters() if p.requires_grad}
         tr.train()
@@ -62,11 +58,11 @@ def bf16_exact_model(tiny_dir, tmp_path_factory):
 
 
 @pytest.mark.parametrize("lora_rank", [0, 4], ids=["full", "lora"])
-def test_bf16_step_at_lr_1e6_moves_weights_as_fp32_training_does(tiny_cfg, bf16_exact_model, lora_rank):
+def test_bf16_step_at_lr_1e6_moves_weights_as_fp32_training_does(tiny_cfg, task_with, bf16_exact_model, lora_rank):
     base = dict(model=bf16_exact_model, num_steps=1, save_steps=0, eval_steps=0, lr=LR, weight_decay=0.0,
                 warmup_ratio=0.0, lora_rank=lora_rank, lora_alpha=2 * max(lora_rank, 1), autocast="bf16")
-    d32, _ = _one_step_delta(tiny_cfg(**base, dtype="float32"))
-    d16, tr = _one_step_delta(tiny_cfg(**base, dtype="bfloat16"))
+    d32, _ = _one_step_delta(tiny_cfg(**base, dtype="float32"), task_with)
+    d16, tr = _one_step_delta(tiny_cfg(**base, dtype="bfloat16"), task_with)
     assert all(p.dtype == torch.float32 for p in tr.model.parameters() if p.requires_grad)  # the masters
     f32 = _moved_fraction(d32)
     # the float32 run trains (LoRA: only B moves on step 1; A's gradient is 0 while B is 0)
@@ -86,7 +82,7 @@ def test_bf16_step_at_lr_1e6_moves_weights_as_fp32_training_does(tiny_cfg, bf16_
     assert f16 > 0.3 and abs(f16 - f32) < 0.1, (f16, f32)
 
 
-def test_float16_full_finetune_steps_with_a_grad_scaler(tiny_cfg, monkeypatch):
+def test_float16_full_finetune_steps_with_a_grad_scaler(tiny_cfg, task_with, monkeypatch):
     """float16 weights, full fine-tuning: the GradScaler unscales float32 masters' gradients (it refuses
     float16 ones: 'Attempting to unscale FP16 gradients', which crashed the first step before), and the
     step moves the weights. float16 is refused on a CPU for speed (the config, and resolve_dtype for
@@ -94,7 +90,7 @@ def test_float16_full_finetune_steps_with_a_grad_scaler(tiny_cfg, monkeypatch):
     monkeypatch.setattr(build, "resolve_dtype", lambda name, device: name)
     cfg = replace(tiny_cfg(num_steps=1, save_steps=0, eval_steps=0, lr=1e-3, warmup_ratio=0.0, lora_rank=0),
                   dtype="float16")
-    delta, tr = _one_step_delta(cfg)
+    delta, tr = _one_step_delta(cfg, task_with)
     assert tr.backend.scaler is not None and tr.amp == torch.float16
     assert all(p.dtype == torch.float32 for p in tr.model.parameters() if p.requires_grad)
     assert _moved_fraction(delta) > 0.5

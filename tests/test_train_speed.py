@@ -6,7 +6,6 @@ advantage exactly 0) and the others the share of digits (advantages that vary), 
 to skip and rows that train.
 """
 
-import hashlib
 from dataclasses import replace
 
 import pytest
@@ -16,13 +15,7 @@ import rftlib.algo.logprobs as lp_mod
 import rftlib.train.loop as loop
 from rftlib.algo.logprobs import chunked_logprobs_entropy, recompute_needed
 from rftlib.rewards.registry import Reward
-
-
-def half_constant_reward(text, ex, truncated):
-    """Prompts whose md5 is even: 1.0 for every completion (an all-correct group); others: digit share."""
-    if int(hashlib.md5(ex.prompt.encode()).hexdigest(), 16) % 2 == 0:
-        return 1.0, {"correctness": 1.0}
-    return sum(c.isdigit() for c in text) / max(len(text), 1), {"correctness": 0.0}
+from toy_rewards import half_constant_reward
 
 
 def _capture(tr):
@@ -46,7 +39,7 @@ def _capture(tr):
 
 
 @pytest.mark.parametrize("agg", ["seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm"])
-def test_skipping_zero_advantage_rows_keeps_the_gradient(tiny_cfg, monkeypatch, agg):
+def test_skipping_zero_advantage_rows_keeps_the_gradient(tiny_cfg, monkeypatch, task_with, agg):
     seen = []
     real_update = loop.Trainer._update
 
@@ -59,8 +52,8 @@ def test_skipping_zero_advantage_rows_keeps_the_gradient(tiny_cfg, monkeypatch, 
     # fp32 (autocast off): under bf16 autocast (on by default where the CPU has avx512_bf16) the skip changes
     # the gemm shapes, so activations round to bf16 differently and the gradients differ at bf16's
     # precision (measured 2.7e-3 of the norm here) -- the cost of autocast, not of the skip
-    tr = loop.Trainer(tiny_cfg(loss_agg_mode=agg, lr=1e-2, autocast="none"), progress=False,
-                      reward_override=half_constant_reward)
+    cfg = tiny_cfg(loss_agg_mode=agg, lr=1e-2, autocast="none")
+    tr = loop.Trainer(cfg, progress=False, task=task_with(cfg, half_constant_reward))
     try:
         grads, rows = _capture(tr)
         row = tr.step()  # skip on (the default)
@@ -95,8 +88,9 @@ def test_skipping_zero_advantage_rows_keeps_the_gradient(tiny_cfg, monkeypatch, 
         tr.close()
 
 
-def test_an_update_with_nothing_to_learn_runs_no_forward_and_still_steps(tiny_cfg):
-    tr = loop.Trainer(tiny_cfg(), progress=False, reward_override=lambda t, e, tr_: (1.0, {"correctness": 1.0}))
+def test_an_update_with_nothing_to_learn_runs_no_forward_and_still_steps(tiny_cfg, task_with):
+    cfg = tiny_cfg()
+    tr = loop.Trainer(cfg, progress=False, task=task_with(cfg, lambda t, e, tr_: (1.0, {"correctness": 1.0})))
     try:
         grads, rows = _capture(tr)
         row = tr.step()  # every group constant: every advantage 0

@@ -6,19 +6,11 @@ reward for all their completions (a constant group), the others a reward the tin
 completions vary in (the share of digit characters).
 """
 
-import hashlib
-
 import pytest
 import torch
 
 import rftlib.train.loop as loop
-
-
-def half_constant_reward(text, ex, truncated):
-    """Prompts whose md5 is even: 1.0 for every completion (an all-correct group); others: digit share."""
-    if int(hashlib.md5(ex.prompt.encode()).hexdigest(), 16) % 2 == 0:
-        return 1.0, {"correctness": 1.0}
-    return sum(c.isdigit() for c in text) / max(len(text), 1), {"correctness": 0.0}
+from toy_rewards import half_constant_reward
 
 
 def _spy(monkeypatch, name):
@@ -37,10 +29,10 @@ def _groups_constant(rewards, G):
     return (rewards.view(-1, G) == rewards.view(-1, G)[:, :1]).all(1)  # (B,)
 
 
-def test_refill_fills_the_batch_with_informative_groups(tiny_cfg, monkeypatch):
+def test_refill_fills_the_batch_with_informative_groups(tiny_cfg, monkeypatch, task_with):
     adv_calls = _spy(monkeypatch, "compute_advantages")
     cfg = tiny_cfg(dynamic_sampling="refill", dynamic_sampling_max_rounds=6, rollout_batch_size=4)
-    tr = loop.Trainer(cfg, progress=False, reward_override=half_constant_reward)
+    tr = loop.Trainer(cfg, progress=False, task=task_with(cfg, half_constant_reward))
     row = tr.step()
     tr.close()
     rewards = adv_calls[-1][0][1]  # (N,) what the advantages saw
@@ -53,10 +45,11 @@ def test_refill_fills_the_batch_with_informative_groups(tiny_cfg, monkeypatch):
 NO_SKIP = dict(skip_zero_advantage_rows=False, sort_micro_batches_by_length=False)
 
 
-def test_mask_keeps_constant_groups_out_of_the_loss(tiny_cfg, monkeypatch):
+def test_mask_keeps_constant_groups_out_of_the_loss(tiny_cfg, monkeypatch, task_with):
     loss_calls = _spy(monkeypatch, "grpo_loss")
     adv_calls = _spy(monkeypatch, "compute_advantages")
-    tr = loop.Trainer(tiny_cfg(dynamic_sampling="mask", **NO_SKIP), progress=False, reward_override=half_constant_reward)
+    cfg = tiny_cfg(dynamic_sampling="mask", **NO_SKIP)
+    tr = loop.Trainer(cfg, progress=False, task=task_with(cfg, half_constant_reward))
     row = tr.step()
     tr.close()
     const = _groups_constant(adv_calls[-1][0][1], 4)  # (B,)
@@ -67,10 +60,10 @@ def test_mask_keeps_constant_groups_out_of_the_loss(tiny_cfg, monkeypatch):
     assert row["dyn/masked_group_frac"] == pytest.approx(float(const.float().mean()))
 
 
-def test_truncated_completions_leave_the_loss(tiny_cfg, monkeypatch):
+def test_truncated_completions_leave_the_loss(tiny_cfg, monkeypatch, task_with):
     loss_calls = _spy(monkeypatch, "grpo_loss")
-    tr = loop.Trainer(tiny_cfg(mask_truncated_completions=True, max_new_tokens=4, **NO_SKIP), progress=False,
-                      reward_override=half_constant_reward)
+    cfg = tiny_cfg(mask_truncated_completions=True, max_new_tokens=4, **NO_SKIP)
+    tr = loop.Trainer(cfg, progress=False, task=task_with(cfg, half_constant_reward))
     orig = tr.engine.generate
     truncs = []
 
@@ -90,9 +83,11 @@ def test_truncated_completions_leave_the_loss(tiny_cfg, monkeypatch):
 
 @pytest.mark.parametrize("loss,field,value", [("gspo", "gspo_eps_clip", 3e-4), ("cispo", "cispo_eps_clip_high", 0.28),
                                               ("gmpo", "gmpo_eps_clip", 0.4)])
-def test_each_policy_loss_trains_through_the_trainer_with_its_own_clip(tiny_cfg, monkeypatch, loss, field, value):
+def test_each_policy_loss_trains_through_the_trainer_with_its_own_clip(tiny_cfg, monkeypatch, task_with, loss, field,
+                                                                      value):
     loss_calls = _spy(monkeypatch, "grpo_loss")
-    tr = loop.Trainer(tiny_cfg(policy_loss=loss, lr=1e-2, warmup_ratio=0.0), progress=False, reward_override=half_constant_reward)
+    cfg = tiny_cfg(policy_loss=loss, lr=1e-2, warmup_ratio=0.0)
+    tr = loop.Trainer(cfg, progress=False, task=task_with(cfg, half_constant_reward))
     before = {k: v.detach().clone() for k, v in tr.model.named_parameters() if v.requires_grad}
     row = tr.step()
     tr.close()
@@ -102,10 +97,10 @@ def test_each_policy_loss_trains_through_the_trainer_with_its_own_clip(tiny_cfg,
     assert any(not torch.equal(before[k], v) for k, v in tr.model.named_parameters() if v.requires_grad)
 
 
-def test_kl_in_reward_moves_the_rewards_and_leaves_beta_out_of_the_loss(tiny_cfg, monkeypatch):
+def test_kl_in_reward_moves_the_rewards_and_leaves_beta_out_of_the_loss(tiny_cfg, monkeypatch, task_with):
     loss_calls = _spy(monkeypatch, "grpo_loss")
-    tr = loop.Trainer(tiny_cfg(kl_in_reward=True, beta=0.5, kl_estimator="k1", num_steps=2, lr=5e-2),
-                      progress=False, reward_override=half_constant_reward)
+    cfg = tiny_cfg(kl_in_reward=True, beta=0.5, kl_estimator="k1", num_steps=2, lr=5e-2)
+    tr = loop.Trainer(cfg, progress=False, task=task_with(cfg, half_constant_reward))
     tr.step()
     row = tr.step()  # the adapter has moved: the policy differs from the reference
     tr.close()

@@ -11,6 +11,7 @@ engine's ``gather`` off) and with the whole model gathered once (the backend's
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -19,8 +20,10 @@ import torch
 
 from rftlib.config import make_config
 from rftlib.eval import format_prompts
+from rftlib.train.build import build_task
 from rftlib.train.dist import init_dist, shutdown_dist
 from rftlib.train.loop import Trainer
+from toy_rewards import letter_a_share  # tests/toy_rewards.py: this script's directory is on sys.path
 
 GATHERS = ("all_gather_into_tensor", "allgather_fn", "all_gather", "all_gather_base", "all_gather_coalesced")
 
@@ -44,11 +47,6 @@ def count_all_gathers() -> dict[str, int]:
     return counts
 
 
-def reward(text, ex, truncated):
-    """The share of the letter 'a' (varies within a group, so the step has advantages to learn from)."""
-    return min(1.0, 5 * text.count("a") / max(len(text), 1)), {"correctness": 0.0}
-
-
 def main() -> None:
     out, ds_json = Path(sys.argv[1]), sys.argv[2]
     cfg = make_config("tiny", {"runs_root": str(out / "runs"), "backend": "deepspeed", "zero_stage": 3,
@@ -56,7 +54,8 @@ def main() -> None:
                                "zero3_gather_for_generation": "on", "max_new_tokens": 16, "lr": 1e-2,
                                "warmup_ratio": 0.0})
     dist = init_dist(cfg)
-    tr = Trainer(cfg, progress=False, dist=dist, reward_override=reward)
+    # the config's task, scored by the share of the letter 'a' (varies within a group: the step has advantages)
+    tr = Trainer(cfg, progress=False, dist=dist, task=dataclasses.replace(build_task(cfg), reward=letter_a_share))
     counts = count_all_gathers()
     res: dict = {"rank": dist.rank, "plan": tr.engine.gather_plan, "gather_set": tr.engine.gather is not None,
                  "param_tensors": len(list(tr.model.parameters()))}
