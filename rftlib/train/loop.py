@@ -57,15 +57,13 @@ class Trainer:
 
     The trainer receives its parts (rftlib.train.build.Parts: ``Trainer(cfg, parts=build(cfg,
     task=...))``), or builds them from the config when none are given. Under torchrun every rank
-    runs this same object on its share of each rollout's prompts; rank 0 alone writes files.
-    ``reward_override`` is deprecated (it replaces the task's reward, eval included): pass a task
-    with its reward, ``task=Task(..., reward=fn)``, or name rewards in RunConfig.rewards.
+    runs this same object on its share of each rollout's prompts; rank 0 alone writes files. Another
+    reward: a task with it (``task=Task(..., reward=fn)``), or rewards named in RunConfig.rewards.
     """
 
     def __init__(self, cfg: RunConfig, run_dir: str | Path | None = None, *, resume: bool = False,
                  progress: bool = True, callbacks: list[Callable[[dict], None]] | None = None,
-                 reward_override: Callable | None = None, dist: Dist | None = None, task=None, engine=None,
-                 parts: Parts | None = None):
+                 dist: Dist | None = None, task=None, engine=None, parts: Parts | None = None):
         parts = parts or build(cfg, run_dir, dist=dist, task=task, engine=engine)
         self.parts = parts
         self.cfg, self.dist, self.run_dir, self._lock = parts.cfg, parts.dist, parts.run_dir, parts.lock
@@ -75,8 +73,6 @@ class Trainer:
         self.total_opt_steps, self.warmup_steps = parts.total_opt_steps, parts.warmup_steps
         self.progress = progress
         self.callbacks = list(callbacks or [])
-        if reward_override is not None:  # deprecated: tests injected faults through this
-            self.task.reward = reward_override
         try:
             self._setup(resume)
         except BaseException:  # a kernel that lives on (a notebook) must not keep the attempt locked
