@@ -72,10 +72,13 @@ Every module is a file path relative to the checkout."""
 EXCEPTIONS: dict[tuple[str, str], str] = {
     ("rftlib/rewards/sandbox/_zygote.py", "*"): "the sandbox child: what a job needs is imported after fork, "
                                                 "so the zygote's own start stays small",
+    ("rftlib/rollout/vllm_worker.py", "vllm"): "runs inside vLLM's worker process (vllm is there), which must not "
+                                                "load the trainer's stack that import_vllm's module brings",
     ("rftlib/rewards/sandbox/seccomp.py", "pyseccomp"): "a required package over a system library "
                                                         "(libseccomp) that may be missing: _pyseccomp() says what to install",
 }
-"""(file, top-level package or "*") -> why its imports inside functions are allowed."""
+"""(file, top-level package or "*") -> why its imports inside functions are allowed (for an optional package:
+why this file imports it, inside a function, besides its one module)."""
 
 
 def node_of(module: str) -> str | None:
@@ -201,7 +204,10 @@ def import_rule(root: Path) -> ImportRule:
         for imp in all_imports(root, path, module_name(root, path), path.name == "__init__.py"):
             imp.kind = kind_of(imp.top)
             if imp.kind == "optional" and OPTIONAL[imp.top] != rel:
-                rule.elsewhere.append(imp)
+                if (rel, imp.top) in EXCEPTIONS and imp.in_fn:
+                    rule.excepted.append(imp)
+                else:
+                    rule.elsewhere.append(imp)
             if not imp.in_fn:
                 continue
             rule.fn_imports.append(imp)
