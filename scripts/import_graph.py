@@ -4,6 +4,7 @@ Reads every ``rftlib/**/*.py`` with ``ast`` (no import is executed), so it runs 
 
     python scripts/import_graph.py                 # this tree
     python scripts/import_graph.py --root /path/to/other/checkout
+    python scripts/import_graph.py --fn-imports    # also every import inside a function, classified
 
 A node is a package of rftlib (``rftlib/train/backends/x.py`` counts as ``train``) or a top-level
 module (``config``, ``eval``, ...). Both the imports at the top of a file and those inside functions

@@ -1,5 +1,6 @@
 """scripts/import_graph.py holds the line on rftlib's package graph: no import points up the declared
-layers, no circles."""
+layers, no circles; and on where imports sit: at the top of files, except the optional packages, each
+imported in its one module (OPTIONAL), and the reasoned EXCEPTIONS."""
 
 from __future__ import annotations
 
