@@ -111,7 +111,6 @@ class MLflow:
         from mlflow.tracking import MlflowClient
 
         if offline:  # MLflow 3 keeps the file store in maintenance mode behind this opt-in; it needs no database
-
             os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
         uri = (store / "mlruns").resolve().as_uri() if offline else mlflow.get_tracking_uri()
         self.client = c = MlflowClient(tracking_uri=uri)
