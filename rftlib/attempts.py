@@ -33,6 +33,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import IO, Any
 
+import torch
 import yaml
 
 from rftlib.config import RunConfig, to_dict
@@ -193,7 +194,6 @@ def provenance() -> dict[str, Any]:
             versions[p] = metadata.version(p)
         except metadata.PackageNotFoundError:
             pass
-    import torch
 
     machine = {"platform": platform.platform(), "python": platform.python_version(),
                "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),

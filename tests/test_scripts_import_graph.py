@@ -1,5 +1,6 @@
 """scripts/import_graph.py holds the line on rftlib's package graph: no import points up the declared
-layers, no circles."""
+layers, no circles; and on where imports sit: at the top of files, except the optional packages, each
+imported in its one module (OPTIONAL), and the reasoned EXCEPTIONS."""
 
 from __future__ import annotations
 
@@ -29,4 +30,32 @@ def test_the_graph_flags_an_upward_import_hidden_in_a_function_and_the_circle_it
     g = ig.analyse(tmp_path)
     assert ("algo", "train") in g.up and g.edges[("algo", "train")] == ["rftlib/algo/bad.py:2 fn"]
     assert any({"algo", "train"} <= set(c) for c in g.package_circles)  # train imports algo: a circle
+    assert ig.main(["--root", str(tmp_path)]) == 1
+
+
+def test_imports_are_at_the_top_of_files_except_optional_packages_each_in_one_module():
+    rule = ig.import_rule(ROOT)
+    assert not rule.unknown, [f"{i.where} {i.module}" for i in rule.unknown]
+    assert not rule.violations, "imports inside functions (move them to the top of the file):\n" + "\n".join(
+        f"{i.where} {i.module} [{i.kind}]" for i in rule.violations)
+    assert not rule.elsewhere, "optional packages imported outside their one module (scripts/import_graph.py OPTIONAL):\n" + "\n".join(
+        f"{i.where} {i.module} (its module: {ig.OPTIONAL[i.top]})" for i in rule.elsewhere)
+    for pkg, home in ig.OPTIONAL.items():  # the allow-list names modules that exist
+        assert (ROOT / home).exists(), (pkg, home)
+    for (path, _pkg) in ig.EXCEPTIONS:
+        assert (ROOT / path).exists(), path
+
+
+def test_the_rule_flags_an_own_import_in_a_function_and_an_optional_package_outside_its_module(tmp_path):
+    shutil.copytree(ROOT / "rftlib", tmp_path / "rftlib")
+    (tmp_path / "rftlib" / "algo" / "bad.py").write_text(
+        "import os\n\n\ndef f():\n    from rftlib.config import RunConfig\n    import json\n    import vllm\n\n"
+        "def g():\n    import some_unheard_of_package\n")
+    rule = ig.import_rule(tmp_path)
+    flagged = {(i.where, i.module, i.kind) for i in rule.violations}
+    assert ("rftlib/algo/bad.py:5", "rftlib.config", "own") in flagged
+    assert ("rftlib/algo/bad.py:6", "json", "stdlib") in flagged
+    assert not any(i.where == "rftlib/algo/bad.py:1" for i in rule.violations)  # a top-level import is fine
+    assert [i.where for i in rule.elsewhere if i.where.startswith("rftlib/algo/")] == ["rftlib/algo/bad.py:7"]
+    assert [i.module for i in rule.unknown if i.where.startswith("rftlib/algo/")] == ["some_unheard_of_package"]
     assert ig.main(["--root", str(tmp_path)]) == 1

@@ -7,6 +7,8 @@ with the other completions of the same prompt; that group baseline replaces PPO'
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 
 from rftlib.algo.registry import Registry
@@ -161,8 +163,6 @@ def compute_advantages(name: str, rewards: torch.Tensor, group_size: int, eps: f
 
 def takes_scale_rewards(name: str) -> bool:
     """Whether the estimator ``name`` has a ``scale_rewards`` argument."""
-    import inspect
-
     return "scale_rewards" in inspect.signature(ADVANTAGES.get(name)).parameters
 
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import importlib.util
 import random
 import re
 import sys
@@ -33,7 +34,7 @@ from pathlib import Path
 from typing import Callable
 
 from rftlib.data.base import TASKS, Example, Task
-from rftlib.data.jsonl import FETCH_HINT, DataError, datasets_dir, read_json, read_jsonl
+from rftlib.data.jsonl import FETCH_HINT, DataError, datasets_dir, read_json, read_jsonl, write_jsonl
 from rftlib.rewards.code import CodeProblem
 from rftlib.rewards.math import math_task_reward, parse_gold
 
@@ -104,18 +105,22 @@ def _pick(name: str, source: str) -> str:
 
 
 def _datasets_importable() -> bool:
-    import importlib.util
-
     return importlib.util.find_spec("datasets") is not None
 
 
-def _hf(path: str, config: str | None, split: str) -> list[dict]:
-    """Rows of a hub dataset through the optional ``datasets`` library (imported here only)."""
+def import_datasets(purpose: str, hint: str):
+    """The optional ``datasets`` library, imported here only (rftlib's one place for it: the hub
+    benchmarks and the SFT stage's ``Dataset``); DataError saying what needs it and what to do."""
     try:
         import datasets
     except ImportError:
-        raise DataError(f"loading {path} from the HF hub needs the optional `datasets` library; "
-                        f"offline, {FETCH_HINT}") from None
+        raise DataError(f"{purpose} needs the optional `datasets` library; {hint}") from None
+    return datasets
+
+
+def _hf(path: str, config: str | None, split: str) -> list[dict]:
+    """Rows of a hub dataset through the optional ``datasets`` library."""
+    datasets = import_datasets(f"loading {path} from the HF hub", f"offline, {FETCH_HINT}")
     return [dict(r) for r in datasets.load_dataset(path, config, split=split)]
 
 
@@ -520,7 +525,6 @@ def main(argv: list[str] | None = None) -> int:
             n = len(LOADERS[name]())
             print(f"{name:10s} {n:5d} rows  {ds.package:22s} {ds.licence}")
         return 0
-    from rftlib.data.jsonl import write_jsonl
 
     drop = {_norm_problem(e.prompt) for x in args.exclude for e in LOADERS[x]()}
     rows = [r for name in args.names for r in to_numina(LOADERS[name](), source=name)

@@ -14,7 +14,10 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from rftlib.attempts import runs_root as resolve_root
 from rftlib.launch.supervise import RUNNING, _read_json, _supervisor_alive, read_status
+from rftlib.report.live import status_line
+from rftlib.train.loop import resume_config
 
 EVAL_KEY = "eval/heldout/greedy_pass@1"
 ENDED = ("finished", "stopped", "crashed", "killed")
@@ -102,8 +105,6 @@ def _fmt(x: Any, spec: str = ".3f") -> str:
 def status_text(runs_root: str | Path | None = None) -> str:
     """``rft status``: every attempt under ``runs_root`` (launched or not), newest last, then the GPUs.
     The root resolves as everywhere else (rftlib.attempts.runs_root: RFTLIB_RUNS, else <project>/runs)."""
-    from rftlib.attempts import runs_root as resolve_root
-
     root = resolve_root(runs_root)
     dirs = sorted(d for d in root.glob("*") if (d / "config.yaml").exists()) if root.is_dir() else []
     lines = [f"{'attempt':<34} {'state':<11} {'step':>5} {'reward':>7} {'held-out':>8}  health / reason"]
@@ -122,8 +123,6 @@ def status_text(runs_root: str | Path | None = None) -> str:
 def _line(row: dict[str, Any], cfg=None, ev: float | None = None) -> str:
     """A metrics row as the trainer's own text line (rftlib.report.live.status_line, as TextView prints it)."""
     if cfg is not None and "reward_mean" in row:
-        from rftlib.report.live import status_line
-
         return "[rft] " + status_line(row, cfg, ev)
     if "reward_mean" not in row:
         ev = row.get(EVAL_KEY)
@@ -149,8 +148,6 @@ def attach(run_dir: str | Path, *, write: Callable[[str], None] = print, poll: f
     seen_health: dict[str, str] = {}
     ev: list[float] = []
     try:
-        from rftlib.train.loop import resume_config
-
         cfg = resume_config(run_dir)
     except Exception:  # a config this rftlib cannot read: plain lines
         cfg = None

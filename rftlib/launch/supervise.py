@@ -23,8 +23,10 @@ Run directory layout added here::
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -33,11 +35,16 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
-from rftlib.attempts import ensure_unlocked, write_json
+import psutil
+import yaml
+
+from rftlib.attempts import create_attempt, ensure_unlocked, next_attempt_id, read_attempt, write_json
+from rftlib.config import make_config
 from rftlib.launch.plan import LaunchPlan, check_plan, format_plan, make_plan
 from rftlib.monitor.metrics import read_metrics
 from rftlib.report.publish import write_report
 from rftlib.train.launch import rank_env
+from rftlib.train.loop import resume_config
 
 TAIL_LINES = 60
 RUNNING = "running"
@@ -83,8 +90,6 @@ def _tail(path: Path, n: int = TAIL_LINES) -> str:
 def first_error(log_text: str) -> str:
     """The first ``SomeError: message`` line of a log (a failing rank's exception, not torchrun's
     ChildFailedError wrapper), or ""."""
-    import re
-
     for line in log_text.splitlines():
         if line.startswith("rft: error: "):  # rftlib.cli's own refusal (a ConfigError, ValueError, ...)
             return line[len("rft: "):].strip()
@@ -102,10 +107,6 @@ def launch(preset: str = "default", overrides: dict[str, Any] | None = None, *, 
     such as num_steps apply on top). ``dry_run`` prints the GPU map and the commands and starts
     nothing. Returns as soon as the supervisor is started; follow it with :func:`attach`.
     """
-    from rftlib.attempts import create_attempt, next_attempt_id
-    from rftlib.config import make_config
-    from rftlib.train.loop import resume_config
-
     overrides = dict(overrides or {})
     if resume:
         run_dir = Path(resume)
@@ -134,10 +135,6 @@ def launch(preset: str = "default", overrides: dict[str, Any] | None = None, *, 
             cfg.vllm_urls = list(plan.engine_urls)  # the trainer connects to the engines this plan starts
         run_dir = create_attempt(cfg, run_dir.name)
     elif plan.engine_urls:
-        from rftlib.attempts import read_attempt
-
-        import yaml
-
         doc = read_attempt(run_dir)  # the engines' URLs of this launch, for the trainer to read
         doc["config"]["vllm_urls"] = plan.engine_urls
         (run_dir / "config.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
@@ -173,10 +170,8 @@ def _descendants(pid: int) -> list[int]:
     """Every process below ``pid`` (torchrun starts each rank in a session of its own, so killing
     torchrun's process group alone can leave ranks behind)."""
     try:
-        import psutil
-
         return [c.pid for c in psutil.Process(pid).children(recursive=True)]
-    except Exception:  # psutil missing or the process already gone
+    except psutil.Error:  # the process is already gone
         return []
 
 
@@ -324,8 +319,6 @@ def stop(run_dir: str | Path, timeout: float | None = None, write=print) -> dict
 
 
 def main(argv: list[str] | None = None) -> int:
-    import argparse
-
     ap = argparse.ArgumentParser(description="the supervisor of a detached attempt (started by rft launch)")
     ap.add_argument("run_dir")
     ap.add_argument("--node", type=int, default=0, help="which node's processes of plan.json to run")

@@ -26,6 +26,8 @@ import shutil
 from pathlib import Path
 
 import torch
+from safetensors.torch import save_file
+from transformers import GptOssConfig, GptOssForCausalLM
 
 from rftlib.models.cache import cache_dir
 from rftlib.models.tiny import build_tiny_tokenizer
@@ -62,9 +64,6 @@ def build_gptoss_mxfp4(out_dir: str | Path, *, seed: int = 0, layers: int = 2, h
 
     Non-expert weights are HF's random init in bf16 (as gpt-oss stores them); the experts' biases bf16.
     """
-    from safetensors.torch import save_file
-    from transformers import GptOssConfig, GptOssForCausalLM
-
     if hidden % MXFP4_BLOCK or intermediate % MXFP4_BLOCK:
         raise ValueError(f"hidden ({hidden}) and intermediate ({intermediate}) must be multiples of {MXFP4_BLOCK}")
     out_dir = Path(out_dir)

@@ -18,11 +18,20 @@ import json
 import os
 import re
 import shutil
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
 import torch
+from huggingface_hub import constants, snapshot_download, try_to_load_from_cache
+from peft import LoraConfig, get_peft_model, set_peft_model_state_dict
+from peft.utils import load_peft_weights
+from safetensors import safe_open
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, Mxfp4Config
+from transformers.integrations import HfDeepSpeedConfig
+from transformers.integrations.deepspeed import unset_hf_deepspeed_config
+from transformers.integrations.mxfp4 import convert_moe_packed_tensors
 
 from rftlib.models.cache import REPO_ROOT, cache_dir  # noqa: F401  (cache_dir: re-exported, its old home)
 from rftlib.models.tiny import tiny_model_dir
@@ -43,15 +52,12 @@ def _hf_hub_cache() -> Path:
         return Path(os.environ["HF_HUB_CACHE"]).expanduser()
     if os.environ.get("HF_HOME"):
         return Path(os.environ["HF_HOME"]).expanduser() / "hub"
-    from huggingface_hub import constants
 
     return Path(constants.HF_HUB_CACHE)
 
 
 def _hf_offline() -> bool:
     """HF_HUB_OFFLINE (or TRANSFORMERS_OFFLINE) set to a true value, read now."""
-    from huggingface_hub import constants
-
     env = {os.environ.get(k, "").strip().upper() for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
     return bool(env & {"1", "ON", "YES", "TRUE"}) or bool(constants.HF_HUB_OFFLINE)
 
@@ -63,8 +69,6 @@ def resolve_hub_model(repo_id: str) -> Path | str:
     Not cached and online: the id itself, for ``from_pretrained`` to download into the HF cache.
     Not cached and offline (HF_HUB_OFFLINE=1): FileNotFoundError saying where it looked and what to do.
     """
-    from huggingface_hub import try_to_load_from_cache
-
     cache = _hf_hub_cache()
     hit = try_to_load_from_cache(repo_id, "config.json", cache_dir=cache)
     if isinstance(hit, str):
@@ -111,8 +115,6 @@ def hf_model_source(name: str) -> Path | str:
     safetensors copy beside it (~20 s once; the cached load takes well under a second); that copy's
     directory is returned, so the trainer and its engines read the same weights.
     """
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     path = resolve_model_path(name)
     if isinstance(path, str) or path.suffix != ".gguf":
         return path
@@ -142,8 +144,6 @@ def quant_method(source: Path | str) -> str | None:
     if isinstance(source, Path):
         q = json.loads((source / "config.json").read_text()).get("quantization_config") or {}
     else:
-        from transformers import AutoConfig
-
         q = getattr(AutoConfig.from_pretrained(source), "quantization_config", None) or {}
     method = q.get("quant_method") if isinstance(q, dict) else getattr(q, "quant_method", None)
     return str(getattr(method, "value", method)) if method else None
@@ -162,7 +162,6 @@ def _dequantize_kwargs(source: Path | str) -> dict:
     if method != "mxfp4":
         raise NotImplementedError(f"{source}: checkpoints quantised with {method!r} are not supported for training "
                                   "(only gpt-oss's mxfp4, which is dequantised on load); use an unquantised copy")
-    from transformers import Mxfp4Config
 
     return {"quantization_config": Mxfp4Config(dequantize=True)}
 
@@ -171,8 +170,6 @@ def load_model_and_tokenizer(name: str, dtype: str = "float32"):
     """Load a causal LM and its tokenizer (left padding, pad = eos when the model has no pad), from
     :func:`hf_model_source` (a GGUF file's cached safetensors copy), the whole model on CPU. An MXFP4
     checkpoint is dequantised to ``dtype``."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     path = hf_model_source(name)
     torch_dtype = DTYPES["float32" if dtype == "auto" else dtype]  # the trainer resolves auto per device first
     if isinstance(path, str):  # a hub id transformers downloads; say which when it cannot
@@ -184,8 +181,6 @@ def load_model_and_tokenizer(name: str, dtype: str = "float32"):
 
 def _load_from_hub(repo_id: str, torch_dtype):
     """``from_pretrained`` on a hub id (downloads what transformers needs into the HF cache)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     try:
         tok = AutoTokenizer.from_pretrained(repo_id, padding_side="left")
         model = AutoModelForCausalLM.from_pretrained(repo_id, dtype=torch_dtype, **_dequantize_kwargs(repo_id))
@@ -224,14 +219,20 @@ def load_policy(cfg, dist, ds_config: dict | None = None):
     return model, tok
 
 
-def _import_deepspeed():
-    """deepspeed, lazily (an optional dependency), on CPU with its CPU accelerator."""
+def import_deepspeed(purpose: str = "a ZeRO-3 load"):
+    """deepspeed, imported here only (rftlib's one place for this optional dependency: the partitioned
+    load and the deepspeed backend), with the install line when it is missing. On CPU it gets its CPU
+    accelerator (DS_ACCELERATOR, which deepspeed reads when it is imported)."""
     if not torch.cuda.is_available():
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    # ZeRO-3 calls torch's older collective names each step; torch warns every time
+    warnings.filterwarnings("ignore", message=r"`torch\.distributed\.(all_gather_into_tensor|reduce_scatter_tensor)` "
+                            "is deprecated", category=FutureWarning)
     try:
         import deepspeed
     except ImportError as e:
-        raise ImportError("a ZeRO-3 load needs DeepSpeed: `DS_BUILD_OPS=0 pip install deepspeed==0.19.8`") from e
+        raise ImportError(f"{purpose} needs DeepSpeed: `DS_BUILD_OPS=0 pip install deepspeed==0.19.8` "
+                          "(CPU: also what scripts/setup.sh installs; GPU: pip install -e '.[gpu]')") from e
     return deepspeed
 
 
@@ -256,17 +257,11 @@ def load_partitioned(name: str, dtype: str, ds_config: dict):
     load needs it). The load runs under a forked RNG, so LoRA's init after it is the one a whole load
     would give.
     """
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-    from transformers.integrations import HfDeepSpeedConfig
-    from transformers.integrations.deepspeed import unset_hf_deepspeed_config
-
     if ds_config.get("zero_optimization", {}).get("stage") != 3:
         raise ValueError(f"load_partitioned needs a ZeRO stage 3 DeepSpeed config, got {ds_config.get('zero_optimization')}")
-    ds = _import_deepspeed()
+    ds = import_deepspeed()
     path = hf_model_source(name)
     if isinstance(path, str):  # a hub id: the partitioned fill reads local safetensors files
-        from huggingface_hub import snapshot_download
-
         path = Path(snapshot_download(path))
     torch_dtype = DTYPES["float32" if dtype == "auto" else dtype]
     tok = AutoTokenizer.from_pretrained(path, padding_side="left")
@@ -296,7 +291,6 @@ def _checkpoint_index(path: Path) -> dict[str, Path]:
     if not single.exists():
         raise FileNotFoundError(f"{path}: no model.safetensors or model.safetensors.index.json (a partitioned "
                                 "load reads safetensors checkpoints)")
-    from safetensors import safe_open
 
     with safe_open(str(single), framework="pt") as f:
         return {k: single for k in f.keys()}
@@ -304,8 +298,6 @@ def _checkpoint_index(path: Path) -> dict[str, Path]:
 
 def _read_tensor(files: dict[str, Path], key: str) -> torch.Tensor:
     """One tensor from its file; the file is opened for this tensor alone, so its mapping is released."""
-    from safetensors import safe_open
-
     with safe_open(str(files[key]), framework="pt") as f:
         return f.get_tensor(key)
 
@@ -317,8 +309,6 @@ def checkpoint_tensor(files: dict[str, Path], name: str, dtype: torch.dtype) -> 
     if name in files:
         return _read_tensor(files, name).to(dtype)
     if f"{name}_blocks" in files:
-        from transformers.integrations.mxfp4 import convert_moe_packed_tensors
-
         blocks, scales = _read_tensor(files, f"{name}_blocks"), _read_tensor(files, f"{name}_scales")
         return convert_moe_packed_tensors(blocks, scales, dtype=dtype)
     raise KeyError(f"the checkpoint has no tensor for parameter {name} (nor {name}_blocks/_scales)")
@@ -359,7 +349,6 @@ def apply_lora(model, *, rank: int, alpha: int, dropout: float, target_modules: 
         for p in model.parameters():
             p.requires_grad_(True)
         return model
-    from peft import LoraConfig, get_peft_model
 
     present = {n.rsplit(".", 1)[-1] for n, _ in model.named_modules()}
     missing = [m for m in target_modules if m not in present]
@@ -402,9 +391,6 @@ def autocast(dtype: torch.dtype | None, device_type: str | None = None):
 
 def load_adapter_weights(model, adapter_dir: str | Path) -> None:
     """Start the trainable LoRA adapter from a saved one (a peft adapter directory)."""
-    from peft import set_peft_model_state_dict
-    from peft.utils import load_peft_weights
-
     if not is_peft(model):
         raise ValueError("init_adapter needs a LoRA model (lora_rank > 0)")
     d = Path(adapter_dir).expanduser()

@@ -12,6 +12,8 @@ import shutil
 from pathlib import Path
 
 import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from rftlib.models.cache import cache_dir
 
@@ -38,9 +40,6 @@ def _corpus() -> list[str]:
 def build_tiny_tokenizer():
     """The tiny models' byte-level BPE tokenizer (400 tokens, ChatML, pad = eos = <|im_end|>), trained in
     well under a second on a fixed corpus: deterministic."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
     tk = Tokenizer(models.BPE(unk_token=None))
     tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tk.decoder = decoders.ByteLevel()
@@ -62,7 +61,6 @@ def build_tiny_model(out_dir: str | Path, *, seed: int = 0, hidden: int = 64, la
     if hidden % (2 * HEAD_DIM):
         raise ValueError(f"hidden={hidden}: the tiny model needs a multiple of {2 * HEAD_DIM} "
                          f"(heads of {HEAD_DIM}, 2 query heads per KV head)")
-    from transformers import LlamaConfig, LlamaForCausalLM
 
     out_dir = Path(out_dir)
     tok = build_tiny_tokenizer()

@@ -26,11 +26,14 @@ import datetime as _dt
 import importlib
 import json
 import math
+import os
 import re
 import struct
 import sys
 from pathlib import Path
 from typing import Any, Callable
+
+from torch.utils.tensorboard import SummaryWriter
 
 from rftlib.algo.registry import Registry
 
@@ -60,8 +63,6 @@ class TensorBoard:
     """Event files in <run_dir>/tensorboard (torch's SummaryWriter); the config and summary as text."""
 
     def __init__(self, run_dir: Path, run_name: str, config: dict, store: Path, offline: bool, resume: dict):
-        from torch.utils.tensorboard import SummaryWriter
-
         self.path = run_dir / "tensorboard"
         self.w = SummaryWriter(str(self.path))
         self.w.add_text("config", "```\n" + json.dumps(config, indent=1, default=str) + "\n```")
@@ -110,8 +111,6 @@ class MLflow:
         from mlflow.tracking import MlflowClient
 
         if offline:  # MLflow 3 keeps the file store in maintenance mode behind this opt-in; it needs no database
-            import os
-
             os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
         uri = (store / "mlruns").resolve().as_uri() if offline else mlflow.get_tracking_uri()
         self.client = c = MlflowClient(tracking_uri=uri)
@@ -154,8 +153,6 @@ class Trackio:
     """A trackio run in its local store (<store>/trackio, a SQLite file per project, offline)."""
 
     def __init__(self, run_dir: Path, run_name: str, config: dict, store: Path, offline: bool, resume: dict):
-        import os
-
         if offline:
             os.environ["TRACKIO_DIR"] = str(store / "trackio")  # read when trackio is first imported
         trackio = _import("trackio")

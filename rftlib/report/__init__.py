@@ -14,9 +14,9 @@
 
 from __future__ import annotations
 
+from rftlib.data.tasks import registered_tasks
+
 
 def register_tasks() -> list[str]:
     """Every built-in task name (the registry imports its builder modules on first use)."""
-    from rftlib.data.tasks import registered_tasks
-
     return list(registered_tasks().names())

@@ -9,6 +9,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from rftlib.config import field_docs
+from rftlib.monitor.health import display_order
+from rftlib.report import plots
 from rftlib.report.attempt import Attempt, key_differences, load_attempt
 from rftlib.report.html import Html, esc, fmt, join, kv_table, pct, pre, section, status_badge, table
 from rftlib.report.index import format_html, parent_html, research_log_html, trackers_html
@@ -51,8 +54,6 @@ def notes_block(notes: str) -> str:
 
 def verdict_table(a: Attempt) -> Html:
     """check_health's verdicts, one coloured row each, failures first, with the seed's action."""
-    from rftlib.monitor.health import display_order
-
     vs = display_order(a.verdicts, ("fail", "warn", "pass", "n/a"))
     rows = [(status_badge(v.status), ("&nbsp;&nbsp;&#8627; " if v.caused_by else "") + esc(v.name), esc(fmt(v.value)),
              esc(v.message), esc(v.action if v.status in ("warn", "fail") else "")) for v in vs]
@@ -118,8 +119,6 @@ def metrics_table(a: Attempt, keys: tuple[str, ...] = ("reward_mean", "correctne
 
 def config_table(a: Attempt) -> Html:
     """Every config value with its one-line doc (rftlib/config.py)."""
-    from rftlib.config import field_docs
-
     docs = field_docs()
     return table(["parameter", "value", "meaning"], [(k, v, docs.get(k, "")) for k, v in a.config.items()],
                  cls="rft-config")
@@ -168,8 +167,6 @@ def checkpoint_table(a: Attempt) -> Html:
 
 def report_sections(run_dir: str | Path, baseline: str | Path | None = None) -> list[Any]:
     """All sections in report order (what the analysis notebook shows), for tests and scripts."""
-    from rftlib.report import plots
-
     a = load_attempt(run_dir)
     return [header(a), section("Health verdicts", verdict_table(a)), plots.tier1(a), plots.eval_curve(a),
             checkpoint_table(a), plots.tier2(a), plots.tier3(a), metrics_table(a), samples_table(a),

@@ -9,6 +9,7 @@ with the attempt's own clip norm and spike threshold.
 
 from __future__ import annotations
 
+import datetime as _dt
 import json
 import re
 from dataclasses import dataclass, field
@@ -16,8 +17,11 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from rftlib.attempts import read_attempt
+from rftlib.attempts import read_attempt, run_dir_path, runs_root as resolve_runs
+from rftlib.config import RunConfig, diff, to_dict
+from rftlib.monitor.health import RULES, eval_metric_for, run_verdicts
 from rftlib.monitor.metrics import read_metrics
+from rftlib.monitor.trackers import read_state
 
 EVAL_KEY = "eval/heldout/greedy_pass@1"  # what the trainer logs (rftlib.train.loop.EVAL_KEY)
 # config fields that are bookkeeping, not the experiment: left out of "key differences"
@@ -144,8 +148,6 @@ class Attempt:
     def verdicts(self):
         """check_health over the metrics with this attempt's clip norm and spike threshold. The
         early-stop / divergence rules read the held-out eval (the trainer's only eval signal)."""
-        from rftlib.monitor.health import RULES, run_verdicts
-
         saved = _read_json(self.run_dir / "logs" / "health.json")  # the trainer's rule set (task-aware)
         skip = ()
         if isinstance(saved, list) and saved:
@@ -157,8 +159,6 @@ class Attempt:
     def stop_metric(self) -> str:
         """The eval the early-stop / divergence verdicts read: the early-stop probe, else the OOD
         probe when logged (seed 003's primary signal), else the held-out set."""
-        from rftlib.monitor.health import eval_metric_for
-
         return eval_metric_for(self.config, self.metrics)
 
     def probe_keys(self) -> list[str]:
@@ -187,8 +187,6 @@ class Attempt:
     @property
     def trackers(self) -> dict[str, dict[str, Any]]:
         """Each experiment tracker's run: status, run id, URL or local path, warnings (trackers.json)."""
-        from rftlib.monitor.trackers import read_state
-
         return read_state(self.run_dir)
 
     def format_points(self) -> list[tuple[int, float]]:
@@ -222,8 +220,6 @@ class Attempt:
 
 def load_attempt(run_dir: str | Path) -> Attempt:
     """Read an attempt's run directory; raises FileNotFoundError naming what is missing."""
-    from rftlib.attempts import run_dir_path
-
     run_dir = run_dir_path(run_dir)
     if not (run_dir / "config.yaml").exists():
         raise FileNotFoundError(f"{run_dir}: not an attempt directory (no config.yaml)")
@@ -236,8 +232,6 @@ def load_attempt(run_dir: str | Path) -> Attempt:
 
 def list_attempts(runs_root: str | Path) -> list[Attempt]:
     """Every attempt directory directly under runs_root, in attempt-number order."""
-    from rftlib.attempts import runs_root as resolve_runs
-
     root = resolve_runs(runs_root)
     dirs = [p for p in root.iterdir() if p.is_dir() and (p / "config.yaml").exists()] if root.is_dir() else []
     return [load_attempt(p) for p in sorted(dirs, key=lambda p: attempt_number(p.name))]
@@ -245,8 +239,6 @@ def list_attempts(runs_root: str | Path) -> list[Attempt]:
 
 def key_differences(config: dict[str, Any], baseline: dict[str, Any] | None) -> dict[str, tuple[Any, Any]]:
     """Config fields that differ from the baseline's (defaults when None), bookkeeping left out."""
-    from rftlib.config import RunConfig, diff, to_dict
-
     base = baseline if baseline is not None else to_dict(RunConfig())
     return {k: v for k, v in diff(base, config).items() if k not in BOOKKEEPING}
 
@@ -257,10 +249,6 @@ def add_note(run_dir: str | Path, text: str, *, date: str | None = None) -> dict
     The hypothesis stays in config.yaml (``notes``, set at launch); conclusions go to notes.jsonl, one
     line each, so writing one never rewrites the attempt's record.
     """
-    import datetime as _dt
-
-    from rftlib.attempts import run_dir_path
-
     run_dir = run_dir_path(run_dir)
     if not (run_dir / "config.yaml").exists():
         raise FileNotFoundError(f"{run_dir}: not an attempt directory (no config.yaml); give a run directory "

@@ -15,26 +15,29 @@ runner once failed to parse); it is marked ``"final": true``.
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from typing import Any, Callable
 
-from rftlib.attempts import read_attempt, write_json
+import torch
+
+from rftlib.attempts import read_attempt, run_dir_path, write_json
+from rftlib.data.tasks import build_task
+from rftlib.eval import eval_precision, greedy_eval
+from rftlib.models.loading import apply_lora, load_model_and_tokenizer, load_trainable_state
+from rftlib.monitor.quiet import quiet_libraries
+from rftlib.rollout.hf import HFEngine
+from rftlib.train.checkpoint import STATE, latest_dir, list_steps
 
 
 def checkpoint_steps(run_dir: str | Path) -> list[int]:
-    from rftlib.train.checkpoint import list_steps
-
     return list_steps(run_dir)
 
 
 def _final_step(run_dir: Path, cfg: dict[str, Any]) -> int:
     """The attempt's last step: num_steps as the latest checkpoint records it (a resume with
     additional steps raises it past config.yaml's), else the config's."""
-    import json
-
-    from rftlib.train.checkpoint import latest_dir
-
     try:
         state = json.loads((latest_dir(run_dir) / "trainer_state.json").read_text())
         return int(state.get("num_steps", cfg["num_steps"]))
@@ -52,9 +55,6 @@ def eval_checkpoints(run_dir: str | Path, **kw) -> dict[int, dict[str, Any]]:
     included). ``limit``: only the first ``limit`` held-out problems (seed 001's --subset-frac);
     ``max_new_tokens``/``batch_size``: default to the attempt's config. transformers' warnings and
     weight-loading bars go to ``logs/library_warnings.log``, not into the notebook."""
-    from rftlib.attempts import run_dir_path
-    from rftlib.monitor.quiet import quiet_libraries
-
     run_dir = run_dir_path(run_dir)
     with quiet_libraries(run_dir / "logs" / "library_warnings.log"):
         return _eval_checkpoints(run_dir, **kw)
@@ -63,8 +63,6 @@ def eval_checkpoints(run_dir: str | Path, **kw) -> dict[int, dict[str, Any]]:
 def _eval_checkpoints(run_dir: Path, *, limit: int | None = None, max_new_tokens: int | None = None,
                       batch_size: int | None = None, recompute: bool = False, reuse_training_evals: bool = True,
                       log: Callable[[str], None] = print) -> dict[int, dict[str, Any]]:
-    import json
-
     cfg = read_attempt(run_dir)["config"]
     steps = checkpoint_steps(run_dir)
     mnt = int(max_new_tokens or cfg["max_new_tokens"])
@@ -106,14 +104,6 @@ def _eval_checkpoints(run_dir: Path, *, limit: int | None = None, max_new_tokens
 def _evaluate(run_dir: Path, cfg: dict[str, Any], steps: list[int], *, limit: int | None, max_new_tokens: int,
               final_step: int, batch_size: int, log: Callable[[str], None]) -> dict[int, dict[str, Any]]:
     """Load the base model once, then each checkpoint's trained parameters in turn."""
-    import torch
-
-    from rftlib.data.tasks import build_task
-    from rftlib.eval import eval_precision, greedy_eval
-    from rftlib.models.loading import apply_lora, load_model_and_tokenizer, load_trainable_state
-    from rftlib.rollout.hf import HFEngine
-    from rftlib.train.checkpoint import STATE
-
     t = time.time()
     task = build_task(cfg["task"], eval_size=cfg["eval_size"])
     examples = task.eval[:limit] if limit else task.eval

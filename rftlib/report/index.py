@@ -11,9 +11,11 @@ takes to keep it true (``rft index --runs runs --out reports``).
 from __future__ import annotations
 
 import datetime as _dt
+import re
 from pathlib import Path
 from typing import Sequence
 
+from rftlib.attempts import reports_root, runs_root as resolve_runs
 from rftlib.report.attempt import Attempt, key_differences, list_attempts, load_attempt
 from rftlib.report.html import Html, esc, pct, status_badge, table
 
@@ -121,8 +123,6 @@ def build_index(runs_root: str | Path, out_dir: str | Path, *, baseline: str | N
                 title: str = "rftlib attempts") -> Html:
     """The index page's HTML. ``baseline``: the attempt id the config differences are taken
     against (default: the first attempt). Report links point to ``<out_dir>/<attempt-id>.html``."""
-    from rftlib.attempts import runs_root as resolve_runs
-
     out_dir = Path(out_dir)
     runs_root = resolve_runs(runs_root)
     attempts = list_attempts(runs_root)
@@ -165,13 +165,9 @@ def write_index(runs_root: str | Path, out_dir: str | Path | None = None, **kw) 
 def reports_dir_for(runs_root: str | Path | None = None) -> Path:
     """Where reports go by default: ``reports/`` beside the runs root (runs/ -> reports/), or
     ``$RFTLIB_REPORTS`` (rftlib.attempts.reports_root)."""
-    from rftlib.attempts import reports_root
-
     return reports_root(runs_root)
 
 
 def index_ids(html: str) -> Sequence[str]:
     """The attempt ids listed in an index page (for tests and scripts)."""
-    import re
-
     return re.findall(r'<td style="[^"]*">(?:<a href="[^"]*">)?(attempt-[A-Za-z0-9.\-]+)', html)

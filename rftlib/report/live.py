@@ -22,18 +22,27 @@ from __future__ import annotations
 import json
 import math
 import re
+import threading
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
+import ipywidgets as w
+from IPython import get_ipython
+from IPython.display import display
+from matplotlib.figure import Figure
+from tqdm.auto import tqdm
+
+from rftlib.attempts import request_stop
 from rftlib.config import RunConfig
+from rftlib.monitor.health import display_order, run_verdicts
+from rftlib.report.html import esc, status_badge
+from rftlib.report.plots import Plot, honest_axis
 
 EVAL_KEY = "eval/heldout/greedy_pass@1"
 
 
 def latest_verdicts(rows: list[dict[str, Any]], cfg: RunConfig, skip: Iterable[str] = ()):
     """The run's verdicts over the rows so far (rftlib.monitor.health.run_verdicts: the report's list)."""
-    from rftlib.monitor.health import run_verdicts
-
     return run_verdicts(rows, cfg, skip)
 
 
@@ -148,8 +157,6 @@ def group_from_samples(run_dir: Path | None, step: int) -> dict[str, Any] | None
 
 def group_html(group: dict[str, Any], step: int, max_chars: int = 400) -> str:
     """One prompt and its G completions, each with reward and advantage (and whether it was cut off)."""
-    from rftlib.report.html import esc
-
     comps = group.get("completions") or []
     rows = []
     for i, c in enumerate(comps):
@@ -192,12 +199,7 @@ class TextView:
         self.skip: tuple[str, ...] = ()
         self._status: dict[str, str] = {}
         if write is None:
-            try:
-                from tqdm.auto import tqdm
-
-                write = tqdm.write
-            except ImportError:
-                write = print
+            write = tqdm.write
         self.write = write
 
     def update(self, row: dict[str, Any]) -> None:
@@ -230,11 +232,7 @@ def _route_clicks_to_subshell(widget) -> bool:
     ``_reply_subshell_id`` names (kernel subshells, JEP 91); this makes one for the widget. Returns
     False where the kernel cannot (older ipykernel): the click then waits until the cell ends, and
     Kernel > Interrupt is the way to stop (see the README)."""
-    import threading
-
     try:
-        from IPython import get_ipython
-
         kernel = get_ipython().kernel
         if not getattr(kernel, "_supports_kernel_subshells", False):
             return False
@@ -264,8 +262,6 @@ class LiveView:
     shows_verdicts = True  # the panel lists the verdicts: the trainer prints no ``[health step N]`` lines under it
 
     def __init__(self, cfg: RunConfig, *, run_dir: str | Path | None = None, display_now: bool = True):
-        import ipywidgets as w
-
         self.cfg = cfg
         self.run_dir = Path(run_dir) if run_dir is not None else None
         self.rows: list[dict[str, Any]] = []
@@ -282,8 +278,6 @@ class LiveView:
         self.panel = w.VBox([w.HBox([self.bar, self.stop]), self.text, self.image, self.health, self.samples])
         self.subshell = False
         if display_now:
-            from IPython.display import display
-
             display(self.panel)
             self.subshell = _route_clicks_to_subshell(self.stop)
 
@@ -292,8 +286,6 @@ class LiveView:
         self.skip = tuple(getattr(task, "health_skip", ()) or ())
 
     def _on_stop(self, _button=None) -> None:
-        from rftlib.attempts import request_stop
-
         if self.run_dir is None:
             return
         request_stop(self.run_dir)
@@ -326,10 +318,6 @@ class LiveView:
             self.samples.value = group_html(group, step)
 
     def _curves(self, tr: list[dict[str, Any]]) -> bytes:
-        from matplotlib.figure import Figure
-
-        from rftlib.report.plots import Plot, honest_axis
-
         fig = Figure(figsize=(11, 2.6), layout="constrained")
         ax = [fig.add_subplot(1, 3, i + 1) for i in range(3)]
         steps = [r["step"] for r in tr]
@@ -354,9 +342,6 @@ class LiveView:
         return Plot(fig).png(dpi=80)
 
     def _verdicts_html(self) -> str:
-        from rftlib.monitor.health import display_order
-        from rftlib.report.html import esc, status_badge
-
         vs = display_order(latest_verdicts(self.rows, self.cfg, self.skip))
         bad = [v for v in vs if v.status in ("fail", "warn")]
         ok = sum(v.status == "pass" for v in vs)

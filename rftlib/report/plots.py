@@ -16,7 +16,7 @@ from typing import Any, Sequence
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from rftlib.report.attempt import EVAL_KEY, Attempt
+from rftlib.report.attempt import EVAL_KEY, Attempt, key_differences
 
 COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf"]
 # per attempt in overlays: a curve drawn exactly on top of another still shows (hollow marker of
@@ -216,8 +216,6 @@ COMPARE_PANELS: list[tuple[str, str, bool]] = [  # (metric, title, percent)
 
 def _short(a: Attempt, others: Sequence[Attempt]) -> str:
     """A legend label: the attempt id, plus the config values that differ across the attempts."""
-    from rftlib.report.attempt import key_differences
-
     keys = set()
     for o in others:
         keys |= set(key_differences(o.config, a.config))

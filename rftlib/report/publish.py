@@ -15,6 +15,15 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
+import nbformat
+import papermill as pm
+from nbconvert import HTMLExporter
+
+from rftlib.attempts import run_dir_path
+from rftlib.report.attempt import load_attempt
+from rftlib.report.compare import compare_name, load_all
+from rftlib.report.index import reports_dir_for, write_index
+
 REPO = Path(__file__).resolve().parents[2]
 NOTEBOOKS = REPO / "notebooks"
 TEMPLATE_DIR = Path(__file__).resolve().parent / "html_template"
@@ -22,8 +31,6 @@ TEMPLATE_DIR = Path(__file__).resolve().parent / "html_template"
 
 def execute(template: str | Path, out_nb: str | Path, parameters: dict[str, Any], *, log: bool = False) -> Path:
     """papermill-execute a notebook template with parameters (kernel python3, cwd = the repo)."""
-    import papermill as pm
-
     out_nb = Path(out_nb)
     out_nb.parent.mkdir(parents=True, exist_ok=True)
     kw: dict[str, Any] = {"log_output": True, "stdout_file": sys.stdout, "stderr_file": sys.stderr} if log else {}
@@ -35,9 +42,6 @@ def execute(template: str | Path, out_nb: str | Path, parameters: dict[str, Any]
 def to_html(nb_path: str | Path, html_path: str | Path, *, title: str | None = None, show_code: bool = False) -> Path:
     """Convert an executed notebook to one self-contained HTML file, code hidden unless asked, stderr
     streams (library warnings) left out; errors and stdout stay."""
-    import nbformat
-    from nbconvert import HTMLExporter
-
     nb = nbformat.read(str(nb_path), as_version=4)
     for cell in nb.cells:  # library warnings on stderr are noise in a report (the .ipynb keeps them)
         if cell.cell_type == "code":
@@ -56,18 +60,12 @@ def to_html(nb_path: str | Path, html_path: str | Path, *, title: str | None = N
 
 
 def _reports_dir(run_dir: Path, reports_dir: str | Path | None) -> Path:
-    from rftlib.report.index import reports_dir_for
-
     return Path(reports_dir) if reports_dir is not None else reports_dir_for(run_dir.resolve().parent)
 
 
 def write_report(run_dir: str | Path, reports_dir: str | Path | None = None, *, baseline_attempt: str | None = None,
                  index: bool = True, log: bool = False) -> Path:
     """Execute analysis.ipynb for one attempt and write ``<reports>/<attempt-id>.html`` (+ the index)."""
-    from rftlib.report.attempt import load_attempt
-
-    from rftlib.attempts import run_dir_path
-
     run_dir = run_dir_path(run_dir)
     a = load_attempt(run_dir)  # fails here, with the path, before a kernel starts
     out = _reports_dir(run_dir, reports_dir)
@@ -75,8 +73,6 @@ def write_report(run_dir: str | Path, reports_dir: str | Path | None = None, *, 
     nb = execute(NOTEBOOKS / "analysis.ipynb", run_dir / "analysis.ipynb", params, log=log)
     html = to_html(nb, out / f"{a.attempt_id}.html", title=f"{a.attempt_id} report")
     if index:
-        from rftlib.report.index import write_index
-
         write_index(run_dir.parent, out)
     return html
 
@@ -84,10 +80,6 @@ def write_report(run_dir: str | Path, reports_dir: str | Path | None = None, *, 
 def write_compare(run_dirs: Sequence[str | Path], reports_dir: str | Path | None = None, *,
                   index: bool = True, log: bool = False) -> Path:
     """Execute compare.ipynb for two or more attempts; write ``<reports>/compare-<A>-vs-<B>.html``."""
-    from rftlib.report.compare import compare_name, load_all
-
-    from rftlib.attempts import run_dir_path
-
     dirs = [run_dir_path(p) for p in run_dirs]
     load_all(dirs)  # fail fast on a missing attempt
     out = _reports_dir(dirs[0], reports_dir)
@@ -96,7 +88,5 @@ def write_compare(run_dirs: Sequence[str | Path], reports_dir: str | Path | None
     html = to_html(nb, out / f"{name}.html", title=name)
     nb.unlink()  # the HTML is the artefact; the executed notebook would clutter reports/
     if index:
-        from rftlib.report.index import write_index
-
         write_index(dirs[0].parent, out)
     return html

@@ -46,9 +46,18 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from rftlib.config import RunConfig
+import psutil
+import torch
+
+from rftlib.algo.advantages import compute_advantages
+from rftlib.attempts import create_attempt, write_json
+from rftlib.config import RunConfig, make_config
+from rftlib.report import register_tasks
 from rftlib.report.html import Html, esc, fmt, join, pre, status_badge, table
+from rftlib.rewards.code import extract_code
+from rftlib.rewards.math import extract_answer
 from rftlib.rewards.registry import Reward, as_reward
+from rftlib.train.loop import Trainer
 
 
 @dataclass
@@ -150,8 +159,6 @@ def _bytes(tensors) -> int:
 
 
 def _optimizer_bytes(opt) -> int:
-    import torch
-
     return int(sum(v.numel() * v.element_size() for st in opt.state.values() for v in st.values()
                    if isinstance(v, torch.Tensor)))
 
@@ -161,12 +168,7 @@ def _peak_rss() -> int:
 
 
 def _rss() -> int | None:
-    try:
-        import psutil
-
-        return int(psutil.Process().memory_info().rss)
-    except ImportError:
-        return None
+    return int(psutil.Process().memory_info().rss)
 
 
 def _parses(code: str) -> bool:
@@ -225,8 +227,6 @@ class PhaseMeter:
 
     @contextmanager
     def phase(self, name: str):
-        import torch
-
         outer, self._current = self._current, name
         rss = _rss_now()
         self.start_rss.setdefault(name, rss)
@@ -279,12 +279,6 @@ def _meter_trainer(trainer, meter: PhaseMeter) -> Callable[[], None]:
 def run_validation(cfg: RunConfig, run_dir: str | Path | None = None, *, control_steps: int = 2,
                    log: Callable[[str], None] = print) -> Validation:
     """Run the validation attempt and return the filled tables (also written to validation.json)."""
-    import torch
-
-    from rftlib.algo.advantages import compute_advantages
-    from rftlib.attempts import create_attempt, write_json
-    from rftlib.train.loop import Trainer
-
     cuda = torch.cuda.is_available()
     if cuda:
         torch.cuda.reset_peak_memory_stats()
@@ -375,8 +369,6 @@ def run_validation(cfg: RunConfig, run_dir: str | Path | None = None, *, control
 
 # ---- the three tables -----------------------------------------------------------------------------
 def _checks(v: Validation, task, ex, compute_advantages) -> list[Check]:
-    import torch
-
     cfg, G = v.config, v.config["n_samples_per_prompt"]
     task_steps = [s for s in v.steps if not s.control]
     first = task_steps[0]
@@ -395,8 +387,6 @@ def _checks(v: Validation, task, ex, compute_advantages) -> list[Check]:
     # Parseable output + extraction
     code = _is_code(ex)
     if code:
-        from rftlib.rewards.code import extract_code
-
         entry = ex.meta.get("entry_point")
         fenced = sum(1 for t in texts if extract_code(t, entry)[1] != "raw")
         parses = sum(1 for t in texts if _parses(extract_code(t, entry)[0]))
@@ -417,8 +407,6 @@ def _checks(v: Validation, task, ex, compute_advantages) -> list[Check]:
                          f"in the sandbox ({dr.get('exec_s', 0):.2f} s); a stub returning None passes "
                          f"{dw.get('tests_passed', 0):.0f}/{dw.get('tests_total', 0):.0f}"))
     else:
-        from rftlib.rewards.math import extract_answer
-
         parsed = sum(1 for t in texts if extract_answer(t)[0] is not None)
         boxed = sum(1 for t in texts if extract_answer(t)[1] == 2)
         out.append(Check("Rollout output parseable", "pass" if parsed else "warn",
@@ -526,8 +514,6 @@ def _timing(v: Validation, trainer, setup_s: float) -> list[tuple[str, float | N
 
 
 def _memory(v: Validation, trainer, rss0, rss_loaded, cuda: bool) -> list[tuple[str, float | None, str]]:
-    import torch
-
     model = trainer.model
     all_p = list(model.parameters())
     tr = [p for p in all_p if p.requires_grad]
@@ -770,11 +756,6 @@ def summary_text(v: Validation) -> str:
 def start(preset: str, *, attempt_id: str | None = None, **overrides: Any) -> tuple[RunConfig, Path]:
     """The validation attempt's config and run dir: the preset, then the notebook's overrides that
     are set (None, "" and 0 mean "keep the preset's")."""
-    from rftlib.attempts import create_attempt
-    from rftlib.config import make_config
-
-    from rftlib.report import register_tasks
-
     register_tasks()
     cfg = make_config(preset, {k: v for k, v in overrides.items() if v not in (None, "", 0)})
     return cfg, create_attempt(cfg, attempt_id or None)

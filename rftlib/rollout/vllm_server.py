@@ -28,6 +28,9 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import torch
+from safetensors.torch import save
+
 from rftlib.rollout.vllm import WORKER_EXTENSION, VLLMSettings, _VLLMBase, import_vllm, tied_lm_head_weights
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -305,8 +308,6 @@ class VLLMServerEngine(_VLLMBase):
 def weight_chunks(named, limit: int = RPC_CHUNK_BYTES):
     """(name, tensor) pairs as base64 safetensors blobs of up to ``limit`` bytes of tensors each (one bigger
     tensor alone), for the worker extension's rftlib_stage_weights: JSON carries only strings."""
-    from safetensors.torch import save
-
     chunk, size = {}, 0
     for name, t in named:
         nbytes = t.numel() * t.element_size()
@@ -329,11 +330,12 @@ def weight_chunks(named, limit: int = RPC_CHUNK_BYTES):
 def nccl_send_full_weights(servers, model, groups: list | None, *, tp: int) -> list:
     """Broadcast the trainer's full weights (tied lm_head left out) into every engine; returns the per-engine
     transfer engines to reuse at the next sync. Raises when NCCL or the routes are unavailable."""
-    import torch
-
-    from vllm.distributed.weight_transfer.base import ParamMeta, WeightSource
-    from vllm.distributed.weight_transfer.clients import HTTPVLLMWeightSyncClient
-    from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerInitInfo, NCCLTrainerWeightTransferEngine
+    base = import_vllm("vllm.distributed.weight_transfer.base")
+    ParamMeta, WeightSource = base.ParamMeta, base.WeightSource
+    HTTPVLLMWeightSyncClient = import_vllm("vllm.distributed.weight_transfer.clients").HTTPVLLMWeightSyncClient
+    nccl = import_vllm("vllm.distributed.weight_transfer.nccl_engine")
+    NCCLTrainerInitInfo, NCCLTrainerWeightTransferEngine = (nccl.NCCLTrainerInitInfo,
+                                                            nccl.NCCLTrainerWeightTransferEngine)
 
     if not torch.cuda.is_available():
         raise RuntimeError("NCCL weight transfer needs CUDA on the trainer")

@@ -7,6 +7,10 @@ Imported by vLLM inside its worker, so it must import nothing heavy from rftlib.
 
 from __future__ import annotations
 
+import base64
+
+from safetensors.torch import load
+
 
 class RftlibWorkerExtension:
     """Mixed into vLLM's Worker: ``self`` is the worker."""
@@ -23,10 +27,6 @@ class RftlibWorkerExtension:
     def rftlib_stage_weights(self, payload: str) -> int:
         """Hold one chunk of full weights sent in memory (base64 of a safetensors blob, the trainer's
         rftlib.rollout.vllm_server.weight_chunks) until :meth:`rftlib_commit_weights`; returns the tensors held."""
-        import base64
-
-        from safetensors.torch import load
-
         staged = self.__dict__.setdefault("_rftlib_staged", {})
         staged.update(load(base64.b64decode(payload)))
         return len(staged)
@@ -49,7 +49,7 @@ def refresh_tied_lm_head(model) -> bool:
     the *old* weights: measured here, the sync probe saw a 2.0 log-prob gap on the tiny model.
     Re-running the head's ``process_weights_after_loading`` re-packs it. GPUs keep no packed copy.
     """
-    from vllm.platforms import current_platform
+    from vllm.platforms import current_platform  # inside vLLM's worker, which must not load rftlib.rollout.vllm
 
     head = getattr(model, "lm_head", None)
     if head is None or not current_platform.is_cpu() or not getattr(model.config, "tie_word_embeddings", False):

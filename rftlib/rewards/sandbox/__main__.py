@@ -14,6 +14,7 @@ import time
 import uuid
 
 from . import Call, Job, Sandbox, SandboxUnavailable, check_available
+from .seccomp import filter_bpf, job_filter
 
 
 def _selftest() -> int:
@@ -76,8 +77,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.check:
         ok, why = check_available()
         try:
-            from .seccomp import filter_bpf, job_filter
-
             why += (f"; seccomp filter ({len(filter_bpf()) // 8} BPF instructions)"
                     f" and job filter ({len(job_filter()[0]) // 8})")
         except RuntimeError as e:

@@ -183,7 +183,7 @@ _LIBC = []
 def _libc():
     """(ctypes, libc); the first call (the zygote's, before it forks) also makes the ctypes type
     ``load_seccomp`` needs, so that each spare does not pay for it."""
-    import ctypes
+    import ctypes  # sandbox child, on first use: the trainer imports this file for the wire format only
 
     if not _LIBC:
         libc = ctypes.CDLL(None, use_errno=True)
@@ -718,7 +718,7 @@ PIPELINE_BYTES = 16 << 10  # Call requests in flight at once: well under a pipe'
 
 def _run_tests(job, peer, emit):
     """Run every test of ``job`` against the solution (through ``peer``), ``emit``-ting records."""
-    import io
+    import io  # sandbox child: only a supervisor running tests needs it, not the zygote's image
 
     ns = {"__name__": "__sandbox__", "__builtins__": builtins}
     entry, tests = job.get("entry_point"), job.get("tests", [])
@@ -954,7 +954,7 @@ def _clean_work_dir(path):
                     if not os.path.islink(dp):
                         os.chmod(dp, 0o700)
             os.chmod(p, 0o700)
-            import shutil
+            import shutil  # sandbox child: a rare path (a job left a directory), kept out of the zygote
 
             shutil.rmtree(p)
         else:
@@ -1076,7 +1076,7 @@ def main():
         "landlock_abi": abi,
         "python": sys.version.split()[0],
     })
-    import gc
+    import gc  # sandbox child: just before the zygote freezes its heap and forks
 
     gc.freeze()  # what the zygote holds is never collected: forks share those pages for longer
     args = (cfg, ruleset_fd, proto_in, proto_out, pid1)

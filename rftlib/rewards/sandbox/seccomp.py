@@ -50,7 +50,7 @@ class SeccompUnavailable(RuntimeError):
 
 def _pyseccomp():
     try:
-        import pyseccomp
+        import pyseccomp  # lazy on purpose: it needs the system's libseccomp, which may be missing
     except (ImportError, RuntimeError, OSError) as e:  # RuntimeError: "Unable to find libseccomp"
         raise SeccompUnavailable(
             f"seccomp filter unavailable ({e}); run `bash scripts/setup_sandbox.sh` "

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from . import _zygote
+from .seccomp import bpf_fd
 
 ZYGOTE_SOURCE = Path(_zygote.__file__).read_text()
 WORK_DIR = "/tmp"  # inside the sandbox: the capped tmpfs, the only writable place, emptied after each job
@@ -94,8 +95,6 @@ class Worker:
         else:
             sfd = None
             if spec.seccomp_bpf is not None:
-                from .seccomp import bpf_fd
-
                 sfd = bpf_fd()
                 fds.append(sfd)
             argv = bwrap_argv(spec, sfd)
