@@ -29,7 +29,7 @@ the launch plan, the process group) and default to a backend that holds a whole 
 
 ``single`` and ``ddp`` are torch (rftlib.train.backends.torch_backend); ``deepspeed`` is DeepSpeed's
 engine (ZeRO-2/3, CPU offload), imported only when asked for (DeepSpeed is an optional heavy
-dependency, imported in one place: deepspeed.import_deepspeed).
+dependency, imported in one place: rftlib.models.loading.import_deepspeed).
 
 How to add a backend (one place): a :class:`Backend` subclass with the methods above in its own module
 here, registered with ``BACKENDS.register("name")(MyBackend)``, and its module named in ``BACKEND_MODULES`` so

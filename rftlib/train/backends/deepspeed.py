@@ -18,32 +18,16 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-import os
-import warnings
 from pathlib import Path
 
 import torch
 
 from rftlib.models.forward import PolicyForward
+from rftlib.models.loading import import_deepspeed  # deepspeed's one place (the partitioned load needs it too)
 from rftlib.train.backends import BACKENDS, Backend, Sharding
 from rftlib.train.backends.scheduler import make_scheduler
 
 DS_TAG = "ds"  # the tag of the one DeepSpeed checkpoint inside a step directory
-
-
-def import_deepspeed():
-    """deepspeed, imported lazily, with the install line when it is missing."""
-    if not torch.cuda.is_available():
-        os.environ.setdefault("DS_ACCELERATOR", "cpu")
-    # ZeRO-3 calls torch's older collective names each step; torch warns every time
-    warnings.filterwarnings("ignore", message=r"`torch\.distributed\.(all_gather_into_tensor|reduce_scatter_tensor)` "
-                            "is deprecated", category=FutureWarning)
-    try:
-        import deepspeed
-    except ImportError as e:
-        raise ImportError("backend 'deepspeed' needs DeepSpeed: `DS_BUILD_OPS=0 pip install deepspeed==0.19.8` "
-                          "(CPU: also what scripts/setup.sh installs; GPU: pip install -e '.[gpu]')") from e
-    return deepspeed
 
 
 def _merge(base: dict, over: dict) -> dict:
@@ -128,7 +112,7 @@ class DeepSpeedBackend(Backend):
     @staticmethod
     def join_group(pg_backend: str, device: torch.device) -> None:
         """DeepSpeed's own init_distributed (it records the group its engine and zero.Init use)."""
-        import_deepspeed().init_distributed(dist_backend=pg_backend)
+        import_deepspeed("backend 'deepspeed'").init_distributed(dist_backend=pg_backend)
 
     @staticmethod
     def plan_generation_gather(cfg, model_bytes: int, free_bytes: int) -> tuple[bool, str] | None:
@@ -147,7 +131,7 @@ class DeepSpeedBackend(Backend):
         return self.cfg.zero_stage == 3 and self.dist.distributed
 
     def __init__(self, cfg, dist, model, *, total_opt_steps: int, warmup_steps: int):
-        ds = import_deepspeed()
+        ds = import_deepspeed("backend 'deepspeed'")
         self.cfg, self.dist, self.model, self.ds = cfg, dist, model, ds
         self.config = deepspeed_config_for(cfg, dist.world_size)
         self.micro_steps = self.config["gradient_accumulation_steps"]
