@@ -20,7 +20,9 @@ from pathlib import Path
 from rftlib.launch.supervise import pid_alive, supervise
 
 REPO = Path(__file__).resolve().parents[1]
-TINY_DDP = {"backend": "ddp", "train_ranks": 2, "num_steps": 200, "save_steps": 1, "max_ckpt_num": 2}
+# far more steps than the test lets run: the attempt must still be running when `rft stop` arrives, however
+# fast this machine trains the tiny model and however long the CLI takes to start (it imports the whole stack)
+TINY_DDP = {"backend": "ddp", "train_ranks": 2, "num_steps": 5000, "save_steps": 1, "max_ckpt_num": 2}
 
 
 def env(**extra: str) -> dict[str, str]:
@@ -92,7 +94,7 @@ def test_notebook_launch_attach_stop_resume(tmp_path):
         wait_for(lambda: len(steps(run_dir)) >= 2, "two training steps")
         a = rft("attach", str(run_dir), "--timeout", "2")
         assert a.returncode == 0, a.stderr
-        assert "[rft] step 1/200  reward" in a.stdout and "[rft] step 2/200  reward" in a.stdout
+        assert "[rft] step 1/5000  reward" in a.stdout and "[rft] step 2/5000  reward" in a.stdout
         assert "state: running" in a.stdout and "detached after 2 s; the attempt goes on" in a.stdout
 
         s = rft("stop", str(run_dir), "--timeout", "600")
