@@ -1,6 +1,7 @@
 """A process killed mid-checkpoint loses nothing: step_latest keeps pointing at a whole checkpoint."""
 
 import os
+import pathlib
 
 import pytest
 import torch
@@ -58,3 +59,40 @@ def test_crash_mid_save_keeps_previous_checkpoint_and_resume_works(tiny_cfg, mon
     assert not [p for p in root.glob(".tmp_step_*")]
     state = ckpt.load_checkpoint(ckpt.latest_dir(tr.run_dir))
     assert state["trainer_state"]["step"] == 3
+
+
+class _OneRank:
+    """The dist interface save_step uses, for one process."""
+
+    rank, world_size, is_main = 0, 1, True
+
+    def barrier(self):
+        pass
+
+    def all_sum(self, t):
+        return t
+
+
+def test_a_file_another_rank_renames_mid_walk_does_not_fail_the_checkpoint(tmp_path, monkeypatch):
+    """Ranks write one checkpoint directory side by side; rank 0 saves the adapter through safetensors'
+    temporaries (``adapter/.tmpXXXXXX``, renamed into place) while another rank fsyncs what it sees. Here the
+    owner's rename lands right after this rank found the temporary and before it opens it (seen under DDP in
+    the detached-launch test: the attempt crashed at a save with FileNotFoundError on adapter/.tmpc5FYCc).
+    The save must succeed and keep every final file."""
+    real_is_file = pathlib.Path.is_file
+
+    def is_file(self):
+        there = real_is_file(self)
+        if there and self.name.startswith(".tmp"):  # the owner renames its temporary into place now
+            self.rename(self.with_name(self.name[4:] + ".safetensors"))
+        return there
+
+    def write(tmp):
+        (tmp / "adapter").mkdir()
+        (tmp / "adapter" / ".tmpc5FYCc").write_bytes(b"weights")
+
+    monkeypatch.setattr(pathlib.Path, "is_file", is_file)
+    final = ckpt.save_step(tmp_path, 1, dist=_OneRank(), write=write, trainer_state={"step": 1}, max_keep=2)
+    monkeypatch.undo()
+    assert [p.name for p in (final / "adapter").iterdir()] == ["c5FYCc.safetensors"]
+    assert (tmp_path / "training_state" / "step_latest").resolve() == final.resolve()

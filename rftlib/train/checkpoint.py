@@ -88,6 +88,22 @@ def load_checkpoint(step_dir: str | Path) -> dict[str, Any]:
     }
 
 
+def _fsync_files(tmp: Path) -> None:
+    """fsync every file under ``tmp`` that is there when this rank looks. The ranks write into one directory
+    side by side, and a writer may put a file in place through a temporary of its own (safetensors writes
+    ``adapter/.tmpXXXXXX`` and renames it): a file that vanishes between the listing and the open is another
+    rank's temporary, renamed into place by its owner, who fsyncs the final file in its own walk (each rank
+    walks after its own writes are done). Failing on it would fail the whole checkpoint (seen under DDP: rank
+    1 walked while rank 0 saved the adapter, and the attempt crashed at a save)."""
+    for p in tmp.rglob("*"):
+        try:
+            if p.is_file():
+                with open(p, "rb") as f:
+                    os.fsync(f.fileno())
+        except FileNotFoundError:
+            continue
+
+
 def save_step(run_dir: str | Path, step: int, *, dist, write, trainer_state: dict[str, Any], max_keep: int) -> Path:
     """Write training_state/step_{step}/ from every rank at once, atomically.
 
@@ -108,10 +124,7 @@ def save_step(run_dir: str | Path, step: int, *, dist, write, trainer_state: dic
     try:
         write(tmp)
         torch.save(rng_state(), tmp / f"rng_rank{dist.rank}.pt")
-        for p in tmp.rglob("*"):
-            if p.is_file():
-                with open(p, "rb") as f:
-                    os.fsync(f.fileno())
+        _fsync_files(tmp)
     except BaseException as e:  # an error or an interrupt mid-save: no rank keeps a partial write
         err = e
     ok = int(dist.all_sum(torch.tensor([0 if err else 1])).item()) == dist.world_size
