@@ -30,7 +30,7 @@ import torch
 
 from rftlib.algo.logprobs import auto_chunk_size
 from rftlib.config import ConfigError, RunConfig
-from rftlib.preflight.memory import MODELS, estimate_rollout_memory, estimate_train_memory
+from rftlib.preflight.memory import MODELS, estimate_rollout_memory, estimate_train_memory, shape_name_for_model
 from rftlib.rollout.factory import engine_kind
 from rftlib.rollout.vllm import API_KEY_ENV, VLLMSettings, engine_gpu_memory, engine_max_len
 from rftlib.rollout.vllm_server import server_command, server_env
@@ -216,18 +216,9 @@ def _max_len(cfg: RunConfig) -> int:
     return engine_max_len(cfg, None)
 
 
-def _shape_name(model: str) -> str | None:
-    """The memory preflight's shape for a model id ("openai/gpt-oss-20b" -> "gpt-oss-20b"), or None."""
-    tail = model.rsplit("/", 1)[-1].lower()
-    for name in MODELS:
-        if name.lower() == tail:
-            return name
-    return None
-
-
 def memory_checks(plan: LaunchPlan, cfg: RunConfig) -> list[tuple[str, Any]]:
     """(role, MemoryEstimate) for one trainer GPU and one engine GPU of the plan (rftlib.preflight.memory)."""
-    shape = _shape_name(cfg.model)
+    shape = shape_name_for_model(cfg.model)
     if shape is None or not any(p.gpus for p in plan.processes):
         return []
     out = []
@@ -256,7 +247,7 @@ def generation_gather_note(cfg: RunConfig, trainer_est) -> str:
     """What an engine that generates on the trainer's module does with partitioned weights (ZeRO-3: the
     backend's plan_generation_gather), judged from the preflight: the whole model's bf16 weights against the
     GPU's room beside the estimate. '' where the engine is separate or every rank holds whole weights."""
-    shape = _shape_name(cfg.model)
+    shape = shape_name_for_model(cfg.model)
     if shape is None or not engine_kind(cfg.rollout_engine).on_trainer_module:
         return ""
     model_bytes = int(MODELS[shape].n_params * 2)  # bf16 weights, gathered whole

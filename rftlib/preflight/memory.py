@@ -21,10 +21,16 @@ from rftlib.models.memory import (  # noqa: F401  (re-exported: the preflight's 
 )
 
 
+def shape_name_for_model(model: str) -> str | None:
+    """The name a model id is registered under in MODELS ("openai/gpt-oss-120b" -> "gpt-oss-120b"), or None."""
+    tail = model.rstrip("/").rsplit("/", 1)[-1].lower()
+    return next((name for name in MODELS if name.lower() == tail), None)
+
+
 def shape_for_model(model: str) -> ModelShape | None:
     """The registered shape of a model id ("openai/gpt-oss-120b" -> gpt-oss-120b), or None."""
-    tail = model.rstrip("/").rsplit("/", 1)[-1].lower()
-    return next((s for name, s in MODELS.items() if name.lower() == tail), None)
+    name = shape_name_for_model(model)
+    return MODELS[name] if name is not None else None
 
 
 def trainer_world(cfg) -> tuple[int, int]:

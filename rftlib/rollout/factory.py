@@ -69,13 +69,11 @@ class EngineKind:
     """serves(cfg) -> runs in server processes of its own, on GPUs (started here or already running)"""
 
 
-def register_engine(name: str, *, on_trainer_module: bool, check_config: Callable[[Any], list[str]] = _no_problems,
-                    server_processes: Callable[[Any], int] = _no_servers,
-                    serves: Callable[[Any], bool] = _in_process):
+def register_engine(name: str, *, on_trainer_module: bool, **declarations):
     """Decorator: register ``factory(cfg, model, tok, run_dir, backend) -> engine`` as the engine ``name`` with
-    its declarations; returns the factory unchanged."""
+    its declarations (EngineKind's fields: check_config, server_processes, serves); returns the factory."""
     def add(factory):
-        ENGINES.add(name, EngineKind(name, factory, on_trainer_module, check_config, server_processes, serves))
+        ENGINES.add(name, EngineKind(name, factory, on_trainer_module, **declarations))
         return factory
 
     return add
