@@ -40,11 +40,13 @@ SELF = Path(__file__).resolve()  # its planted citations are wrong on purpose
 SUFFIXES = {".py", ".yaml", ".yml", ".md", ".ipynb", ".sh", ".mjs", ".toml", ".txt", ".cfg"}
 SEEDS = {"000", "001", "002", "003"}
 
+# a word start, also right after a "\n" escape written in a string literal: md("...\n\nSeed 003 section 12")
+_B = r"(?:\b|(?<=\\n))"
 # "seed 003", "Seed 003's", "seed003-gpt-oss", "seed003_presets", "seed-003"; three digits, so that
 # "seed 42" (a random seed) is not one
-SEED_RE = re.compile(r"\bseed[ _-]?(\d{3})(?!\d)", re.I)
+SEED_RE = re.compile(_B + r"seed[ _-]?(\d{3})(?!\d)", re.I)
 # "section 7", "Section 7", "sec. 7", "§7", "§ 7"; not "sec. 3.4" (a paper's decimal section)
-SECTION_RE = re.compile(r"(?:§\s?|\bsec\.\s?|\bsection\s)(\d+)(?![.]\d|\d)", re.I)
+SECTION_RE = re.compile(r"(?:§\s?|" + _B + r"sec\.\s?|" + _B + r"section\s)(\d+)(?![.]\d|\d)", re.I)
 # right after a section number: "Tier 2", ", Tier 1", " Tier 1-3", " Tier 2/3"
 TIER_RE = re.compile(r"[,:]?\s*Tier\s(\d(?:\s?[-/]\s?\d)*)")
 # right after a section number: , "Name" and "Name" (the seed's own subsection names)
@@ -53,12 +55,12 @@ NAME_TAIL_RE = re.compile(r'\s*(?:and|,)\s*"([A-Z][^"\n]{2,60})"')
 # what separates a seed mention from a paper's section: "Yu et al. 2025, sec. 3.2", "arXiv:2501..., sec. 3"
 PAPER_RE = re.compile(r"et al\b|arXiv", re.I)
 # "Seed 002's Timing Analysis": two or more capitalised words after the possessive
-POSSESSIVE_NAME_RE = re.compile(r"\b[Ss]eed (\d{3})'s ((?:[A-Z][a-z]+ ){1,5}[A-Z][a-z]+)\b"
+POSSESSIVE_NAME_RE = re.compile(_B + r"[Ss]eed (\d{3})'s ((?:[A-Z][a-z]+ ){1,5}[A-Z][a-z]+)\b"
                                 r"(?: and ((?:[A-Z][a-z]+ ){1,5}[A-Z][a-z]+)\b)?")
 # "Component Validation (seed 002)": the two capitalised words before it
 CAPTION_NAME_RE = re.compile(r"\b([A-Z][a-z]+ [A-Z][a-z]+) \([Ss]eed (\d{3})\)")
 # 'seed 002 ("Experiment 07: GRPO Training Loop Validation")'
-TITLE_NAME_RE = re.compile(r'\b[Ss]eed (\d{3}) \("([^"\n]{3,80})"\)')
+TITLE_NAME_RE = re.compile(_B + r'[Ss]eed (\d{3}) \("([^"\n]{3,80})"\)')
 HEADING_RE = re.compile(r"^(#{1,6})\s+(.+?)\s*#*\s*$", re.M)
 PART_RE = re.compile(r"\bSeed (\d{3})\b")
 
@@ -142,8 +144,8 @@ def all_citations(root: Path = ROOT) -> list[Citation]:
     out: list[Citation] = []
     for f in scanned_files(root):
         text = f.read_text(encoding="utf-8", errors="replace")
-        if f.suffix == ".ipynb":  # cells are JSON strings: "\n" and "\"" as written in the file
-            text = text.replace("\\n", "\n").replace('\\"', '"')
+        if f.suffix == ".ipynb":  # cells are JSON strings: a quote inside one is written \" (one line per line)
+            text = text.replace('\\"', '"')
         out += citations_in(text, str(f.relative_to(root)))
     return out
 
@@ -274,6 +276,8 @@ _DOC = """# Reference setups
     ("# Seed 002's Memory Usage", False),
     ("# seed 004 defaults", False),  # no such seed
     ("name: seed005-anything", False),
+    (r'md("## Format compliance\n\nSeed 003 §14: below 95%")', False),  # after a "\n" escape in a literal
+    (r'md("## Format compliance\n\nSeed 003 §10: exact match")', True),
 ])
 def test_checker_on_planted_citations(src, ok):
     cites = citations_in(src, "planted.py")
