@@ -213,8 +213,10 @@ def cmd_validate(args) -> int:
     cfg = make_config(args.preset, sets)  # fails fast, before a kernel starts
     root = resolve_runs(sets.get("runs_root") or cfg.runs_root)
     attempt_id = next_attempt_id(root, cfg.name)
+    named = ("model", "task", "num_steps", "notes")  # the notebook's own parameters; every other --set is an override
     params = {"preset": args.preset, "runs_root": str(root), "attempt_id": attempt_id,
-              **{k: v for k, v in sets.items() if k in ("model", "task", "num_steps", "notes")}}
+              **{k: v for k, v in sets.items() if k in named},
+              "overrides": {k: v for k, v in sets.items() if k not in named and k != "runs_root"}}
     if args.control_steps is not None:
         params["control_steps"] = args.control_steps
     (root / attempt_id).mkdir(parents=True, exist_ok=False)
