@@ -230,3 +230,16 @@ def write_json(path: Path, obj: Any) -> None:
     tmp = path.with_suffix(path.suffix + ".tmp")
     tmp.write_text(json.dumps(obj, indent=1))
     tmp.replace(path)
+
+
+SFT_ROWS = "sft_rows.jsonl"
+"""<run_dir>/sft_rows.jsonl of an SFT attempt: one line per row it trained on ({"input", "prompt", "problem_key",
+"source"}, rftlib.sft.record_sft_rows), read by an RL attempt started from its adapter (rftlib.train.build)"""
+
+
+def attempt_holding(path: str | Path) -> Path | None:
+    """The run directory ``path`` lies in (an SFT attempt's ``adapter/``, a checkpoint's
+    ``training_state/step_N/adapter``): the path itself or one of its three parents holding a config.yaml;
+    None outside any attempt."""
+    d = Path(path).expanduser().resolve()
+    return next((c for c in (d, *d.parents[:3]) if (c / "config.yaml").exists()), None)

@@ -57,7 +57,7 @@ from rftlib.report.compare import load_all, summary_text
 from rftlib.report.index import reports_dir_for, write_index
 from rftlib.report.live import TextView
 from rftlib.report.publish import write_compare, write_report
-from rftlib.sft import sft_data_path, sft_result_text
+from rftlib.sft import check_sft_data, sft_result_text
 from rftlib.smoke import LINES, run_smoke, table, verdict
 from rftlib.train.dist import exit_rank, init_dist, shutdown_dist
 from rftlib.train.launch import run_ranks
@@ -213,8 +213,10 @@ def cmd_validate(args) -> int:
     cfg = make_config(args.preset, sets)  # fails fast, before a kernel starts
     root = resolve_runs(sets.get("runs_root") or cfg.runs_root)
     attempt_id = next_attempt_id(root, cfg.name)
+    named = ("model", "task", "num_steps", "notes")  # the notebook's own parameters; every other --set is an override
     params = {"preset": args.preset, "runs_root": str(root), "attempt_id": attempt_id,
-              **{k: v for k, v in sets.items() if k in ("model", "task", "num_steps", "notes")}}
+              **{k: v for k, v in sets.items() if k in named},
+              "overrides": {k: v for k, v in sets.items() if k not in named and k != "runs_root"}}
     if args.control_steps is not None:
         params["control_steps"] = args.control_steps
     (root / attempt_id).mkdir(parents=True, exist_ok=False)
@@ -285,7 +287,7 @@ def cmd_sft(args) -> int:
     """notebooks/sft.ipynb under papermill into a new attempt directory; prints before/after and the next step."""
     sets = _parse_sets(args.set)
     cfg = make_config(args.preset, sets)
-    sft_data_path(cfg)  # fails fast, before a kernel starts
+    check_sft_data(cfg)  # fails fast (the file, held-out problems, prompt forms), before a kernel starts
     root = resolve_runs(cfg.runs_root)
     attempt_id = next_attempt_id(root, cfg.name)
     (root / attempt_id).mkdir(parents=True, exist_ok=False)

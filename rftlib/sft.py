@@ -14,20 +14,32 @@ template, and it runs on transformers' Trainer (schedules, grad clipping, bf16 a
 rftlib only maps RunConfig onto SFTConfig and routes its log rows into the attempt's logger, so
 the rows reach the same trackers (``report_to``) as an RL attempt's.
 
+What SFT trains on is checked against the attempt's task by problem identity (the prepare pipeline's hash), not
+prompt text: a row holding a held-out problem is refused whatever its wording; a bare problem (seed 003's
+``sft_train.jsonl``) is shown to the model with the task's instruction, as RL and the evals show it
+(``load_sft_rows``). Every row is trained whole: rows longer than the attempt's budget (``max_new_tokens`` for the
+answer, ``prompt_max_len`` for the prompt) are left out and listed in ``logs/sft_dropped.json``, never cut to TRL's
+default 1024 tokens (``fit_rows``). The rows trained on are kept in ``sft_rows.jsonl``, where an RL attempt
+started from the adapter checks its own held-out set against them (rftlib.train.build.check_sft_ancestry).
+
 The fields an SFT attempt reads: sft_data (rows ``{"input", "output"}``, seed 003's format, as
 ``python -m rftlib.data.prepare`` writes them), num_steps (optimizer steps), micro_batch_size
 (sequences per step), lr / warmup_ratio / min_lr_ratio (cosine to min_lr, as RL), weight_decay,
 adam_beta1/2, max_grad_norm, lora_*, model, dtype, autocast, seed; the task, eval_size,
-max_new_tokens and eval_batch_size for the before/after eval.
+max_new_tokens and eval_batch_size for the before/after eval; max_new_tokens and prompt_max_len as the budget.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
+import re
 import shlex
+import sys
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -36,9 +48,9 @@ from matplotlib.figure import Figure
 from transformers import PrinterCallback, TrainerCallback
 
 from rftlib.algo.schedule import warmup_steps_for
-from rftlib.attempts import create_attempt, project_root, read_attempt, write_json
+from rftlib.attempts import SFT_ROWS, create_attempt, project_root, read_attempt, write_json
 from rftlib.config import ConfigError, RunConfig, make_config
-from rftlib.data.base import Example, Task, build_task
+from rftlib.data.base import Example, Task, build_task, held_out_leaks, normalise_text
 from rftlib.data.benchmarks import import_datasets
 from rftlib.data.jsonl import read_jsonl
 from rftlib.eval import greedy_eval
@@ -78,22 +90,58 @@ def sft_data_path(cfg: RunConfig) -> Path:
     return p
 
 
+_BOUNDARY = re.compile(r"(?<=[.?!:;])\s+|\n+")
+
+
+def _split_problems(task: Task, text: str) -> list[tuple[str, str]]:
+    """(problem key, the text around it) for each way ``text`` may be a problem with something else before or after
+    it: every prefix ending and every suffix starting at a sentence or line boundary."""
+    out = []
+    for m in _BOUNDARY.finditer(text):
+        a, b = m.span()
+        for piece, rest in ((text[:a], text[b:]), (text[b:], text[:a])):
+            if piece.strip() and rest.strip():
+                out.append((task.problem_key(piece), normalise_text(rest)))
+    return out
+
+
 def load_sft_rows(path: Path, task: Task) -> list[dict[str, str]]:
-    """The SFT rows, refused when any prompt is also a held-out prompt of the task (the after-eval
-    would then measure memorisation) or when none of them is a training prompt of the task (the
-    format taught would not be the one RL and the eval show the model)."""
+    """The SFT rows, each with ``prompt``: its input as the task shows it (``Task.prompt_for``: a bare problem, as
+    in seed 003's ``sft_train.jsonl``, gets the task's instruction), so SFT teaches the format on the prompts RL and
+    the evals show. Compared with the task by problem identity (the prepare pipeline's hash), never by prompt text:
+
+    - refused when a row holds a problem of the task's held-out set, or of a probe not drawn from its training pool
+      (``held_out_leaks``: the same problem however the instruction around it is worded): the after-eval would
+      measure memorisation;
+    - refused when rows hold the task's training problems with the same extra text around them (an instruction
+      the task does not give, in two rows or more; one row's extra sentence is a near-duplicate problem, not a
+      format): the format taught would not be the one RL and the eval show the model.
+    """
     rows = read_jsonl(path, required=["input", "output"])
-    held = {e.prompt for e in task.eval}
-    leak = [r["input"] for r in rows if r["input"] in held]
-    if leak:
-        raise ConfigError(f"sft_data {path}: {len(leak)} prompts are in task '{task.name}''s held-out set, e.g. "
-                          f"{leak[0]!r}; train SFT on the training split only (prepare's sft_train.jsonl)")
-    train = {e.prompt for e in task.train}
-    if task.train and not any(r["input"] in train for r in rows[:1000]):
-        raise ConfigError(f"sft_data {path}: no prompt is a training prompt of task '{task.name}' (first: "
-                          f"{rows[0]['input']!r}, the task's: {task.train[0].prompt!r}); match the task's prompt "
-                          "(task_args, e.g. its instruction) to the SFT split's inputs")
-    return rows
+    leaks = held_out_leaks(task, [r["input"] for r in rows])
+    if leaks:
+        sets = ", ".join(f"{n} in '{k}'" for k, n in Counter(lk.eval_set for lk in leaks).items())
+        lk = leaks[0]
+        raise ConfigError(f"sft_data {path}: {len(leaks)} of {len(rows)} rows hold problems of task '{task.name}''s "
+                          f"eval sets ({sets}; compared by problem identity, not prompt text), e.g. line "
+                          f"{lk.index + 1} {lk.text!r:.120} holds held-out problem {lk.example.id} ({lk.how}); train SFT "
+                          "on the training split only (prepare's sft_train.jsonl)")
+    train = {task.problem_key(e.prompt): e for e in task.train}
+    extra: dict[str, list[tuple[int, Example]]] = {}  # text around a training problem -> the rows that have it
+    for i, r in enumerate(rows):
+        if task.problem_key(r["input"]) in train:
+            continue  # the problem itself (bare, or with the task's instruction): shown as the task shows it
+        hit = next(((k, rest) for k, rest in _split_problems(task, r["input"]) if k in train), None)
+        if hit is not None:
+            extra.setdefault(hit[1], []).append((i, train[hit[0]]))
+    bad = max(extra.items(), key=lambda kv: len(kv[1]), default=None)
+    if bad is not None and len(bad[1]) >= 2:
+        (i, ex), n = bad[1][0], len(bad[1])
+        raise ConfigError(f"sft_data {path}: {n} rows hold training problems of task '{task.name}' with text the task's "
+                          f"prompts do not have ({bad[0]!r:.80}), e.g. line {i + 1} would train on "
+                          f"{task.prompt_for(rows[i]['input'])!r:.160} where the task shows {ex.prompt!r:.160}; match "
+                          "the task's prompt (task_args, e.g. its instruction) to the SFT split's inputs")
+    return [{**r, "prompt": task.prompt_for(r["input"])} for r in rows]
 
 
 def to_dataset(rows: list[dict[str, str]], system_prompt: str | None):
@@ -101,8 +149,94 @@ def to_dataset(rows: list[dict[str, str]], system_prompt: str | None):
     with completion_only_loss, masks the prompt (system + user turn) out of the loss."""
     _, _, Dataset = _trl()
     sys_msg = [{"role": "system", "content": system_prompt}] if system_prompt else []
-    return Dataset.from_list([{"prompt": sys_msg + [{"role": "user", "content": r["input"]}],
+    return Dataset.from_list([{"prompt": sys_msg + [{"role": "user", "content": r.get("prompt", r["input"])}],
                                "completion": [{"role": "assistant", "content": r["output"]}]} for r in rows])
+
+
+def _ids(enc) -> list[int]:
+    """apply_chat_template's token ids, whether it returned a list or a BatchEncoding."""
+    return list(enc["input_ids"] if hasattr(enc, "keys") else enc)
+
+
+def row_lengths(tok, rows: list[dict[str, str]], system_prompt: str | None) -> list[dict[str, int]]:
+    """Each row's token counts as SFTTrainer builds its sequence (conversational prompt-completion: the chat
+    template's prompt with the generation prompt, then the whole conversation; the completion starts where the two
+    diverge): ``prompt``, ``completion`` (every token after the prompt, the template's turn end included),
+    ``generated`` (the completion up to and including the first end-of-sequence token: what a rollout of the same
+    answer generates, the number ``max_new_tokens`` caps) and ``total``."""
+    sys_msg = [{"role": "system", "content": system_prompt}] if system_prompt else []
+    out = []
+    for r in rows:
+        prompt = sys_msg + [{"role": "user", "content": r.get("prompt", r["input"])}]
+        p_ids = _ids(tok.apply_chat_template(prompt, tokenize=True, add_generation_prompt=True))
+        full = _ids(tok.apply_chat_template(prompt + [{"role": "assistant", "content": r["output"]}], tokenize=True))
+        n = next((i for i, (a, b) in enumerate(zip(p_ids, full)) if a != b), min(len(p_ids), len(full)))
+        comp = full[n:]
+        eos = tok.eos_token_id
+        gen = comp.index(eos) + 1 if eos is not None and eos in comp else len(comp)
+        out.append({"prompt": n, "completion": len(comp), "generated": gen, "total": len(full)})
+    return out
+
+
+MAX_DROPPED_SHARE = 0.5
+"""more SFT rows than this share too long for the attempt's budget is refused: the budget does not fit the data
+(raise max_new_tokens / prompt_max_len), and training on the short remainder would bias what SFT teaches"""
+
+
+def fit_rows(rows: list[dict[str, str]], lengths: list[dict[str, int]], cfg: RunConfig,
+             path) -> tuple[list, list, list, int]:
+    """(kept rows, their lengths, dropped [{line, prompt, generated}], max_length): a row is kept when its completion fits the
+    attempt's completion budget (``generated`` <= max_new_tokens: the RL stage would cut a longer answer, and SFT
+    on a cut one teaches no \\boxed{} and no end of turn) and its prompt the prompt budget (``prompt_max_len`` when
+    set: the RL stage drops longer prompts). ``max_length`` is the longest kept row (chat template included), so
+    SFTTrainer cuts nothing. Refused when no row fits or more than MAX_DROPPED_SHARE do not."""
+    cap_p = cfg.prompt_max_len
+    keep, dropped = [], []
+    for i, (r, n) in enumerate(zip(rows, lengths)):
+        if n["generated"] > cfg.max_new_tokens or (cap_p and n["prompt"] > cap_p):
+            dropped.append({"line": i + 1, "prompt": n["prompt"], "generated": n["generated"]})
+        else:
+            keep.append((r, n))
+    if dropped and (not keep or len(dropped) > MAX_DROPPED_SHARE * len(rows)):
+        worst = max(lengths, key=lambda n: n["generated"])
+        raise ConfigError(f"sft_data {path}: {len(dropped)} of {len(rows)} rows do not fit the attempt's budget "
+                          f"(completion <= max_new_tokens={cfg.max_new_tokens} tokens"
+                          + (f", prompt <= prompt_max_len={cap_p}" if cap_p else "") + f"; the longest completion is "
+                          f"{worst['generated']} tokens, e.g. line {dropped[0]['line']}): SFT would train on the few "
+                          "rows that fit, or, cut, on answers without their end; raise max_new_tokens (and "
+                          "prompt_max_len) to the data's lengths, or shorten the split")
+    return [r for r, _ in keep], [n for _, n in keep], dropped, max((n["total"] for _, n in keep), default=0)
+
+
+def check_not_cut(dataset, lengths: list[dict[str, int]], max_length: int) -> None:
+    """Every row SFTTrainer tokenized is as long as ``row_lengths`` counted it, so nothing was cut (TRL truncates to
+    its max_length without a word): a mismatch is an error, not a silently shorter example."""
+    got = [len(x) for x in dataset["input_ids"]]
+    want = [n["total"] for n in lengths]
+    bad = [i for i, (g, w) in enumerate(zip(got, want)) if g != w]
+    if len(got) != len(want) or bad:
+        i = bad[0] if bad else min(len(got), len(want))
+        raise RuntimeError(f"SFTTrainer's tokenized rows differ from rftlib's count (row {i}: "
+                           f"{got[i] if i < len(got) else 'missing'} vs {want[i] if i < len(want) else 'none'} tokens, "
+                           f"max_length {max_length}): a row would be cut or built differently")
+
+
+def record_sft_rows(run_dir: Path, task: Task, rows: list[dict[str, str]], path: Path) -> None:
+    """``<run_dir>/sft_rows.jsonl`` (attempts.SFT_ROWS): every row this attempt trains on, its input, the prompt it
+    was shown as and its problem key, kept with the attempt, so an RL attempt started from the adapter checks its
+    own held-out set against what SFT really saw even after the split file is rewritten (rftlib.train.build)."""
+    with open(run_dir / SFT_ROWS, "w") as f:
+        for r in rows:
+            f.write(json.dumps({"input": r["input"], "prompt": r["prompt"], "problem_key": task.problem_key(r["input"]),
+                                "source": str(path)}) + "\n")
+
+
+def file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
 
 
 def format_eval(engine, tok, task: Task, examples: list[Example], cfg: RunConfig, step: int,
@@ -148,10 +282,12 @@ def _one_process_env():
         os.environ.update(saved)
 
 
-def sft_config(cfg: RunConfig, run_dir: Path, bf16: bool):
-    """RunConfig -> TRL's SFTConfig (the same schedule shape as RL: linear warmup, cosine to min_lr)."""
+def sft_config(cfg: RunConfig, run_dir: Path, bf16: bool, max_length: int | None = None):
+    """RunConfig -> TRL's SFTConfig (the same schedule shape as RL: linear warmup, cosine to min_lr). ``max_length``:
+    the longest row that fits the attempt's budget (``fit_rows``), never TRL's default 1024 (which cuts a longer
+    example from its end, answer and end of turn included, without a word); None: no cut at all."""
     SFTConfig, _, _ = _trl()
-    return SFTConfig(
+    return SFTConfig(max_length=max_length,
         output_dir=str(run_dir / "sft_trainer"), max_steps=cfg.num_steps, per_device_train_batch_size=cfg.micro_batch_size,
         gradient_accumulation_steps=1, learning_rate=cfg.lr, lr_scheduler_type="cosine_with_min_lr",
         lr_scheduler_kwargs={"min_lr_rate": cfg.min_lr_ratio}, warmup_steps=warmup_steps_for(cfg.num_steps, cfg.warmup_ratio),
@@ -171,8 +307,14 @@ def start(preset: str, overrides: dict[str, Any] | None = None, *, notes: str = 
     if runs_root != "runs":
         over.setdefault("runs_root", runs_root)
     cfg = make_config(preset, over)
-    sft_data_path(cfg)  # fail before the model loads
+    check_sft_data(cfg)  # fail before the attempt is made and the model loads
     return cfg, create_attempt(cfg, attempt_id or None)
+
+
+def check_sft_data(cfg: RunConfig) -> list[dict[str, str]]:
+    """The SFT split of a config as ``load_sft_rows`` accepts it (held-out problems and prompt forms checked against
+    the config's task): what ``rft sft`` and the notebook's first cell call before any model loads."""
+    return load_sft_rows(sft_data_path(cfg), build_task(cfg.task, eval_size=cfg.eval_size, **cfg.task_args))
 
 
 def run_sft(cfg: RunConfig, run_dir: str | Path | None = None, *, write=print) -> dict[str, Any]:
@@ -182,7 +324,8 @@ def run_sft(cfg: RunConfig, run_dir: str | Path | None = None, *, write=print) -
 
     torch.manual_seed(cfg.seed)
     task = build_task(cfg.task, eval_size=cfg.eval_size, **cfg.task_args)
-    rows = load_sft_rows(sft_data_path(cfg), task)
+    path = sft_data_path(cfg)
+    rows = load_sft_rows(path, task)
     run_dir = Path(run_dir) if run_dir is not None else create_attempt(cfg)
     (run_dir / "eval").mkdir(parents=True, exist_ok=True)
     logger = MetricsLogger(run_dir)
@@ -194,15 +337,27 @@ def run_sft(cfg: RunConfig, run_dir: str | Path | None = None, *, write=print) -
     engine = HFEngine(model, tok, amp=amp)
     load_seconds = time.time() - t0
     try:
+        lengths = row_lengths(tok, rows, task.system_prompt)
+        rows, lengths, dropped, max_length = fit_rows(rows, lengths, cfg, path)
+        if dropped:
+            write_json(run_dir / "logs" / "sft_dropped.json", {"max_new_tokens": cfg.max_new_tokens,
+                                                              "prompt_max_len": cfg.prompt_max_len, "rows": dropped})
+            write(f"[sft] WARNING {len(dropped)} of {len(rows) + len(dropped)} SFT rows are longer than the attempt's "
+                  f"budget (completion <= max_new_tokens={cfg.max_new_tokens}"
+                  + (f", prompt <= prompt_max_len={cfg.prompt_max_len}" if cfg.prompt_max_len else "")
+                  + f") and are left out, never cut (lines {[d['line'] for d in dropped[:10]]}"
+                  + ("..." if len(dropped) > 10 else "") + f"; logs/sft_dropped.json)")
+        record_sft_rows(run_dir, task, rows, path)
         before = format_eval(engine, tok, task, task.eval, cfg, 0, run_dir)
         logger.log(before)
         write(f"[sft] before: held-out {before[ACC_KEY]:.2f}, format compliance {before[FORMAT_KEY]:.0%} "
               f"on {len(task.eval)} problems; {len(rows)} SFT rows from {cfg.sft_data}")
         t1 = time.time()
         with _one_process_env():
-            trainer = SFTTrainer(model=model, args=sft_config(cfg, run_dir, amp == torch.bfloat16),
+            trainer = SFTTrainer(model=model, args=sft_config(cfg, run_dir, amp == torch.bfloat16, max_length),
                                  train_dataset=to_dataset(rows, task.system_prompt), processing_class=tok,
                                  callbacks=[_log_callback(logger, cfg.num_steps, write)])
+            check_not_cut(trainer.train_dataset, lengths, max_length)
             trainer.remove_callback(PrinterCallback)
             trainer.train()
         train_seconds = time.time() - t1
@@ -220,7 +375,8 @@ def run_sft(cfg: RunConfig, run_dir: str | Path | None = None, *, write=print) -
                    "best_step": cfg.num_steps if after[ACC_KEY] >= before[ACC_KEY] else 0,
                    "format_before": before[FORMAT_KEY], "format_after": after[FORMAT_KEY],
                    "format_threshold": FORMAT_THRESHOLD, "eval_mode": "greedy_pass@1", "eval_dataset": "heldout",
-                   "eval_n": len(task.eval), "sft_rows": len(rows), "output": str(out),
+                   "eval_n": len(task.eval), "sft_rows": len(rows), "sft_rows_too_long": len(dropped),
+                   "sft_max_length": max_length, "sft_data_sha256": file_sha256(path), "output": str(out),
                    "load_seconds": round(load_seconds, 1), "baseline_eval_seconds": round(t1 - t0 - load_seconds, 1),
                    "train_seconds": round(train_seconds, 1),
                    "next": f"rft train -p RL_PRESET {nxt}  (RL from this SFT {'adapter' if cfg.lora_rank else 'model'})"}
@@ -229,7 +385,7 @@ def run_sft(cfg: RunConfig, run_dir: str | Path | None = None, *, write=print) -
             (run_dir / "sft_trainer").rmdir()  # TRL's output_dir: nothing is saved there (save_strategy no)
     finally:
         engine.close()
-        logger.close()
+        logger.close(error=sys.exc_info()[1])  # a crash marks the trackers' runs failed
     write(sft_result_text(summary))
     return summary
 
@@ -263,8 +419,12 @@ def format_check(run_dir: str | Path) -> str:
         return f"{head} >= {FORMAT_THRESHOLD:.0%}: SFT not needed"
     data = cfg.get("sft_data") or (f"{cfg['task_args']['data_dir']}/sft_train.jsonl" if "data_dir" in cfg.get("task_args", {})
                                    else "data/sft/arithmetic_boxed.jsonl" if cfg["task"] == "arithmetic" else "SFT_SPLIT.jsonl")
+    # the RL attempt's budget: SFT rows that would not fit it are left out (fit_rows), so the SFT stage gets the same
+    budget = (("max_new_tokens", cfg["max_new_tokens"]),) + ((("prompt_max_len", cfg["prompt_max_len"]),)
+                                                          if cfg.get("prompt_max_len") else ())
     sets = " ".join("--set " + shlex.quote(f"{k}={v if isinstance(v, str) else json.dumps(v)}") for k, v in
-                    (("model", cfg["model"]), ("task", cfg["task"]), ("task_args", cfg.get("task_args", {})), ("sft_data", data)))
+                    (("model", cfg["model"]), ("task", cfg["task"]), ("task_args", cfg.get("task_args", {})),
+                     ("sft_data", data), *budget))
     return (f"{head} < {FORMAT_THRESHOLD:.0%}: SFT needed first (seed 003 section 12). Run\n"
             f"  rft sft -p sft-arithmetic-boxed {sets}\n"
             f"then RL from its adapter:\n  rft train -p PRESET --set init_adapter=runs/<the SFT attempt>/adapter")

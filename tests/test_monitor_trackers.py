@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -149,3 +150,99 @@ def test_a_tracker_failing_mid_run_leaves_training_running(tiny_cfg, monkeypatch
     ea.Reload()
     assert [e.step for e in ea.Scalars("reward_mean")] == [1, 2, 3]
     assert "tracking server unreachable" in trackers_html(load_attempt(tr.run_dir))
+
+
+class _Crash(RuntimeError):
+    pass
+
+
+def _crash_before_step(monkeypatch, n):
+    """Trainer.step raises when it would take step ``n`` (a crash mid-run, after step n-1 was logged)."""
+    real = Trainer.step
+
+    def step(self):
+        if self.step_num == n - 1:
+            raise _Crash(f"simulated crash before step {n}")
+        return real(self)
+
+    monkeypatch.setattr(Trainer, "step", step)
+
+
+def test_a_crashed_run_is_marked_failed_in_every_tracker(tiny_cfg, monkeypatch):
+    """Item 11 of issue 30: a run that ends by an exception was ended as FINISHED (MLflow), exit code 0 (wandb) and
+    "finished" in trackers.json. Now each run is marked failed, and trackers.json says crashed and why."""
+    pytest.importorskip("wandb")
+    pytest.importorskip("mlflow")
+    _crash_before_step(monkeypatch, 2)
+    tr = Trainer(tiny_cfg(report_to=["tensorboard", "wandb", "mlflow"], tracker_project="crash", save_steps=0),
+                 progress=False)
+    with pytest.raises(_Crash):
+        try:
+            tr.train()
+        finally:
+            tr.close()
+    state = json.loads((tr.run_dir / "trackers.json").read_text())
+    assert {k: v["status"] for k, v in state.items()} == dict.fromkeys(["tensorboard", "wandb", "mlflow"], "crashed")
+    assert all("simulated crash before step 2" in v["error"] for v in state.values())
+    from mlflow.tracking import MlflowClient
+
+    assert MlflowClient(state["mlflow"]["tracking_uri"]).get_run(state["mlflow"]["run_id"]).info.status == "FAILED"
+    w = T.read_wandb_offline(state["wandb"]["path"])
+    assert w["exit_code"] == 1 and [h["_step"] for h in w["history"]] == [0, 1]
+    assert "the run crashed" in trackers_html(load_attempt(tr.run_dir))
+
+
+def test_a_resume_mirrors_the_metrics_truncation_in_the_trackers(tiny_cfg, monkeypatch):
+    """Item 11 of issue 30: a crash after step 3 with the checkpoint at step 2; the resume drops step 3's row from
+    metrics.jsonl and logs steps 3 and 4 again. main's trackers kept the old step 3 too (MLflow history 1, 2, 3,
+    3, 4), wandb wrote a second offline segment of the same id and trackers.json kept only its path, TensorBoard had
+    no purge_step. Now each tracker holds every step once, with the values of the metrics file."""
+    pytest.importorskip("wandb")
+    pytest.importorskip("mlflow")
+    from mlflow.tracking import MlflowClient
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    cfg = tiny_cfg(report_to=["tensorboard", "wandb", "mlflow"], tracker_project="resume", num_steps=4, save_steps=2)
+    with monkeypatch.context() as m:
+        _crash_before_step(m, 4)
+        tr = Trainer(cfg, progress=False)
+        with pytest.raises(_Crash):
+            try:
+                tr.train()
+            finally:
+                tr.close()
+    run_dir = tr.run_dir
+    first = json.loads((run_dir / "trackers.json").read_text())
+    assert [r["step"] for r in read_metrics(run_dir)] == [0, 1, 2, 3]  # step 3 logged after the step-2 checkpoint
+    tr = Trainer(cfg, run_dir, resume=True, progress=False)
+    try:
+        tr.train()
+    finally:
+        tr.close()
+    rows = read_metrics(run_dir)
+    assert [r["step"] for r in rows] == [0, 1, 2, 3, 4]
+    want = {r["step"]: r["reward_mean"] for r in rows if "reward_mean" in r}
+    state = json.loads((run_dir / "trackers.json").read_text())
+    assert {k: v["status"] for k, v in state.items()} == dict.fromkeys(["tensorboard", "wandb", "mlflow"], "finished")
+
+    # MLflow: a new run of the attempt's name holds steps 1..4 once; the one whose history ran past step 2 is deleted
+    c = MlflowClient(state["mlflow"]["tracking_uri"])
+    hist = c.get_metric_history(state["mlflow"]["run_id"], "reward_mean")
+    assert [(m.step, m.value) for m in hist] == sorted(want.items())
+    old = first["mlflow"]["run_id"]
+    assert state["mlflow"]["superseded"] == [old] and state["mlflow"]["run_id"] != old
+    gone = c.get_run(old)
+    assert gone.info.lifecycle_stage == "deleted" and gone.data.tags["rftlib.superseded_by"] == state["mlflow"]["run_id"]
+
+    # wandb: both offline segments of the one run id are kept; the last alone holds the whole history, once
+    segs = state["wandb"]["segments"]
+    assert len(segs) == 2 and segs[0] == first["wandb"]["path"] and segs[1] == state["wandb"]["path"]
+    assert all(Path(s).is_dir() for s in segs) and state["wandb"]["run_id"] == first["wandb"]["run_id"]
+    w = T.read_wandb_offline(segs[1])
+    assert [h["_step"] for h in w["history"]] == [0, 1, 2, 3, 4]
+    assert {h["_step"]: h["reward_mean"] for h in w["history"] if "reward_mean" in h} == want
+
+    # TensorBoard: the resume's purge_step hides the crashed segment's step 3
+    ea = EventAccumulator(state["tensorboard"]["path"])
+    ea.Reload()
+    assert [(e.step, e.value) for e in ea.Scalars("reward_mean")] == [(s, pytest.approx(v)) for s, v in sorted(want.items())]

@@ -5,6 +5,7 @@ not change, a NaN loss, a KL that ran away, a reward out of range); a real run o
 tiny model (the fast plumbing check) and one on the embedded default with the sandboxed code
 reward (seed002-fizzbuzz-rtx3080-cpu) check the per-phase time and memory and the sandbox numbers."""
 
+import json
 import math
 import time
 from pathlib import Path
@@ -128,3 +129,65 @@ def test_seed002_cpu_validation_on_the_embedded_model(tmp_path):
     assert v.sandbox["executions"] == 2 * B * G and v.sandbox["errors"] == 0
     gen = next(p for p in v.phases if p["phase"] == "generation")
     assert gen["seconds"] > 0 and math.isfinite(gen["share"]) and gen["peak_rss"] > 2 ** 27
+
+
+def test_validate_start_keeps_overrides_equal_to_0_or_false(tmp_path):
+    """Item 9 of issue 30: beta=0 (seed 003's 120b setting) came back as the preset's 0.04: start() dropped every
+    override equal to 0 or False. Only the notebook's own parameters at their "keep the preset's" value are kept."""
+    from rftlib.report import validate as V
+
+    cfg, _ = V.start("seed002-fizzbuzz-rtx3080-tiny-cpu", runs_root=str(tmp_path), beta=0, model="", task="",
+                     num_steps=0, notes="n")
+    assert cfg.beta == 0 and cfg.model == "tiny" and cfg.task == "code_problems" and cfg.num_steps == 5
+    cfg, _ = V.start("seed002-fizzbuzz-rtx3080-tiny-cpu", runs_root=str(tmp_path),
+                     overrides={"beta": 0.0, "save_steps": 0, "gradient_checkpointing": False}, num_steps=2)
+    assert cfg.beta == 0.0 and cfg.save_steps == 0 and cfg.num_steps == 2
+
+
+@pytest.mark.skipif(not check_available()[0], reason=f"no sandbox here: {check_available()[1]}")
+def test_validation_with_a_composite_reward_records_it_and_controls_it(tmp_path):
+    """Item 9 of issue 30: with rewards {task: 1, truncated_penalty: 0.1} the trainer scores with the composite, which
+    main's recording wrapper and control reward never reached (control steps got -0.1 with advantage std 0, then an
+    IndexError and no validation.json). Now every recorded reward is the composite's, the control steps score the
+    coin flip, the criteria judge the task's component, and validation.json is written."""
+    from rftlib.report.validate import control_reward
+
+    v = _run("seed002-fizzbuzz-rtx3080-tiny-cpu", tmp_path, num_steps=2,
+             rewards={"task": 1.0, "truncated_penalty": 0.1})
+    assert (tmp_path / "attempt" / "validation.json").exists()
+    task_steps = [s for s in v.steps if not s.control]
+    assert len(task_steps) == 2
+    for s in task_steps:
+        assert len(s.rewards) == B * G and s.row["reward_mean"] == pytest.approx(sum(s.rewards) / (B * G))
+        for r, d in zip(s.rewards, s.diags):
+            assert r == pytest.approx(d["reward/task"] + 0.1 * d["reward/truncated_penalty"])
+            assert d["reward/truncated_penalty"] in (0.0, -1.0) and 0.0 <= d["reward/task"] <= 1.0
+        assert s.task_scores == [d["reward/task"] for d in s.diags]
+    control = [s for s in v.steps if s.control]
+    if not any(s.params_changed for s in task_steps):  # no learning signal from the task: the control steps ran
+        assert len(control) == 2
+    for s in control:
+        coin = [control_reward(t, None, False)[0] for t in s.completions]
+        assert s.rewards == coin and s.row["reward_mean"] == pytest.approx(sum(coin) / len(coin))
+    st = _status(v)
+    assert st["Rewards computed"] == st["Complete training loop"] == st["Valid loss values"] == "pass"
+
+
+@pytest.mark.skipif(not check_available()[0], reason=f"no sandbox here: {check_available()[1]}")
+def test_rft_validate_passes_every_set_to_the_notebook(tmp_path):
+    """Item 9 of issue 30, end to end: `rft validate --set beta=0 --set rewards=...` (main passed only model, task,
+    num_steps and notes to the notebook, and its start() dropped values equal to 0 or False)."""
+    from rftlib import cli
+
+    runs = tmp_path / "runs"
+    assert cli.main(["validate", "-p", "seed002-fizzbuzz-rtx3080-tiny-cpu", "--set", f"runs_root={runs}",
+                     "--set", "num_steps=2", "--set", "beta=0", "--set", "rewards={task: 1, truncated_penalty: 0.1}",
+                     "--no-report"]) == 0
+    (run_dir,) = [p for p in runs.iterdir() if p.is_dir()]
+    v = json.loads((run_dir / "validation.json").read_text())
+    assert v["config"]["beta"] == 0 and v["config"]["rewards"] == {"task": 1, "truncated_penalty": 0.1}
+    assert v["config"]["num_steps"] == 2 and len([s for s in v["steps"] if not s["control"]]) == 2
+    crit = {c[0]: c[3] for c in v["criteria"]}
+    assert crit["KL small"] == "n/a" and crit["Rewards computed"] == "pass"
+    assert all(r == pytest.approx(d["reward/task"] + 0.1 * d["reward/truncated_penalty"])
+               for s in v["steps"] if not s["control"] for r, d in zip(s["rewards"], s["diags"]))

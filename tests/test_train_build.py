@@ -227,3 +227,52 @@ def test_no_module_outside_its_package_names_a_backend_or_branches_on_an_engine(
     (tmp_path / "rftlib" / "smoke_bad.py").write_text('def f(cfg):\n    return cfg.rollout_engine == "vllm"\n')
     assert _named_outside(tmp_path, "rftlib/rollout/", set(), {"rollout_engine"}) == [
         "rftlib/smoke_bad.py:2 compares cfg.rollout_engine == 'vllm'"]
+
+
+def _saved_adapter(path, **lora):
+    """A LoRA adapter of the tiny model saved with peft (B drawn non-zero, so it moves the model), and the model."""
+    from rftlib.models.loading import apply_lora, load_model_and_tokenizer
+
+    torch.manual_seed(0)
+    args = {"rank": 16, "alpha": 32, "dropout": 0.0, "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"], **lora}
+    model = apply_lora(load_model_and_tokenizer("tiny")[0], **args)
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if "lora_B" in n:
+                p.normal_(0, 0.2)
+    model.save_pretrained(str(path))
+    return str(path), model.eval()
+
+
+def test_init_adapter_of_another_lora_is_refused_naming_the_difference(tiny_cfg, tmp_path):
+    """Item 6 of issue 30: an adapter saved with lora_alpha 32 loaded into an alpha-16 policy scaled every update by
+    half without a word (main loaded it); a rank mismatch failed with a tensor-size error. Each is refused before
+    anything loads, naming the field and the --set that builds the adapter's LoRA; the matching LoRA starts exactly
+    where the adapter ended; a dropout difference (training noise only) is said and allowed."""
+    from rftlib.models.loading import apply_lora, load_adapter_weights, load_model_and_tokenizer
+
+    ad, saved = _saved_adapter(tmp_path / "adapter")
+    with pytest.raises(ConfigError, match=r"lora_alpha: the adapter's 32, this attempt's 16.*--set lora_alpha=32"):
+        Trainer(tiny_cfg(init_adapter=ad, lora_alpha=16), progress=False)
+    with pytest.raises(ConfigError, match=r"\(r: the adapter's 16, this attempt's 8.*--set lora_rank=16"):
+        Trainer(tiny_cfg(init_adapter=ad, lora_rank=8), progress=False)
+    with pytest.raises(ConfigError, match=r"target_modules: .*--set 'lora_target_modules=\[\"k_proj\",\"o_proj\",\"q_proj\",\"v_proj\"\]'"):
+        Trainer(tiny_cfg(init_adapter=ad, lora_target_modules=["q_proj", "v_proj"]), progress=False)
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())  # refused before the attempt
+    # the loader refuses too, for a caller that loads an adapter without the builder
+    other = apply_lora(load_model_and_tokenizer("tiny")[0], rank=16, alpha=16, dropout=0.0,
+                       target_modules=["q_proj", "k_proj", "v_proj", "o_proj"])
+    with pytest.raises(ValueError, match="lora_alpha: the adapter's 32, this attempt's 16"):
+        load_adapter_weights(other, ad)
+    ids = torch.tensor([[1, 5, 9, 13, 17, 21]])
+    with pytest.warns(UserWarning, match=r"trained with lora_dropout=0.0; this attempt trains it with lora_dropout=0.05"):
+        tr = Trainer(tiny_cfg(init_adapter=ad, lora_dropout=0.05), progress=False)
+    try:
+        tr.model.eval()
+        with torch.no_grad():
+            assert torch.allclose(tr.model(ids).logits, saved(ids).logits, atol=1e-5)  # starts where it ended
+            with saved.disable_adapter():  # and the adapter does move the model (a zero B would prove nothing)
+                base = saved(ids).logits
+            assert not torch.allclose(saved(ids).logits, base, atol=1e-3)
+    finally:
+        tr.close()

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import random
 
-from rftlib.data.base import TASKS, Example, Task
+from rftlib.data.base import TASKS, Example, Task, append_instruction
 from rftlib.rewards.math import math_task_reward
 
 
@@ -35,7 +35,8 @@ def arithmetic_task(eval_size: int = 100, seed: int = 1234, reward_mode: str = "
     ``instruction``: appended to every prompt (e.g. a \\boxed{} format the base model does not follow:
     params/sft-arithmetic-boxed.yaml); one that names \\boxed makes the has_boxed health rule apply.
     """
-    probs = [Example(e.id, f"{e.prompt} {instruction}".strip(), e.answer, e.meta) for e in all_problems()]
+    instruction = instruction.strip()
+    probs = [Example(e.id, append_instruction(e.prompt, instruction), e.answer, e.meta) for e in all_problems()]
     if not 0 < eval_size < len(probs):
         raise ValueError(f"eval_size={eval_size}: the arithmetic task has {len(probs)} problems; "
                          f"choose 1..{len(probs) - 1}")
@@ -46,9 +47,10 @@ def arithmetic_task(eval_size: int = 100, seed: int = 1234, reward_mode: str = "
     for i in range(50):  # out of distribution: two-digit operands, never seen in training
         a, b, op = rng.randint(10, 99), rng.randint(10, 99), rng.choice("+-")
         ans = a + b if op == "+" else a - b
-        ood.append(Example(id=f"ood{i}:{a}{op}{b}", prompt=f"Calculate {a} {op} {b}. {instruction}".strip(), answer=str(ans),
+        ood.append(Example(id=f"ood{i}:{a}{op}{b}", prompt=append_instruction(f"Calculate {a} {op} {b}.", instruction),
+                           answer=str(ans),
                            meta={"a": a, "b": b, "op": op}))
     probes = {"id": rng.sample(train, min(50, len(train))), "ood": ood}
     return Task(name="arithmetic", train=train, eval=held, reward=math_task_reward(reward_mode), probes=probes,
                 # SmolLM2 ignores format instructions and the reward reads the last number: no boxes
-                health_skip=() if "boxed" in instruction else ("has_boxed",))
+                health_skip=() if "boxed" in instruction else ("has_boxed",), instruction=instruction)

@@ -474,7 +474,8 @@ def gsm8k_task(train: str = "gsm_style", train_size: int = 5000, eval_size: int 
               "ood": random.Random(PROBE_SEED).sample(integer, min(probe_size, len(integer)))}
     return Task(name="gsm8k", train=with_instruction(pool, MATH_INSTRUCTION),
                 eval=with_instruction(test, MATH_INSTRUCTION), reward=math_task_reward(reward_mode),
-                probes={k: with_instruction(v, MATH_INSTRUCTION) for k, v in probes.items()})
+                probes={k: with_instruction(v, MATH_INSTRUCTION) for k, v in probes.items()},
+                instruction=MATH_INSTRUCTION, instruction_sep="\n")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable
 
-from rftlib.data.base import TASKS, Example, Task
+from rftlib.data.base import TASKS, Example, Task, append_instruction, problem_hash  # noqa: F401 (problem_hash: re-export)
 from rftlib.data.benchmarks import MATH_INSTRUCTION, gsm8k_solution_to_boxed, to_numina  # noqa: F401 (re-export)
 from rftlib.data.jsonl import DataError, iter_jsonl, read_jsonl, read_table, write_jsonl
 from rftlib.rewards.math import answers_match, math_task_reward, normalize_answer, parse_gold
@@ -52,11 +52,6 @@ SPLITS = ("eval", "sft_dev", "sft_train", "sft_rl_pool")  # dealt out in this or
 FILES = {"eval": "eval.jsonl", "sft_dev": "sft_dev.jsonl", "sft_train": "sft_train.jsonl",
          "sft_rl_pool": "sft_rl_pool.jsonl"}  # seed 003's names
 _INT = re.compile(r"-?\d+")
-
-
-def problem_hash(problem: str) -> str:
-    """MD5 of the problem with whitespace runs collapsed to one space (case kept: x and X differ)."""
-    return hashlib.md5(" ".join(problem.split()).encode("utf-8")).hexdigest()
 
 
 def clean_integer(answer) -> str | None:
@@ -318,15 +313,16 @@ def prepared_task(data_dir: str, eval_file: str = FILES["eval"], instruction: st
                   reward_mode: str = "exact") -> Task:
     """Train on ``<data_dir>/sft_rl_pool.jsonl``, evaluate on ``eval_file``; the probe files
     become probes "id" (probe_set_N.jsonl) and "ood" (probe_set_N_ood.jsonl) when present.
-    ``instruction`` (default benchmarks.MATH_INSTRUCTION) is appended to every prompt. Reward:
+    ``instruction`` (default benchmarks.MATH_INSTRUCTION) is appended to every prompt (the task's
+    ``instruction``: SFT rows of ``sft_train.jsonl``, bare problems, get it too; rftlib.sft). Reward:
     seed 003's exact match, or math-verify equivalence with ``reward_mode`` math_verify. A row
     whose input is not text, or whose label is null, empty or not a string/number, is a DataError
     naming the file and line."""
     d = Path(data_dir)
-    suffix = f"\n{MATH_INSTRUCTION if instruction is None else instruction}".rstrip()
+    instr = (MATH_INSTRUCTION if instruction is None else instruction).rstrip()
 
     def load(path: Path) -> list[Example]:
-        return [Example(id=f"{path.stem}/{i}", prompt=rl_input(r, f"{path}:{n}") + suffix,
+        return [Example(id=f"{path.stem}/{i}", prompt=append_instruction(rl_input(r, f"{path}:{n}"), instr, "\n"),
                         answer=rl_label(r, f"{path}:{n}"))
                 for i, (n, r) in enumerate(iter_jsonl(path, required=["input", "label"]))]
 
@@ -334,7 +330,7 @@ def prepared_task(data_dir: str, eval_file: str = FILES["eval"], instruction: st
     for p in sorted(d.glob("probe_set_*.jsonl")):
         probes["ood" if p.stem.endswith("_ood") else "id"] = load(p)
     return Task(name="prepared", train=load(d / FILES["sft_rl_pool"]), eval=load(d / eval_file),
-                reward=math_task_reward(reward_mode), probes=probes)
+                reward=math_task_reward(reward_mode), probes=probes, instruction=instr, instruction_sep="\n")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -15,13 +15,15 @@ from __future__ import annotations
 import contextlib
 import copy
 import json
+import math
 import os
 import re
+import shlex
 import shutil
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 import torch
 from huggingface_hub import constants, snapshot_download, try_to_load_from_cache
@@ -389,13 +391,77 @@ def autocast(dtype: torch.dtype | None, device_type: str | None = None):
     return torch.autocast(device_type or ("cuda" if torch.cuda.is_available() else "cpu"), dtype=dtype)
 
 
+ADAPTER_FIELDS = (("r", "lora_rank"), ("lora_alpha", "lora_alpha"), ("target_modules", "lora_target_modules"),
+                  ("use_rslora", None), ("lora_dropout", "lora_dropout"))
+"""adapter_config.json keys compared with the LoRA an attempt builds, and the RunConfig field each is set by"""
+
+
+def read_adapter_config(adapter_dir: str | Path) -> dict[str, Any]:
+    """A peft adapter directory's adapter_config.json, or FileNotFoundError / ValueError naming the file."""
+    d = Path(adapter_dir).expanduser()
+    f = d / "adapter_config.json"
+    if not f.exists():
+        raise FileNotFoundError(f"init_adapter: {d} is not a peft adapter directory (no adapter_config.json)")
+    try:
+        doc = json.loads(f.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"init_adapter: {f} is not valid JSON ({e})") from None
+    if not isinstance(doc, dict):
+        raise ValueError(f"init_adapter: {f} holds {type(doc).__name__}, not a peft LoRA config")
+    return doc
+
+
+def adapter_mismatch(saved: dict[str, Any], *, rank: int, alpha: float, target_modules, dropout: float,
+                     use_rslora: bool = False) -> list[tuple[str, str | None, Any, Any]]:
+    """[(adapter_config key, RunConfig field, the adapter's value, this LoRA's)] where a saved adapter's LoRA differs
+    from the one it is loaded into. r and target_modules decide the weights' shapes and places; lora_alpha (and
+    use_rslora) the scale alpha/r (alpha/sqrt(r)) every update is multiplied by, so an adapter loaded under another
+    alpha computes another function; lora_dropout only the noise of later training. Target modules compare as sets."""
+    mine = {"r": rank, "lora_alpha": alpha, "target_modules": target_modules, "use_rslora": use_rslora,
+            "lora_dropout": dropout}
+    out = []
+    for key, field_name in ADAPTER_FIELDS:
+        theirs, ours = saved.get(key, {"use_rslora": False, "lora_dropout": 0.0}.get(key)), mine[key]
+        if key == "target_modules" and not isinstance(theirs, str) and not isinstance(ours, str):
+            same = set(theirs or ()) == set(ours or ())
+        elif isinstance(ours, float) or isinstance(theirs, float):
+            same = theirs is not None and math.isclose(float(theirs), float(ours))
+        else:
+            same = theirs == ours
+        if not same:
+            out.append((key, field_name, theirs, ours))
+    return out
+
+
+def adapter_refusal(adapter_dir: str | Path, diffs: list[tuple[str, str | None, Any, Any]]) -> str:
+    """The error for an adapter whose LoRA differs in what changes its function (every difference but dropout),
+    naming each and the ``--set`` that makes this attempt's LoRA the adapter's; "" when none does."""
+    hard = [d for d in diffs if d[0] != "lora_dropout"]
+    if not hard:
+        return ""
+    what = "; ".join(f"{key}: the adapter's {theirs!r}, this attempt's {ours!r}" for key, _, theirs, ours in hard)
+    def value(v):
+        return json.dumps(sorted(v) if isinstance(v, (list, set, tuple)) else v, separators=(",", ":"))
+
+    sets = " ".join("--set " + shlex.quote(f"{fld}={value(t)}") for _, fld, t, _ in hard if fld)
+    return (f"init_adapter {adapter_dir} was trained with another LoRA ({what}): loaded into this one, the policy "
+            "would not start where the adapter's training ended (alpha and use_rslora scale every update; r and "
+            "target_modules decide which weights exist). Build the adapter's LoRA: " + (sets or "use_rslora as saved")
+            + " (rftlib does not adopt it silently: the attempt's config.yaml must say what ran)")
+
+
 def load_adapter_weights(model, adapter_dir: str | Path) -> None:
-    """Start the trainable LoRA adapter from a saved one (a peft adapter directory)."""
+    """Start the trainable LoRA adapter from a saved one (a peft adapter directory), refused when its LoRA
+    (adapter_config.json) differs from the model's in rank, alpha, target modules or rsLoRA (``adapter_mismatch``)."""
     if not is_peft(model):
         raise ValueError("init_adapter needs a LoRA model (lora_rank > 0)")
     d = Path(adapter_dir).expanduser()
-    if not (d / "adapter_config.json").exists():
-        raise FileNotFoundError(f"init_adapter: {d} is not a peft adapter directory (no adapter_config.json)")
+    lora = model.peft_config["default"]
+    msg = adapter_refusal(d, adapter_mismatch(read_adapter_config(d), rank=lora.r, alpha=lora.lora_alpha,
+                                              target_modules=lora.target_modules, dropout=lora.lora_dropout,
+                                              use_rslora=bool(getattr(lora, "use_rslora", False))))
+    if msg:
+        raise ValueError(msg)
     result = set_peft_model_state_dict(model, load_peft_weights(str(d)))
     if getattr(result, "unexpected_keys", None):
         raise ValueError(f"init_adapter {d} does not fit this model/LoRA config; unexpected keys such as "

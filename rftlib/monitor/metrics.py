@@ -35,7 +35,11 @@ def _saved_config(run_dir: Path) -> dict[str, Any]:
 class MetricsLogger:
     """The run directory's logs and the trackers. ``report_to`` / ``config`` default to the attempt's
     saved config (config.yaml), so whoever opens the logger needs only the run directory;
-    ``tensorboard=False`` leaves TensorBoard out whatever report_to says."""
+    ``tensorboard=False`` leaves TensorBoard out whatever report_to says.
+
+    The trackers start with the first row logged, or with ``truncate_after`` (a resume), whichever comes first:
+    a resume's trackers start knowing the checkpoint step and the rows kept, so they continue their runs with the
+    truncation mirrored (rftlib.monitor.trackers). ``close(error)`` marks their runs failed."""
 
     def __init__(self, run_dir: str | Path, *, tensorboard: bool = True, report_to: list[str] | None = None,
                  config: dict[str, Any] | None = None):
@@ -48,7 +52,18 @@ class MetricsLogger:
         names = list(report_to if report_to is not None else config.get("report_to", ["tensorboard"]))
         if not tensorboard and "tensorboard" in names:
             names.remove("tensorboard")
-        self.trackers = Trackers(self.run_dir, names, config, offline=config.get("tracker_offline", True))
+        self._tracker_args = (names, config, config.get("tracker_offline", True))
+        self._trackers: Trackers | None = None
+
+    def _start_trackers(self, rewind: dict | None = None) -> Trackers:
+        names, config, offline = self._tracker_args
+        self._trackers = Trackers(self.run_dir, names, config, offline=offline, rewind=rewind)
+        return self._trackers
+
+    @property
+    def trackers(self) -> Trackers:
+        """The attempt's trackers (started on first use)."""
+        return self._trackers if self._trackers is not None else self._start_trackers()
 
     def log(self, row: dict[str, Any]) -> None:
         row = {k: _clean(v) for k, v in row.items()}
@@ -58,13 +73,19 @@ class MetricsLogger:
 
     def truncate_after(self, step: int) -> None:
         """Drop the metrics lines of steps after ``step`` (written after the checkpoint a resume starts from,
-        e.g. by a crash after the save), so the resumed run does not log those steps twice."""
+        e.g. by a crash after the save), so the resumed run does not log those steps twice; the trackers start
+        here, continuing their runs from ``step`` with the same rows dropped. Call it before the first ``log``."""
+        if self._trackers is not None:
+            raise RuntimeError("truncate_after must come before the first row is logged: the trackers have started "
+                               "and would keep the rows it drops")
         lines = self.path.read_text().splitlines()
-        keep = [json.dumps(r) for r in read_metrics(self.run_dir) if r.get("step", 0) <= step]
-        if len(keep) != len(lines):
+        rows = read_metrics(self.run_dir)
+        kept = [r for r in rows if r.get("step", 0) <= step]
+        if len(kept) != len(lines):
             self._f.close()
-            self.path.write_text("".join(ln + "\n" for ln in keep))
+            self.path.write_text("".join(json.dumps(r) + "\n" for r in kept))
             self._f = open(self.path, "a", buffering=1)
+        self._start_trackers({"step": step, "rows": kept, "cut": len(kept) != len(rows)})
 
     def samples(self, step: int, rows: list[dict[str, Any]]) -> None:
         with open(self.run_dir / "logs" / "samples" / f"samples_step{step}.jsonl", "w") as f:
@@ -75,10 +96,12 @@ class MetricsLogger:
         with open(self.spike_path, "a") as f:
             f.write(json.dumps({k: _clean(v) for k, v in row.items()}) + "\n")
 
-    def close(self) -> None:
-        """Close the metrics file; the trackers get the eval results (summary.json, eval/) and finish."""
+    def close(self, error: BaseException | None = None) -> None:
+        """Close the metrics file; the trackers get the eval results (summary.json, eval/) and finish, or, with the
+        ``error`` the run ended by, mark their runs failed (none is started just to be failed)."""
         self._f.close()
-        self.trackers.finish()
+        if error is None or self._trackers is not None:
+            self.trackers.finish(error)
 
 
 def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:

@@ -13,6 +13,17 @@ reads it here); ``MLFLOW_ALLOW_FILE_STORE=true mlflow ui --backend-store-uri <ru
 ``tracker_offline: false`` uses the services: wandb online, MLflow at ``$MLFLOW_TRACKING_URI``,
 trackio's own default store.
 
+Crash and resume. A run that ends by an exception is marked so in every tracker that has a status (MLflow
+FAILED, or KILLED for a KeyboardInterrupt; wandb a non-zero exit code; a TensorBoard text "status"), and its
+trackers.json entry says ``"status": "crashed"``. A resume continues each run from the checkpoint's step ``k``
+and mirrors the metrics file's truncation (the rows after ``k``, logged before a crash, are dropped there):
+TensorBoard writes with ``purge_step=k+1`` (TensorBoard hides the older events from step k+1 on); an MLflow
+run that holds steps after ``k`` is replaced by a new run of the same name holding the kept rows (the old one
+is tagged ``rftlib.superseded_by`` and deleted, which ``mlflow gc`` makes final); wandb offline writes each
+resume as a new segment of the same run id that replays the kept rows first, so the latest segment alone holds
+the whole history (``wandb sync`` it; every segment's path stays in trackers.json under ``segments``), and
+online rewinds the run to ``k`` (``resume_from``). trackio keeps the rows of both (it has no way to delete).
+
 A tracker is never allowed to stop training: one that fails to start, or fails later (a lost
 connection, a full disk), is dropped with a ``[trackers] WARNING`` line in the output and in
 logs/trackers.log, and the failure is recorded in ``<run_dir>/trackers.json`` (which the report
@@ -62,9 +73,11 @@ def numeric(row: dict[str, Any]) -> dict[str, float]:
 class TensorBoard:
     """Event files in <run_dir>/tensorboard (torch's SummaryWriter); the config and summary as text."""
 
-    def __init__(self, run_dir: Path, run_name: str, config: dict, store: Path, offline: bool, resume: dict):
+    def __init__(self, run_dir: Path, run_name: str, config: dict, store: Path, offline: bool, resume: dict,
+                 rewind: dict | None = None):
         self.path = run_dir / "tensorboard"
-        self.w = SummaryWriter(str(self.path))
+        # a resume from step k: TensorBoard hides the events a crashed segment wrote from step k+1 on
+        self.w = SummaryWriter(str(self.path), purge_step=None if rewind is None else rewind["step"] + 1)
         self.w.add_text("config", "```\n" + json.dumps(config, indent=1, default=str) + "\n```")
         self.info = {"path": str(self.path)}
 
@@ -73,32 +86,47 @@ class TensorBoard:
             self.w.add_scalar(k, v, step)
         self.w.flush()
 
-    def finish(self, summary: dict[str, float], files: list[Path]) -> None:
-        self.w.add_text("summary", "```\n" + json.dumps(summary, indent=1) + "\n```")
+    def finish(self, summary: dict[str, float], files: list[Path], error: BaseException | None = None) -> None:
+        if error is not None:
+            self.w.add_text("status", f"failed: {type(error).__name__}: {error}")
+        else:
+            self.w.add_text("summary", "```\n" + json.dumps(summary, indent=1) + "\n```")
         self.w.close()
 
 
 class WandB:
     """A wandb run (offline: a directory under <store>/wandb that ``wandb sync`` can upload later)."""
 
-    def __init__(self, run_dir: Path, run_name: str, config: dict, store: Path, offline: bool, resume: dict):
+    def __init__(self, run_dir: Path, run_name: str, config: dict, store: Path, offline: bool, resume: dict,
+                 rewind: dict | None = None):
         wandb = _import("wandb")
         (store / "wandb").mkdir(parents=True, exist_ok=True)
-        self.run = wandb.init(project=config.get("tracker_project") or "rftlib", name=run_name,
-                              id=resume.get("run_id"), resume="allow" if resume.get("run_id") else None,
-                              dir=str(store), config=config, mode="offline" if offline else "online",
-                              reinit="create_new", settings=wandb.Settings(console="off", silent=True))
+        run_id = resume.get("run_id")
+        how: dict[str, Any] = {"id": run_id, "resume": "allow"} if run_id else {}
+        if run_id and rewind is not None and rewind["cut"] and not offline:
+            how = {"resume_from": f"{run_id}?_step={rewind['step']}"}  # the server drops the steps after k
+        self.run = wandb.init(project=config.get("tracker_project") or "rftlib", name=run_name, dir=str(store),
+                              config=config, mode="offline" if offline else "online", reinit="create_new",
+                              settings=wandb.Settings(console="off", silent=True), **how)
+        path = str(Path(self.run.dir).parent)  # .../wandb/offline-run-<time>-<id>: one per segment
         self.info = {"run_id": self.run.id, "url": None if offline else self.run.url,  # offline: no URL (wandb warns)
-                     "path": str(Path(self.run.dir).parent)}  # .../wandb/offline-run-<time>-<id>
+                     "path": path, "segments": [*resume.get("segments", [resume["path"]] if resume.get("path") else []),
+                                                path]}
+        if rewind is not None and (offline or not run_id):
+            # an offline segment (or a new run) starts with no history: the kept rows first, so this segment
+            # alone holds the whole run (syncing a later segment of the same id replaces the earlier ones)
+            for row in rewind["rows"]:
+                self.log(numeric(row), int(row.get("step", 0)))
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         self.run.log(metrics, step=step)
 
-    def finish(self, summary: dict[str, float], files: list[Path]) -> None:
-        self.run.summary.update(summary)
-        for f in files:
-            self.run.save(str(f), base_path=str(f.parent.parent), policy="now")
-        self.run.finish()
+    def finish(self, summary: dict[str, float], files: list[Path], error: BaseException | None = None) -> None:
+        if error is None:
+            self.run.summary.update(summary)
+            for f in files:
+                self.run.save(str(f), base_path=str(f.parent.parent), policy="now")
+        self.run.finish(exit_code=0 if error is None else 1)  # non-zero: wandb marks the run failed
 
 
 class MLflow:
@@ -106,7 +134,8 @@ class MLflow:
     <store>/mlruns offline, $MLFLOW_TRACKING_URI otherwise. Metric names keep MLflow's charset:
     ``@`` becomes ``_at_`` (eval/heldout/greedy_pass_at_1), other odd characters ``_``."""
 
-    def __init__(self, run_dir: Path, run_name: str, config: dict, store: Path, offline: bool, resume: dict):
+    def __init__(self, run_dir: Path, run_name: str, config: dict, store: Path, offline: bool, resume: dict,
+                 rewind: dict | None = None):
         mlflow = _import("mlflow")
         from mlflow.tracking import MlflowClient
 
@@ -117,17 +146,28 @@ class MLflow:
         name = config.get("tracker_project") or "rftlib"
         exp = c.get_experiment_by_name(name)
         exp_id = exp.experiment_id if exp else c.create_experiment(name)
-        if resume.get("run_id"):
-            self.run_id = resume["run_id"]
+        self.Metric = mlflow.entities.Metric
+        old = resume.get("run_id")
+        superseded = list(resume.get("superseded", []))
+        if old and not (rewind is not None and rewind["cut"]):
+            self.run_id = old
             c.update_run(self.run_id, status="RUNNING")
         else:
-            self.run_id = c.create_run(exp_id, run_name=run_name).info.run_id
+            tags = {"rftlib.resumed_from": old} if old else None
+            self.run_id = c.create_run(exp_id, run_name=run_name, tags=tags).info.run_id
             params = {k: json.dumps(v, default=str)[:6000] for k, v in config.items()}
             c.log_batch(self.run_id, params=[mlflow.entities.Param(k, v) for k, v in params.items()])
             c.log_dict(self.run_id, config, "config.json")
-        self.Metric = mlflow.entities.Metric
+            if rewind is not None:  # the new run holds the attempt's history up to the checkpoint
+                for row in rewind["rows"]:
+                    self._batch(numeric(row), int(row.get("step", 0)))
+            if old:  # its history runs past the checkpoint (MLflow cannot delete metric points): replaced
+                c.set_tag(old, "rftlib.superseded_by", self.run_id)
+                c.set_terminated(old, status="KILLED")
+                c.delete_run(old)
+                superseded.append(old)
         self.info = {"run_id": self.run_id, "experiment_id": exp_id, "tracking_uri": uri,
-                     "path": str(store / "mlruns") if offline else None}
+                     "path": str(store / "mlruns") if offline else None, "superseded": superseded or None}
 
     @staticmethod
     def key(k: str) -> str:
@@ -142,17 +182,20 @@ class MLflow:
     def log(self, metrics: dict[str, float], step: int) -> None:
         self._batch(metrics, step)
 
-    def finish(self, summary: dict[str, float], files: list[Path]) -> None:
-        self._batch({f"final/{k}": v for k, v in summary.items()}, int(summary.get("steps", 0)))
-        for f in files:
-            self.client.log_artifact(self.run_id, str(f), artifact_path=f.parent.name)
-        self.client.set_terminated(self.run_id)
+    def finish(self, summary: dict[str, float], files: list[Path], error: BaseException | None = None) -> None:
+        if error is None:
+            self._batch({f"final/{k}": v for k, v in summary.items()}, int(summary.get("steps", 0)))
+            for f in files:
+                self.client.log_artifact(self.run_id, str(f), artifact_path=f.parent.name)
+        status = "FINISHED" if error is None else "KILLED" if isinstance(error, KeyboardInterrupt) else "FAILED"
+        self.client.set_terminated(self.run_id, status=status)
 
 
 class Trackio:
     """A trackio run in its local store (<store>/trackio, a SQLite file per project, offline)."""
 
-    def __init__(self, run_dir: Path, run_name: str, config: dict, store: Path, offline: bool, resume: dict):
+    def __init__(self, run_dir: Path, run_name: str, config: dict, store: Path, offline: bool, resume: dict,
+                 rewind: dict | None = None):
         if offline:
             os.environ["TRACKIO_DIR"] = str(store / "trackio")  # read when trackio is first imported
         trackio = _import("trackio")
@@ -166,8 +209,9 @@ class Trackio:
     def log(self, metrics: dict[str, float], step: int) -> None:
         self.run.log(metrics, step=step)
 
-    def finish(self, summary: dict[str, float], files: list[Path]) -> None:
-        self.run.log({f"final/{k}": v for k, v in summary.items()}, step=int(summary.get("steps", 0)))
+    def finish(self, summary: dict[str, float], files: list[Path], error: BaseException | None = None) -> None:
+        if error is None:  # trackio has no run status: a crashed run just gets no final numbers
+            self.run.log({f"final/{k}": v for k, v in summary.items()}, step=int(summary.get("steps", 0)))
         self.run.finish()
 
 
@@ -181,12 +225,15 @@ class Trackers:
     """The attempt's trackers, fanned out; each call to one is guarded so its failure only drops it.
 
     ``Trackers(run_dir, report_to, config)`` starts them; ``log(row)`` sends a metrics row to each;
-    ``finish()`` sends the eval results and closes them. <run_dir>/trackers.json is rewritten on
-    every change of state, so a crash leaves the last known state on disk.
+    ``finish()`` sends the eval results and closes them, ``finish(error)`` marks the runs failed instead.
+    <run_dir>/trackers.json is rewritten on every change of state, so a crash leaves the last known state on
+    disk. ``rewind={"step": k, "rows": [kept metrics rows], "cut": bool}``: this is a resume from the checkpoint
+    of step k, and ``cut`` says rows after k were logged before (and are dropped from the metrics file): each
+    tracker continues its run with those rows gone (the module docstring says how).
     """
 
     def __init__(self, run_dir: str | Path, report_to: list[str], config: dict[str, Any], *,
-                 offline: bool = True, write: Callable[[str], None] | None = None):
+                 offline: bool = True, write: Callable[[str], None] | None = None, rewind: dict | None = None):
         self.run_dir = Path(run_dir)
         self.write = write or (lambda s: print(s, file=sys.stdout, flush=True))
         self.store = self.run_dir.resolve().parent / "trackers"
@@ -195,10 +242,11 @@ class Trackers:
         self.live: dict[str, Any] = {}
         for name in report_to:
             prev = old.get(name, {})
-            resume = prev if prev.get("status") in ("running", "finished") else {}
+            # a run that crashed ("crashed") or was killed mid-step ("running") continues; a dropped one starts anew
+            resume = prev if prev.get("status") in ("running", "finished", "crashed") else {}
             self.state[name] = {"status": "starting", "run_name": self.run_dir.name, "warnings": prev.get("warnings", [])}
             try:
-                t = TRACKERS.get(name)(self.run_dir, self.run_dir.name, config, self.store, offline, resume)
+                t = TRACKERS.get(name)(self.run_dir, self.run_dir.name, config, self.store, offline, resume, rewind)
             except Exception as e:  # noqa: BLE001 -- any failure to start leaves training running
                 self._fail(name, "start", e)
                 continue
@@ -232,8 +280,10 @@ class Trackers:
             except Exception as e:  # noqa: BLE001 -- a lost connection must not stop training
                 self._fail(name, f"step {step}", e)
 
-    def finish(self) -> None:
-        """The eval results (summary.json's numbers, eval/*.json as files) to each, then close them."""
+    def finish(self, error: BaseException | None = None) -> None:
+        """The eval results (summary.json's numbers, eval/*.json as files) to each, then close them; with the
+        ``error`` the run ended by, mark each run failed instead (no summary: summary.json, if any, is an earlier
+        segment's) and record ``"status": "crashed"``."""
         summary = {}
         p = self.run_dir / "summary.json"
         if p.exists():
@@ -244,11 +294,15 @@ class Trackers:
         files = sorted((self.run_dir / "eval").glob("*.json")) if (self.run_dir / "eval").is_dir() else []
         for name, t in list(self.live.items()):
             try:
-                t.finish(summary, files)
+                t.finish(summary, files, error)
             except Exception as e:  # noqa: BLE001
                 self._fail(name, "finish", e)
                 continue
-            self.state[name]["status"] = "finished"
+            self.state[name]["status"] = "finished" if error is None else "crashed"
+            if error is not None:
+                self.state[name]["error"] = f"{type(error).__name__}: {error}"[:500]
+            else:
+                self.state[name].pop("error", None)
         self.live.clear()
         self._save()
 
@@ -264,7 +318,8 @@ def read_state(run_dir: str | Path) -> dict[str, dict[str, Any]]:
 
 def read_wandb_offline(run_path: str | Path) -> dict[str, Any]:
     """What an offline wandb run recorded, read from its ``run-<id>.wandb`` file without syncing:
-    {"config", "history" (one dict per logged step), "summary"}.
+    {"config", "history" (one dict per logged step), "summary", "exit_code" (None while the run has not ended:
+    0 finished, non-zero failed)}.
 
     The file is a LevelDB-style log (a 7-byte ``:W&B`` header, 32 KiB blocks of records with a
     7-byte header each: crc32, length, type FULL/FIRST/MIDDLE/LAST) of wandb's protobuf Records.
@@ -276,7 +331,7 @@ def read_wandb_offline(run_path: str | Path) -> dict[str, Any]:
     data, pos, block, part = f.read_bytes(), 7, 32768, b""
     if data[:4] != b":W&B":
         raise ValueError(f"{f}: not a wandb run file (header {data[:7]!r})")
-    out: dict[str, Any] = {"config": {}, "history": [], "summary": {}}
+    out: dict[str, Any] = {"config": {}, "history": [], "summary": {}, "exit_code": None}
 
     def item(it) -> tuple[str, Any]:
         return it.key or "/".join(it.nested_key), json.loads(it.value_json)
@@ -303,4 +358,6 @@ def read_wandb_offline(run_path: str | Path) -> dict[str, Any]:
             out["history"].append(dict(item(it) for it in r.history.item))
         elif which == "summary":
             out["summary"].update(dict(item(it) for it in r.summary.update))
+        elif which == "exit":
+            out["exit_code"] = r.exit.exit_code
     return out

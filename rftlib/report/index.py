@@ -90,6 +90,14 @@ def trackers_html(a: Attempt) -> str:
         run = f" run <code>{esc(t['run_id'])}</code>" if t.get("run_id") else ""
         warn = "".join(f'<br><span style="color:#b91c1c">&#9888; {esc(w.get("message", ""))}</span>'
                        for w in t.get("warnings", []))
+        if t.get("error"):
+            warn += f'<br><span style="color:#b91c1c">&#9888; the run crashed: {esc(t["error"])}</span>'
+        segs = t.get("segments") or []
+        if len(segs) > 1:  # wandb offline: one directory per resume, the last holds the whole history
+            warn += (f"<br>{len(segs)} offline segments (sync the last, it replays the rows before it): "
+                     + ", ".join(f"<code>{esc(x)}</code>" for x in segs))
+        if t.get("superseded"):  # MLflow: runs replaced at a resume (their history ran past the checkpoint)
+            warn += "<br>replaced runs (deleted): " + ", ".join(f"<code>{esc(x)}</code>" for x in t["superseded"])
         rows.append(f"<b>{esc(name)}</b> ({esc(t.get('status', '?'))}){run}: {link}{warn}")
     return "<br>".join(rows) or "<i>none</i>"
 

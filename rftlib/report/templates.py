@@ -155,6 +155,7 @@ model: str = ""  # override the preset's model (HF id or local dir); "" keeps th
 task: str = ""  # override the preset's task; "" keeps the preset's
 num_steps: int = 0  # steps with the task reward; 0 keeps the preset's (seed 002: 5)
 control_steps: int = 2  # extra steps with a coin-flip reward, run only if no task step changed the weights
+overrides: dict = {}  # RunConfig fields over the preset, as given (0 and False too), e.g. {"beta": 0, "rewards": {"task": 1, "truncated_penalty": 0.1}}
 runs_root: str = "runs"  # where the validation attempt's run directory is made
 attempt_id: str = ""  # run directory name; "" picks the next attempt-NN-<name>
 notes: str = "seed 002 loop validation: does every component of the GRPO loop work?"  # shown in reports and the index
@@ -172,8 +173,8 @@ def validate_notebook() -> nbformat.NotebookNode:
            "seed002-fizzbuzz-rtx3080`."),
         _params(VALIDATE_PARAMS),
         code("from rftlib.report import validate as V\n\n"
-             "cfg, run_dir = V.start(preset, attempt_id=attempt_id, model=model, task=task, num_steps=num_steps,\n"
-             "                       runs_root=runs_root, notes=notes)\n"
+             "cfg, run_dir = V.start(preset, attempt_id=attempt_id, overrides=overrides, model=model, task=task,\n"
+             "                       num_steps=num_steps, runs_root=runs_root, notes=notes)\n"
              "v = V.run_validation(cfg, run_dir, control_steps=control_steps)\n"
              "print(V.summary_text(v))"),
         md("## Component Validation"),

@@ -78,6 +78,14 @@ class StepRecord:
     params_changed: int  # trainable tensors that changed in this step
     params_total: int
     max_abs_delta: float
+    task_rewards: list[float] = field(default_factory=list)
+    """the task's own component of each reward (a composite's ``reward/<first component>``); empty: ``rewards``"""
+
+    @property
+    def task_scores(self) -> list[float]:
+        """Each row's task reward: what seed 002's criteria (in [0, 1], >= 0) judge; ``rewards`` is what the
+        advantages were computed from (the composite's weighted sum when RunConfig.rewards names one)."""
+        return self.task_rewards or self.rewards
 
 
 @dataclass
@@ -298,39 +306,52 @@ def run_validation(cfg: RunConfig, run_dir: str | Path | None = None, *, control
     log(f"[validate] {cfg.model} on {cfg.task}: trainable params: {v.params['trainable']:,} || all params: "
         f"{v.params['total']:,} || trainable%: {100 * v.params['trainable'] / max(v.params['total'], 1):.4f}")
 
-    task_reward = trainer.task.reward
+    task_reward = trainer.task.reward  # the task's own: the control completions are judged by it
+    training = trainer.training_reward()  # what the rollouts are scored with: a composite when cfg.rewards names one
+    composite = trainer.reward is not None
+    # the task's component of a composite's reward: reward/<its first component> (registry: the correctness reward
+    # is listed first); without a composite the reward is the task's
+    primary = f"reward/{next(iter(cfg.rewards))}" if composite else None
     record: list[tuple[str, float, dict]] = []
     meter = PhaseMeter(cuda=cuda)
     undo_meter = _meter_trainer(trainer, meter)
 
     def recording(fn) -> Reward:
-        """``fn`` (a Reward or a row function) recording every score, metered as the reward phase, with the
-        same batch form the trainer would use (the sandbox scores a rollout in one map)."""
+        """``fn`` (a Reward, a composite, or a row function) recording every score, metered as the reward phase,
+        scored as the trainer scores it (``Reward.score``: the batch form where there is one, so the sandbox
+        scores a rollout in one map)."""
         base = as_reward(fn)
-
-        def row(text, example, truncated):
-            r, d = base.row(text, example, truncated)
-            record.append((text, float(r), dict(d)))
-            return r, d
 
         def batch(texts, examples, truncated):
             out = base.score(texts, examples, truncated)
             record.extend((t, float(r), dict(d)) for t, (r, d) in zip(texts, out))
             return out
-        return Reward(base.name, _metered(meter, "reward", row),
-                      _metered(meter, "reward", batch) if base.batch is not None else None)
+
+        def row(text, example, truncated):
+            return batch([text], [example], [truncated])[0]
+        return Reward(base.name, _metered(meter, "reward", row), _metered(meter, "reward", batch))
+
+    def use_reward(reward: Reward) -> None:
+        """Score the next step's rollouts with ``reward``: in place of the composite when there is one (the
+        trainer reads it, not the task's), else of the task's reward."""
+        if composite:
+            trainer.reward = reward
+        else:
+            trainer.task.reward = reward
 
     def one_step(control: bool) -> StepRecord:
         record.clear()
-        trainer.task.reward = recording(control_reward if control else task_reward)
+        use_reward(recording(control_reward if control else training))
         before = _snapshot(model)
         row = trainer.step()
         row["validation/control_step"] = float(control)
         trainer.logger.log(row)
         changed, total, biggest = _delta(before, model)
+        diags = [d for _, _, d in record]
         rec = StepRecord(step=row["step"], control=control, row=row, rewards=[r for _, r, _ in record],
-                         completions=[t for t, _, _ in record], diags=[d for _, _, d in record],
-                         params_changed=changed, params_total=total, max_abs_delta=biggest)
+                         completions=[t for t, _, _ in record], diags=diags,
+                         params_changed=changed, params_total=total, max_abs_delta=biggest,
+                         task_rewards=[float(d[primary]) for d in diags] if primary and not control else [])
         log(f"[validate] step {rec.step}{' (control reward)' if control else ''}: loss {row['loss']:.4f}, "
             f"reward {row['reward_mean']:.3f}, advantage_std {row['advantage_std']:.3g}, "
             f"kl {row.get('kl', float('nan')):.3g}, params changed {changed}/{total} (max |d| {biggest:.2e})")
@@ -346,6 +367,8 @@ def run_validation(cfg: RunConfig, run_dir: str | Path | None = None, *, control
                     v.steps.append(one_step(control=True))
     finally:
         trainer.task.reward = task_reward
+        if composite:
+            trainer.reward = training
         undo_meter()
         trainer.close()
 
@@ -421,13 +444,17 @@ def _checks(v: Validation, task, ex, compute_advantages) -> list[Check]:
                                       f"{v.controls['reward_wrong']}"))
 
     # Reward computation / tensor
-    rewards = [r for s in task_steps for r in s.rewards]
+    rewards = [r for s in task_steps for r in s.task_scores]
+    trained = [r for s in task_steps for r in s.rewards]
     in_range = all(0.0 <= r <= 1.0 and math.isfinite(r) for r in rewards)
     ctrl_ok = v.controls["reward_right"] == 1.0 and v.controls["reward_wrong"] < 1.0
-    out.append(Check("Reward computation", "pass" if in_range and ctrl_ok else "fail",
+    comp = cfg.get("rewards") or {}
+    out.append(Check("Reward computation", "pass" if in_range and ctrl_ok and all(map(math.isfinite, trained)) else "fail",
                      f"{len(rewards)} task rewards, all in [0, 1]: {in_range}; values seen {sorted(set(rewards))[:6]}; "
                      f"mean {sum(rewards) / len(rewards):.3f}; control right/wrong: {v.controls['reward_right']}/"
-                     f"{v.controls['reward_wrong']:.2f}"))
+                     f"{v.controls['reward_wrong']:.2f}"
+                     + (f"; trained on the composite {' + '.join(f'{w:g}*{n}' for n, w in comp.items())}: values "
+                        f"{sorted(set(round(r, 3) for r in trained))[:6]}" if comp else "")))
     t = torch.tensor(first.rewards)  # (N,) as the trainer builds it
     ok = t.shape == (cfg["rollout_batch_size"] * G,) and t.dtype == torch.float32 and bool(torch.isfinite(t).all())
     out.append(Check("Reward tensor", "pass" if ok else "fail",
@@ -665,8 +692,8 @@ def criteria_rows(v: Validation) -> list[tuple[str, str, str, str]]:
     the plumbing, not that the task reward trains: warn); no change at all fails."""
     task_steps = [s for s in v.steps if not s.control]
     losses = [s.row["loss"] for s in v.steps]
-    rewards = [s.row["reward_mean"] for s in task_steps]
-    every = [r for s in task_steps for r in s.rewards]
+    rewards = [sum(s.task_scores) / max(len(s.task_scores), 1) for s in task_steps]  # the task reward's, not a composite's
+    every = [r for s in task_steps for r in s.task_scores]
     n_rows = sum(len(s.completions) for s in task_steps)
     per_step = v.config["rollout_batch_size"] * v.config["n_samples_per_prompt"]
     peak = next((b for i, b, _ in v.memory if i.startswith("Peak GPU memory allocated")), None) or \
@@ -682,7 +709,8 @@ def criteria_rows(v: Validation) -> list[tuple[str, str, str, str]]:
     ok = n_rows == len(task_steps) * per_step and len(every) == n_rows and \
         all(math.isfinite(r) and 0.0 <= r <= 1.0 for r in every)
     errs = v.sandbox.get("errors", 0.0) if v.sandbox else 0.0
-    out.append(("Rewards computed", f"{per_step} per step, each in [0, 1]" + (", no sandbox errors" if v.sandbox else ""),
+    out.append(("Rewards computed", f"{per_step} per step, each task reward in [0, 1]"
+                + (", no sandbox errors" if v.sandbox else ""),
                 f"{len(every)} rewards for {n_rows} completions, mean {sum(every) / max(len(every), 1):.3f}, "
                 f"values {sorted(set(round(r, 3) for r in every))[:6]}" + (f"; sandbox errors {errs:.0f}" if v.sandbox else ""),
                 "pass" if ok and not errs else "fail"))
@@ -753,10 +781,23 @@ def summary_text(v: Validation) -> str:
     return s
 
 
-def start(preset: str, *, attempt_id: str | None = None, **overrides: Any) -> tuple[RunConfig, Path]:
-    """The validation attempt's config and run dir: the preset, then the notebook's overrides that
-    are set (None, "" and 0 mean "keep the preset's")."""
+KEEP_PRESET = {"model": "", "task": "", "num_steps": 0, "notes": ""}
+"""the validate notebook's own parameters and the value each takes for "keep the preset's" (num_steps 0 is no
+run; "" no model, task or note); any other override is a RunConfig value as given, 0 and False included"""
+
+
+def start(preset: str, *, attempt_id: str | None = None, overrides: dict[str, Any] | None = None,
+          **named: Any) -> tuple[RunConfig, Path]:
+    """The validation attempt's config and run dir: the preset, then ``overrides`` (RunConfig fields, as the
+    notebook's ``overrides`` dict and ``rft validate --set`` give them), then the named ones; a named notebook
+    parameter at its KEEP_PRESET value (or None) keeps the preset's. Nothing else is dropped: beta=0 (seed 003's
+    120b setting) is beta 0, not the preset's."""
     register_tasks()
-    cfg = make_config(preset, {k: v for k, v in overrides.items() if v not in (None, "", 0)})
+    over = dict(overrides or {})
+    for k, v in named.items():
+        keep = k in KEEP_PRESET and type(v) is type(KEEP_PRESET[k]) and v == KEEP_PRESET[k]
+        if v is not None and not keep:
+            over[k] = v
+    cfg = make_config(preset, over)
     return cfg, create_attempt(cfg, attempt_id or None)
 

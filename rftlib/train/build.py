@@ -20,6 +20,7 @@ sampler, so a run with the same seed gives the same numbers.
 from __future__ import annotations
 
 import dataclasses
+import json
 import random
 import time
 import warnings
@@ -31,11 +32,14 @@ import numpy as np
 import torch
 
 from rftlib.algo.schedule import warmup_steps_for
-from rftlib.attempts import AttemptLockedError, create_attempt, lock_attempt
+from rftlib.attempts import (SFT_ROWS, AttemptLockedError, attempt_holding, create_attempt, lock_attempt, project_root,
+                             read_attempt)
 from rftlib.config import ConfigError, RunConfig
-from rftlib.data.base import Sampler, Task, build_task as build_registered_task
+from rftlib.data.base import Sampler, Task, build_task as build_registered_task, held_out_leaks
+from rftlib.data.jsonl import read_jsonl
 from rftlib.eval import format_prompts
-from rftlib.models.loading import Reference, is_peft, load_policy
+from rftlib.models.loading import (Reference, adapter_mismatch, adapter_refusal, is_peft, load_policy,
+                                   read_adapter_config)
 from rftlib.monitor.metrics import MetricsLogger
 from rftlib.rewards.registry import Reward, combine_rewards
 from rftlib.rollout.factory import make_engine
@@ -119,6 +123,88 @@ def build_task(cfg: RunConfig) -> Task:
     return build_registered_task(cfg.task, eval_size=cfg.eval_size, **cfg.task_args)
 
 
+def check_init_adapter(cfg: RunConfig, *, say: bool) -> None:
+    """Before anything loads: the starting adapter's LoRA (its adapter_config.json) is the one this config builds.
+    A difference in rank, alpha, target modules or rsLoRA is refused with the ``--set`` that matches the adapter
+    (rftlib.models.loading.adapter_refusal); a dropout difference changes only the noise of training from here,
+    not where it starts, and is said (``say``: rank 0) but allowed."""
+    if not cfg.init_adapter or not cfg.lora_rank:
+        return
+    try:
+        saved = read_adapter_config(cfg.init_adapter)
+    except (FileNotFoundError, ValueError) as e:
+        raise ConfigError(str(e)) from None
+    diffs = adapter_mismatch(saved, rank=cfg.lora_rank, alpha=cfg.lora_alpha, target_modules=cfg.lora_target_modules,
+                             dropout=cfg.lora_dropout)
+    msg = adapter_refusal(cfg.init_adapter, diffs)
+    if msg:
+        raise ConfigError(msg)
+    if diffs and say:  # dropout only
+        warnings.warn(f"init_adapter {cfg.init_adapter} was trained with lora_dropout={diffs[0][2]}; this attempt "
+                      f"trains it with lora_dropout={cfg.lora_dropout} (dropout is off in every forward that "
+                      "scores or samples, so the policy still starts where the adapter ended)")
+
+
+def _sft_texts(run_dir: Path, adapter: Path) -> tuple[list[str], str] | None:
+    """(inputs, where they were read) of the SFT rows the attempt ``run_dir`` trained the adapter on: its record
+    (attempts.SFT_ROWS), or, for an SFT attempt written before that record existed, its config's sft_data file as
+    it is now (said so: the file may have changed since); None when ``run_dir`` is not an SFT attempt."""
+    if (run_dir / SFT_ROWS).exists():
+        return [r["input"] for r in read_jsonl(run_dir / SFT_ROWS, required=["input"])], str(run_dir / SFT_ROWS)
+    try:
+        stage = json.loads((run_dir / "summary.json").read_text()).get("stage")
+    except (OSError, json.JSONDecodeError):
+        stage = None
+    data = (read_attempt(run_dir).get("config") or {}).get("sft_data")
+    if stage != "sft" and not (data and adapter == run_dir / "adapter"):
+        return None
+    if not data:
+        return None
+    path = Path(data).expanduser()
+    path = path if path.is_absolute() else project_root() / path
+    if not path.exists():
+        raise ConfigError(f"init_adapter {adapter}: its SFT attempt {run_dir.name} kept no record of its rows "
+                          f"({SFT_ROWS}) and its sft_data {data} is gone, so its overlap with this attempt's held-out "
+                          "set cannot be checked; restore the file or rerun the SFT")
+    return [r["input"] for r in read_jsonl(path, required=["input"])], f"{path} (as it is now: {run_dir.name} " \
+        f"predates {SFT_ROWS})"
+
+
+def check_sft_ancestry(cfg: RunConfig, task: Task, *, say: bool) -> None:
+    """An attempt started from an adapter never evaluates on problems its SFT ancestors trained on: every SFT
+    attempt up the init_adapter chain (an RL checkpoint's adapter leads to the attempt it came from, and on to
+    that attempt's init_adapter) has its rows checked against this task's held-out set and disjoint probes by
+    problem identity (rftlib.data.base.held_out_leaks); an overlap is refused (the held-out number would measure
+    memorisation). An adapter outside any attempt cannot be checked: said (``say``: rank 0), not refused."""
+    adapter, seen = cfg.init_adapter, set()
+    while adapter:
+        ad = Path(adapter).expanduser().resolve()
+        run_dir = attempt_holding(ad)
+        if run_dir is None:
+            if say:
+                warnings.warn(f"init_adapter {adapter} is not inside an rftlib attempt: the data it was trained on "
+                              "cannot be checked against this attempt's held-out set")
+            return
+        if run_dir in seen:
+            return
+        seen.add(run_dir)
+        found = _sft_texts(run_dir, ad)
+        if found is not None:
+            texts, where = found
+            leaks = held_out_leaks(task, texts)
+            if leaks:
+                lk = leaks[0]
+                n_eval = sum(x.eval_set == "heldout" for x in leaks)
+                raise ConfigError(
+                    f"init_adapter {cfg.init_adapter}: SFT attempt {run_dir.name} trained on {len(leaks)} problems of "
+                    f"this attempt's eval sets ({n_eval} of its {len(task.eval)} held-out problems; compared by problem "
+                    f"identity, rows from {where}), e.g. {lk.text!r:.100} is {lk.eval_set} problem {lk.example.id}: "
+                    "the held-out accuracy would measure memorisation. Evaluate on a set disjoint from the SFT data "
+                    "(the same task, task_args and eval_size as the SFT attempt, or a smaller eval_size), or SFT on "
+                    "this task's training split only")
+        adapter = (read_attempt(run_dir).get("config") or {}).get("init_adapter")
+
+
 def build_reward(cfg: RunConfig, task: Task) -> Reward | None:
     """The composite reward RunConfig.rewards names (``task`` = the task's own reward), or None when it
     names none: the trainer then scores with the task's reward as it is at each step."""
@@ -170,6 +256,7 @@ def build(cfg: RunConfig, run_dir: str | Path | None = None, *, dist: Dist | Non
     D = dist or init_dist(cfg)
     cfg = dataclasses.replace(cfg, dtype=resolve_dtype(cfg.dtype, D.device))
     check_world(cfg, D.world_size)
+    check_init_adapter(cfg, say=D.is_main)
     seed_everything(cfg.seed)
     if run_dir is None:
         run_dir = D.broadcast_object(str(create_attempt(cfg)) if D.is_main else None)
@@ -177,6 +264,7 @@ def build(cfg: RunConfig, run_dir: str | Path | None = None, *, dist: Dist | Non
     lock = lock_run_dir(run_dir, D)
     try:
         task = task or build_task(cfg)
+        check_sft_ancestry(cfg, task, say=D.is_main)
         reward = build_reward(cfg, task)
         t = time.time()
         model, tok = build_policy(cfg, D)

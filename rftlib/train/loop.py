@@ -16,6 +16,7 @@ import contextlib
 import hashlib
 import json
 import math
+import sys
 import time
 import warnings
 from pathlib import Path
@@ -574,11 +575,15 @@ class Trainer:
             write_json(self.run_dir / "summary.json", out)
         return out
 
-    def close(self) -> None:
+    def close(self, error: BaseException | None = None) -> None:
+        """Release the engine, logger (its trackers) and backend, then the attempt's lock. Called from a ``finally``
+        while an exception propagates (a crash, a KeyboardInterrupt), that exception is the ``error`` unless one is
+        given: the trackers then mark the run failed instead of finished."""
+        error = error if error is not None else sys.exc_info()[1]
         try:
             self.engine.close()
             if self.logger is not None:
-                self.logger.close()
+                self.logger.close(error)
             self.backend.close()
         finally:
             self._unlock()
