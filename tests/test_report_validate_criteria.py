@@ -85,16 +85,20 @@ def test_phase_rows_by_hand():
 
 
 def test_phase_meter_charges_the_running_phase():
-    import numpy as np
+    import mmap
 
     with PhaseMeter(interval_s=0.001) as m:
         with m.phase("generation"):
             pass
         with m.phase("update"):
-            big = np.ones(64 * 2 ** 20 // 8)  # 64 MiB touched while "update" runs
-            big += 1
+            # 64 MiB of fresh anonymous pages, written while "update" runs. Not a numpy array: malloc may
+            # serve that from heap pages a test before this one left resident (CI saw RSS rise 4 KiB),
+            # while a new mapping is always new RSS, and closing it gives the pages back.
+            big = mmap.mmap(-1, 64 * 2 ** 20)
+            for off in range(0, len(big), 4096):
+                big[off] = 1
             time.sleep(0.2)  # the sampler thread (every 1 ms) sees it: a busy process may hold it off for ms
-            del big
+            big.close()
     assert m.peak_rss["update"] >= m.start_rss["update"] + 60 * 2 ** 20
     assert m.peak_rss["generation"] < m.peak_rss["update"]
 
