@@ -23,7 +23,8 @@ from typing import Any, Callable
 import torch
 
 from rftlib.config import ConfigError, RunConfig, config_fields, make_config, value_from_text
-from rftlib.eval import eval_precision
+from rftlib.eval import eval_dtypes
+from rftlib.report.templates import NOTEBOOK_PARAMS
 from rftlib.train.steps import aggregation
 
 
@@ -76,8 +77,9 @@ def plan_variants(preset: str, base: dict[str, Any], vary: list[tuple[str, list[
         over = dict(zip(names, combo))
         label = ", ".join(f"{n}={v}" for n, v in over.items())
         notes = (f"{base['notes']} | " if base.get("notes") else "") + f"A/B: {label}"
-        try:
-            cfg = make_config(preset, {**base, **over, "notes": notes})
+        try:  # train.ipynb's own parameters (skip_preflight, ...) in base go to the notebook, not the config
+            cfg = make_config(preset, {k: v for k, v in {**base, **over, "notes": notes}.items()
+                                       if k not in NOTEBOOK_PARAMS})
         except ConfigError as e:
             raise ConfigError(f"variant {label}: {e}") from None
         variants.append(Variant(label, {**over, "notes": notes}, cfg))
@@ -113,11 +115,14 @@ def on_policy_warning(variants: list[Variant]) -> str:
 
 
 def planned_precision(cfg: RunConfig) -> str:
-    """The precision an arm's evals will compute in (rftlib.eval.eval_precision), from its config alone:
-    dtype auto is float32 on a CPU and bfloat16 on a GPU (rftlib.train.dist.resolve_dtype)."""
+    """The precision an arm's evals will compute in, from its config alone, by the one rule of every eval
+    (rftlib.eval.eval_dtypes) on the device the arm will run on; a dtype that device refuses (float16 off
+    CUDA) is named as it is (the arm itself will say why it cannot run)."""
     on_gpu = str(cfg.device).startswith("cuda") or (cfg.device == "auto" and torch.cuda.is_available())
-    weights = cfg.dtype if cfg.dtype != "auto" else ("bfloat16" if on_gpu else "float32")
-    return eval_precision(cfg.eval_dtype, weights)
+    try:
+        return eval_dtypes(cfg.dtype, cfg.eval_dtype, torch.device("cuda" if on_gpu else "cpu"))[1]
+    except ValueError:
+        return cfg.eval_dtype if cfg.eval_dtype != "auto" else cfg.dtype
 
 
 def precision_plan_warning(variants: list[Variant]) -> str:

@@ -171,10 +171,32 @@ def slug(text: str) -> str:
 
 
 def next_attempt_id(root: str | Path, name: str) -> str:
-    """The next ``attempt-NN-<name>`` under ``root`` (resolved by :func:`runs_root`)."""
+    """The next ``attempt-NN-<name>`` under ``root`` (resolved by :func:`runs_root`). Only a guess of the
+    number: two processes may get the same one; :func:`claim_attempt_dir` makes it theirs alone."""
     root = runs_root(root)
     nums = [int(m.group(1)) for p in root.glob("attempt-*") if (m := re.match(r"attempt-(\d+)", p.name))]
     return f"attempt-{(max(nums) + 1 if nums else 1):02d}-{slug(name)}"
+
+
+CLAIM_TRIES = 1000  # attempt numbers tried past a collision before giving up (a runs root under a storm)
+
+
+def claim_attempt_dir(root: str | Path, name: str) -> Path:
+    """Make the next ``attempt-NN-<name>`` directory under ``root`` and return it: the number is this
+    caller's alone. ``mkdir`` without ``exist_ok`` is atomic (one caller wins, the other gets
+    FileExistsError), so two launches at once never share a directory; the loser takes the next
+    number. Two ``create_attempt`` calls once both got ``attempt-01-arm`` and one config.yaml held the
+    other's lr (issue 30 item 12)."""
+    root = runs_root(root)
+    root.mkdir(parents=True, exist_ok=True)
+    for _ in range(CLAIM_TRIES):
+        run_dir = root / next_attempt_id(root, name)
+        try:
+            run_dir.mkdir()
+        except FileExistsError:
+            continue  # another process claimed this number between our listing and our mkdir
+        return run_dir
+    raise RuntimeError(f"could not claim an attempt directory under {root} after {CLAIM_TRIES} tries")
 
 
 def _git(*args: str) -> str | None:
@@ -203,19 +225,30 @@ def provenance() -> dict[str, Any]:
 
 
 def create_attempt(cfg: RunConfig, attempt_id: str | None = None, *, tag: bool = False) -> Path:
-    """Make the run directory, write config.yaml (config + provenance) and the dirty diff if any."""
+    """Make the run directory, write config.yaml (config + provenance) and the dirty diff if any.
+
+    Without ``attempt_id`` the next number is claimed atomically (:func:`claim_attempt_dir`). With one, the
+    directory may exist empty (a caller claimed it, and papermill's output notebook goes there), and
+    config.yaml is created exclusively: of two callers naming the same attempt, one is refused."""
     root = runs_root(cfg.runs_root)
     root.mkdir(parents=True, exist_ok=True)
-    attempt_id = attempt_id or next_attempt_id(root, cfg.name)
-    run_dir = root / attempt_id
-    if (run_dir / "config.yaml").exists():
-        raise FileExistsError(f"{run_dir} already holds an attempt; pass resume= to continue it")
-    run_dir.mkdir(parents=False, exist_ok=True)  # may exist empty: papermill's output notebook goes there
+    if attempt_id:
+        run_dir = root / attempt_id
+        run_dir.mkdir(parents=False, exist_ok=True)
+    else:
+        run_dir = claim_attempt_dir(root, cfg.name)
+        attempt_id = run_dir.name
     prov = provenance()
+    doc = {"attempt_id": attempt_id, "config": to_dict(cfg), "provenance": prov}
+    try:
+        with open(run_dir / "config.yaml", "x") as f:  # exclusive: never over another caller's config
+            f.write(yaml.safe_dump(doc, sort_keys=False))
+    except FileExistsError:
+        raise FileExistsError(f"{run_dir} already holds an attempt: continue it with resume={str(run_dir)!r} "
+                              f"(`rft resume {run_dir} --additional-steps K`), or leave attempt_id empty for a new "
+                              "one") from None
     if prov["git_dirty"]:
         (run_dir / "git.diff").write_text(_git("diff", "HEAD") or "")
-    doc = {"attempt_id": attempt_id, "config": to_dict(cfg), "provenance": prov}
-    (run_dir / "config.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
     if tag and prov["git_sha"]:
         m = re.match(r"(attempt-\d+)", attempt_id)
         _git("tag", f"{m.group(1)}-start", prov["git_sha"])  # seed 003's attempt-NN-start tag

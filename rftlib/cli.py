@@ -39,11 +39,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-import papermill as pm
 from papermill.exceptions import PapermillExecutionError
 
 from rftlib.ab import parse_vary, run_ab
-from rftlib.attempts import (AttemptLockedError, create_attempt, ensure_unlocked, next_attempt_id, run_dir_path,
+from rftlib.attempts import (AttemptLockedError, claim_attempt_dir, create_attempt, ensure_unlocked, run_dir_path,
                              runs_root as resolve_runs, write_json)
 from rftlib.config import ConfigError, make_config, value_from_text
 from rftlib.launch.plan import LaunchError
@@ -57,6 +56,7 @@ from rftlib.report.compare import load_all, summary_text
 from rftlib.report.index import reports_dir_for, write_index
 from rftlib.report.live import TextView
 from rftlib.report.publish import write_compare, write_report
+from rftlib.report.templates import NOTEBOOK_PARAMS
 from rftlib.sft import check_sft_data, sft_result_text
 from rftlib.smoke import LINES, run_smoke, table, verdict
 from rftlib.train.dist import exit_rank, init_dist, shutdown_dist
@@ -81,6 +81,13 @@ def _parse_sets(items: list[str]) -> dict[str, Any]:
     return out
 
 
+def config_overrides(params: dict[str, Any]) -> dict[str, Any]:
+    """The RunConfig fields among ``--set`` values: train.ipynb's own parameters (NOTEBOOK_PARAMS: preset,
+    skip_preflight, nproc, ...) go to the notebook, not the config, so ``--set skip_preflight=True`` (the LR
+    preflight's advice) works from the shell as it does in the notebook and with papermill's ``-p``."""
+    return {k: v for k, v in params.items() if k not in NOTEBOOK_PARAMS}
+
+
 def run_notebook(parameters: dict[str, Any], *, runs_root: str | None = None) -> tuple[Path, dict]:
     """Execute notebooks/train.ipynb with papermill into the attempt's run directory."""
     params = dict(parameters)
@@ -91,17 +98,19 @@ def run_notebook(parameters: dict[str, Any], *, runs_root: str | None = None) ->
         out_nb = run_dir / f"notebook-resume-{time.strftime('%Y%m%d-%H%M%S')}.ipynb"
     else:
         # resolve now (fails fast on a bad parameter, before a kernel starts) to name the run dir
-        overrides = {k: v for k, v in params.items() if k not in ("preset", "attempt_id", "live_view")}
-        cfg = make_config(params.get("preset", "default"), overrides)
+        cfg = make_config(params.get("preset", "default"), config_overrides(params))
         root = resolve_runs(runs_root or cfg.runs_root)
         params["runs_root"] = str(root)  # the kernel resolves the same root (explicit beats $RFTLIB_RUNS)
-        params.setdefault("attempt_id", next_attempt_id(root, cfg.name))
-        run_dir = root / params["attempt_id"]
-        run_dir.mkdir(parents=True, exist_ok=False)
+        if params.get("attempt_id"):
+            run_dir = root / params["attempt_id"]
+            run_dir.mkdir(parents=True, exist_ok=False)
+        else:  # the next number, this process's alone (two rft train at once get two directories)
+            run_dir = claim_attempt_dir(root, cfg.name)
+            params["attempt_id"] = run_dir.name
         out_nb = run_dir / "notebook.ipynb"
     with headless_env():
-        pm.execute_notebook(str(TRAIN_NB), str(out_nb), parameters=params, cwd=str(REPO), progress_bar=False,
-                            log_output=True, stdout_file=sys.stdout, stderr_file=sys.stderr)
+        publish.run_papermill(TRAIN_NB, out_nb, params, log_output=True, stdout_file=sys.stdout,
+                              stderr_file=sys.stderr)
     summary = json.loads((run_dir / "summary.json").read_text())
     return run_dir, summary
 
@@ -153,7 +162,7 @@ def cmd_train_rank(args) -> int:
     if args.run_dir:  # launched by rft train --nproc / the notebook: the attempt and its config exist
         cfg = resume_config(args.run_dir)
     else:  # torchrun -m rftlib.cli train -p PRESET --set ...: rank 0 creates the attempt
-        cfg = make_config(args.preset, _parse_sets(args.set))
+        cfg = make_config(args.preset, config_overrides(_parse_sets(args.set)))
     dist = init_dist(cfg)
     callbacks = []
     if dist.is_main:
@@ -180,10 +189,17 @@ def cmd_train(args) -> int:
         if args.run_dir:
             run_dir = Path(args.run_dir)
         else:
-            run_dir = create_attempt(make_config(args.preset, _parse_sets(args.set)))
+            run_dir = create_attempt(make_config(args.preset, config_overrides(_parse_sets(args.set))))
         return run_ranks(run_dir, args.nproc, resume=args.resume)
     params = {"preset": args.preset, **_parse_sets(args.set)}
-    run_dir, summary = run_notebook(params)
+    try:
+        run_dir, summary = run_notebook(params)
+    except PapermillExecutionError as e:
+        if e.ename != ConfigError.__name__:
+            raise
+        # a refusal in the kernel (the LR preflight, a bad combination): its message, not papermill's traceback
+        print(f"rft: error: {e.evalue}", file=sys.stderr)
+        return 2
     print(f"[rft] {run_dir}: " + result_text(summary))
     if line := _report_line(run_dir):
         print(line)
@@ -212,20 +228,18 @@ def cmd_validate(args) -> int:
     sets = _parse_sets(args.set)
     cfg = make_config(args.preset, sets)  # fails fast, before a kernel starts
     root = resolve_runs(sets.get("runs_root") or cfg.runs_root)
-    attempt_id = next_attempt_id(root, cfg.name)
+    attempt_id = claim_attempt_dir(root, cfg.name).name
     named = ("model", "task", "num_steps", "notes")  # the notebook's own parameters; every other --set is an override
     params = {"preset": args.preset, "runs_root": str(root), "attempt_id": attempt_id,
               **{k: v for k, v in sets.items() if k in named},
               "overrides": {k: v for k, v in sets.items() if k not in named and k != "runs_root"}}
     if args.control_steps is not None:
         params["control_steps"] = args.control_steps
-    (root / attempt_id).mkdir(parents=True, exist_ok=False)
     out_nb = root / attempt_id / "notebook.ipynb"
     try:
         with headless_env():
-            pm.execute_notebook(str(publish.NOTEBOOKS / "validate.ipynb"), str(out_nb), parameters=params,
-                                cwd=str(REPO), progress_bar=False, log_output=True, stdout_file=sys.stdout,
-                                stderr_file=sys.stderr)
+            publish.run_papermill(publish.NOTEBOOKS / "validate.ipynb", out_nb, params, log_output=True,
+                                  stdout_file=sys.stdout, stderr_file=sys.stderr)
     finally:
         print(f"[rft] executed notebook: {out_nb}")
     if not args.no_report:  # the executed validation notebook is this attempt's report
@@ -242,7 +256,7 @@ def cmd_eval(args) -> int:
                            batch_size=args.batch_size, recompute=args.recompute)
     for s, d in res.items():
         print(f"[rft] step {s}{' (final)' if d.get('final') else ''}: {d['mode']} {d[d['mode']]:.3f} "
-              f"on {d['n_problems']} problems -> eval/ckpt_step_{s}.json")
+              f"({d.get('precision', 'precision unrecorded')}) on {d['n_problems']} problems -> eval/ckpt_step_{s}.json")
     return 0 if res else 1
 
 
@@ -289,14 +303,13 @@ def cmd_sft(args) -> int:
     cfg = make_config(args.preset, sets)
     check_sft_data(cfg)  # fails fast (the file, held-out problems, prompt forms), before a kernel starts
     root = resolve_runs(cfg.runs_root)
-    attempt_id = next_attempt_id(root, cfg.name)
-    (root / attempt_id).mkdir(parents=True, exist_ok=False)
+    attempt_id = claim_attempt_dir(root, cfg.name).name
     out_nb = root / attempt_id / "notebook.ipynb"
     params = {"preset": args.preset, "overrides": {k: v for k, v in sets.items() if k != "runs_root"},
               "runs_root": str(root), "attempt_id": attempt_id}
     with headless_env():
-        pm.execute_notebook(str(REPO / "notebooks" / "sft.ipynb"), str(out_nb), parameters=params, cwd=str(REPO),
-                            progress_bar=False, log_output=True, stdout_file=sys.stdout, stderr_file=sys.stderr)
+        publish.run_papermill(REPO / "notebooks" / "sft.ipynb", out_nb, params, log_output=True,
+                              stdout_file=sys.stdout, stderr_file=sys.stderr)
     print(sft_result_text(json.loads((root / attempt_id / "summary.json").read_text())))
     if line := _report_line(root / attempt_id):
         print(line)

@@ -16,13 +16,16 @@ were evaluated in different precisions.
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import json
 from typing import Any
 
 import torch
 
 from rftlib.data.tasks import Example, Task
-from rftlib.evalmath import EVAL_MODES, _base_mode, check_eval_mode, maj_at_k, pass_at_k
-from rftlib.rewards.math import extract_answer
+from rftlib.evalmath import EVAL_MODES, _base_mode, check_eval_mode, majority_correct, pass_at_k
+from rftlib.models.loading import resolve_dtype
+from rftlib.rewards.math import extract_answer, normalize_answer
 
 
 def format_prompts(tokenizer, examples: list[Example], system_prompt: str | None = None) -> list[str]:
@@ -36,6 +39,17 @@ def format_prompts(tokenizer, examples: list[Example], system_prompt: str | None
 
 
 EVAL_DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
+def eval_dtypes(dtype: str, eval_dtype: str, device: torch.device) -> tuple[str, str]:
+    """The one precision rule of every held-out eval (the trainer's, ``rft eval``'s, the SFT stage's):
+    (the dtype the weights are held in, the dtype the eval computes in) for a config's ``dtype`` and
+    ``eval_dtype`` on ``device`` (the device the eval runs on: cuda for ``device: auto`` on a GPU machine).
+    The weights' dtype is :func:`rftlib.models.loading.resolve_dtype`'s (auto: bfloat16 on a CUDA device that
+    supports it, else float32; float16 only on CUDA), the eval's is :func:`eval_precision` of it. Every eval
+    file records the result as ``precision`` and every report shows it beside the number."""
+    weights = resolve_dtype(dtype, device)
+    return weights, eval_precision(eval_dtype, weights)
 
 
 def eval_precision(eval_dtype: str, weights_dtype: str) -> str:
@@ -78,6 +92,31 @@ def eval_numerics(engine, precision: str | None):
         yield
 
 
+def examples_digest(examples: list[Example]) -> str:
+    """A short fingerprint of an eval set (every example's id, prompt and gold answer, in order): two evals with
+    the same digest scored the same problems. Eval files record it; ``rft eval`` reuses a result only when it
+    matches the set the attempt's own task gives (rftlib.report.checkpoints)."""
+    h = hashlib.sha256()
+    for e in examples:
+        h.update(json.dumps([e.id, e.prompt, e.answer]).encode())
+    return h.hexdigest()[:16]
+
+
+def scored_on(cfg) -> dict[str, Any]:
+    """What an eval of the attempt with RunConfig ``cfg`` was scored on, recorded in its eval file beside the
+    examples' digest and the precision: the task as the attempt builds it (name, task_args, eval_size)."""
+    return {"task": cfg.task, "task_args": dict(cfg.task_args), "eval_size": cfg.eval_size}
+
+
+def vote_key(completion: str) -> str | None:
+    """The answer a completion votes for in a majority vote: extracted and normalised exactly as the math
+    reward does it (rftlib.rewards.math: last \\boxed{}, else the last number; normalize_answer), so
+    ``\\boxed{042}`` and ``42`` are one answer. None when nothing is extracted (no vote)."""
+    answer = extract_answer(completion)[0]
+    key = normalize_answer(answer) if answer is not None else ""
+    return key or None
+
+
 @torch.no_grad()
 def greedy_eval(engine, tokenizer, task: Task, examples: list[Example], *, max_new_tokens: int,
                 batch_size: int = 64, dataset: str = "heldout", precision: str | None = None) -> dict[str, Any]:
@@ -90,7 +129,8 @@ def greedy_eval(engine, tokenizer, task: Task, examples: list[Example], *, max_n
             results += _greedy_batch(engine, tokenizer, task, examples[i:i + batch_size], max_new_tokens)
     n = len(results)
     acc = sum(r["correct"] for r in results) / max(n, 1)
-    return {"mode": "greedy_pass@1", "dataset": dataset, "n_problems": n, "n_samples": 1, "temperature": 0.0,
+    return {"mode": "greedy_pass@1", "dataset": dataset, "task": task.name, "n_problems": n,
+            "examples_digest": examples_digest(examples), "n_samples": 1, "temperature": 0.0,
             "max_new_tokens": max_new_tokens, "precision": used, "greedy_pass@1": acc,
             "mean_length": sum(r["length"] for r in results) / max(n, 1), "results": results}
 
@@ -113,7 +153,14 @@ def evaluate(engine, tokenizer, task: Task, examples: list[Example], *, mode: st
              temperature: float | None = None, max_new_tokens: int, batch_size: int = 64,
              dataset: str = "heldout", precision: str | None = None) -> dict[str, Any]:
     """One labelled eval (seed 003 section 7): greedy_pass@1, sampling_pass@k (n samples at 0.6 by
-    default: unbiased pass@k, pass@1 and maj@k) or nondet_proxy_pass@k (n greedy samples, diagnostics).
+    default) or nondet_proxy_pass@k (n greedy samples, diagnostics).
+
+    Every sampled mode reports, each under its own name: ``maj@n`` (majority vote over the n answers, keyed as
+    the math reward normalises them: :func:`vote_key`; the winner is right when the reward scored its samples
+    right), ``any_correct@n`` (at least one of the n is right: Chen et al.'s unbiased pass@k at k = n) and
+    ``pass@1`` (the mean per-sample accuracy). The mode's own name is seed 003's definition
+    (rftlib.evalmath.EVAL_MODES): ``sampling_pass@8`` is the majority-vote accuracy, ``nondet_proxy_pass@8``
+    the any-of-8 accuracy of greedy samples (its gap over greedy_pass@1 shows fragile solutions).
 
     Temperature 0 with n > 1 is refused unless the mode is the nondet proxy (rftlib.evalmath).
     Computed in ``precision`` (None: the engine's current dtype), which the result records.
@@ -135,17 +182,20 @@ def evaluate(engine, tokenizer, task: Task, examples: list[Example], *, mode: st
                                  max_new_tokens=max_new_tokens, temperature=max(temp, 1e-6), greedy=greedy)
             for j, ex in enumerate(batch):
                 texts = ro.texts[j * n:(j + 1) * n]
-                correct = [float(task.reward(t, ex, bool(ro.truncated[j * n + q]))[1].get("correctness", 0.0))
-                           for q, t in enumerate(texts)]
-                answers = [extract_answer(t)[0] for t in texts]
-                per_problem.append({"id": ex.id, "answer": ex.answer, "n": n, "c": int(sum(correct)),
-                                    "completions": texts, "maj": maj_at_k(answers, ex.answer)})
+                scored = [task.reward(t, ex, bool(ro.truncated[j * n + q])) for q, t in enumerate(texts)]
+                correct = [float(diag.get("correctness", r)) >= 1.0 for r, diag in scored]  # fully right
+                votes = [vote_key(t) for t in texts]
+                per_problem.append({"id": ex.id, "answer": ex.answer, "n": n, "c": sum(correct),
+                                    "completions": texts, "sample_correct": correct, "votes": votes,
+                                    "maj": majority_correct(votes, correct)})
     npb = max(len(per_problem), 1)
-    return {"mode": label, "dataset": dataset, "n_problems": len(per_problem), "n_samples": n, "temperature": temp,
-            "max_new_tokens": max_new_tokens, "precision": used,
-            label: sum(pass_at_k(p["n"], p["c"], n) for p in per_problem) / npb,
-            "pass@1": sum(p["c"] / p["n"] for p in per_problem) / npb,
-            f"maj@{n}": sum(p["maj"] for p in per_problem) / npb, "results": per_problem}
+    scores = {f"maj@{n}": sum(p["maj"] for p in per_problem) / npb,
+              f"any_correct@{n}": sum(pass_at_k(p["n"], p["c"], n) for p in per_problem) / npb,
+              "pass@1": sum(p["c"] / p["n"] for p in per_problem) / npb}
+    return {"mode": label, "dataset": dataset, "task": task.name, "n_problems": len(per_problem),
+            "examples_digest": examples_digest(examples), "n_samples": n, "temperature": temp,
+            "max_new_tokens": max_new_tokens, "precision": used, **scores,
+            label: scores[f"{EVAL_MODES[base].score}@{n}"], "results": per_problem}
 
 
 def compare(a: dict[str, Any], b: dict[str, Any]) -> float:

@@ -10,9 +10,12 @@
 - ``mean_over_problems``: the dataset score is the unweighted mean of the per-problem values.
 
 Modes (never conflate them; always label which was used -- seed 003 §7, §9): ``greedy_pass@1``
-(temperature 0, n 1) for checkpoint selection; ``sampling_pass@k`` (temperature 0.6, n k) for
-final comparisons; ``nondet_proxy_pass@k`` (temperature 0, n k) only as a diagnostic of serving
-nondeterminism. ``check_eval_mode`` refuses temperature 0 with n > 1 under any other name.
+(temperature 0, n 1) for checkpoint selection; ``sampling_pass@k`` (temperature 0.6, n k: the
+majority-vote accuracy, as the seed defines it) for final comparisons; ``nondet_proxy_pass@k``
+(temperature 0, n k: any of the k right) only as a diagnostic of serving nondeterminism.
+``check_eval_mode`` refuses temperature 0 with n > 1 under any other name. Beside the mode's own
+number an eval logs ``maj@k``, ``any_correct@k`` (pass@k at k = n, never under a seed's name) and
+``pass@1``, each named for what it is.
 """
 
 from __future__ import annotations
@@ -78,6 +81,20 @@ def maj_at_k(answers: Sequence[str | None], truth: str, k: int | None = None,
     return 1.0 if majority_answer(pool, normalize) == normalize(truth) else 0.0
 
 
+def majority_correct(votes: Sequence[str | None], correct: Sequence[bool]) -> float:
+    """1.0 when the majority answer is right, else 0.0: ``votes`` are the samples' answers already in the
+    reward's normal form (None: nothing extracted, no vote), ``correct`` the reward's verdict on each sample.
+    The winner is the most frequent answer (ties: the one seen first, as :func:`majority_answer`); it is right
+    when the reward scored a sample carrying it right, so the vote agrees with the reward by construction,
+    numeric tolerance and symbolic equivalence included. No vote at all: 0.0."""
+    if len(votes) != len(correct):
+        raise ValueError(f"{len(votes)} votes but {len(correct)} verdicts: one of each per sample")
+    winner = majority_answer([v or "" for v in votes], normalize=lambda a: a or "")
+    if not winner:
+        return 0.0
+    return 1.0 if any(ok for v, ok in zip(votes, correct) if v == winner) else 0.0
+
+
 def mean_over_problems(values: Iterable[float]) -> float:
     """Unweighted mean of per-problem scores (every problem counts once, whatever its n)."""
     vals = list(values)
@@ -99,13 +116,18 @@ class EvalMode:
     temperature: float | None  # None: the caller's, must be > 0
     n: int | None  # None: the k of the label
     use: str  # what the mode is for (seed 003 §7)
+    score: str = "maj"  # what the mode's number is over its k samples: "maj" (majority vote) | "any_correct"
 
 
 EVAL_MODES: dict[str, EvalMode] = {
     "greedy_pass@1": EvalMode("greedy_pass@1", 0.0, 1, "deterministic single-sample accuracy: checkpoint selection"),
-    "sampling_pass@k": EvalMode("sampling_pass@k", 0.6, None, "k samples at temperature 0.6: final comparisons"),
+    # seed 003 section 7: "sampling_pass@8 | 0.6 | 8 | Majority-vote accuracy with diversity"
+    "sampling_pass@k": EvalMode("sampling_pass@k", 0.6, None,
+                                "majority-vote accuracy of k samples at temperature 0.6: final comparisons", "maj"),
+    # seed 003 section 7: its gap over greedy_pass@1 measures fragile solutions: any of k greedy samples right
     "nondet_proxy_pass@k": EvalMode("nondet_proxy_pass@k", 0.0, None,
-                                    "k greedy samples: serving nondeterminism, diagnostics only"),
+                                    "any-of-k accuracy of k greedy samples: serving nondeterminism, diagnostics only",
+                                    "any_correct"),
 }
 
 

@@ -53,13 +53,13 @@ from rftlib.config import ConfigError, RunConfig, make_config
 from rftlib.data.base import Example, Task, build_task, held_out_leaks, normalise_text
 from rftlib.data.benchmarks import import_datasets
 from rftlib.data.jsonl import read_jsonl
-from rftlib.eval import greedy_eval
-from rftlib.models.loading import apply_lora, autocast_dtype, load_model_and_tokenizer
+from rftlib.eval import eval_dtypes, greedy_eval, scored_on
+from rftlib.models.loading import apply_lora, compute_dtype, load_model_and_tokenizer
 from rftlib.monitor.metrics import MetricsLogger, read_metrics
 from rftlib.report.html import Html, table
 from rftlib.report.plots import Plot
 from rftlib.rollout.hf import HFEngine
-from rftlib.train.dist import DIST_ENV, resolve_dtype
+from rftlib.train.dist import DIST_ENV, resolve_device
 
 FORMAT_THRESHOLD = 0.95  # seed 003 section 12: SFT first when the \boxed{} rate is below 95%
 FORMAT_KEY = "eval/heldout/format_compliance"  # the \boxed{} rate of the held-out greedy completions
@@ -240,10 +240,13 @@ def file_sha256(path: Path) -> str:
 
 
 def format_eval(engine, tok, task: Task, examples: list[Example], cfg: RunConfig, step: int,
-                run_dir: Path) -> dict[str, Any]:
-    """Greedy held-out eval (the trainer's greedy_pass@1) plus the \\boxed{} rate, written as
-    eval/step_N.json; returns the metrics row."""
-    res = greedy_eval(engine, tok, task, examples, max_new_tokens=cfg.max_new_tokens, batch_size=cfg.eval_batch_size)
+                run_dir: Path, precision: str | None = None) -> dict[str, Any]:
+    """Greedy held-out eval (the trainer's greedy_pass@1) plus the \\boxed{} rate, computed in ``precision``
+    (rftlib.eval.eval_dtypes: the rule every eval follows) and written as eval/step_N.json; returns the
+    metrics row."""
+    res = greedy_eval(engine, tok, task, examples, max_new_tokens=cfg.max_new_tokens, batch_size=cfg.eval_batch_size,
+                      precision=precision)
+    res.update(scored_on(cfg))
     n = max(len(res["results"]), 1)
     res["format_compliance"] = sum(r["has_boxed"] for r in res["results"]) / n
     write_json(run_dir / "eval" / f"step_{step}.json", res)
@@ -282,18 +285,23 @@ def _one_process_env():
         os.environ.update(saved)
 
 
-def sft_config(cfg: RunConfig, run_dir: Path, bf16: bool, max_length: int | None = None):
+def sft_config(cfg: RunConfig, run_dir: Path, bf16: bool, max_length: int | None = None, *, fp16: bool = False,
+               on_cpu: bool | None = None):
     """RunConfig -> TRL's SFTConfig (the same schedule shape as RL: linear warmup, cosine to min_lr). ``max_length``:
     the longest row that fits the attempt's budget (``fit_rows``), never TRL's default 1024 (which cuts a longer
-    example from its end, answer and end of turn included, without a word); None: no cut at all."""
+    example from its end, answer and end of turn included, without a word); None: no cut at all. ``bf16`` /
+    ``fp16``: the forward's half dtype (autocast; fp16 with transformers' GradScaler); ``on_cpu``: the device the
+    stage resolved (None: cpu unless CUDA is there and the config does not say cpu)."""
     SFTConfig, _, _ = _trl()
+    if on_cpu is None:
+        on_cpu = not torch.cuda.is_available() or cfg.device == "cpu"
     return SFTConfig(max_length=max_length,
         output_dir=str(run_dir / "sft_trainer"), max_steps=cfg.num_steps, per_device_train_batch_size=cfg.micro_batch_size,
         gradient_accumulation_steps=1, learning_rate=cfg.lr, lr_scheduler_type="cosine_with_min_lr",
         lr_scheduler_kwargs={"min_lr_rate": cfg.min_lr_ratio}, warmup_steps=warmup_steps_for(cfg.num_steps, cfg.warmup_ratio),
         weight_decay=cfg.weight_decay, adam_beta1=cfg.adam_beta1, adam_beta2=cfg.adam_beta2,
-        max_grad_norm=cfg.max_grad_norm, seed=cfg.seed, data_seed=cfg.seed, bf16=bf16,
-        use_cpu=not torch.cuda.is_available() or cfg.device == "cpu", completion_only_loss=True,
+        max_grad_norm=cfg.max_grad_norm, seed=cfg.seed, data_seed=cfg.seed, bf16=bf16, fp16=fp16,
+        use_cpu=on_cpu, completion_only_loss=True,
         logging_steps=1, save_strategy="no", eval_strategy="no", report_to="none", disable_tqdm=True,
         dataloader_num_workers=0, gradient_checkpointing=cfg.gradient_checkpointing)
 
@@ -330,10 +338,15 @@ def run_sft(cfg: RunConfig, run_dir: str | Path | None = None, *, write=print) -
     (run_dir / "eval").mkdir(parents=True, exist_ok=True)
     logger = MetricsLogger(run_dir)
     t0 = time.time()
-    model, tok = load_model_and_tokenizer(cfg.model, resolve_dtype(cfg.dtype, torch.device("cpu")))
+    # the device the config names (auto: the GPU when there is one), and the weights' dtype and eval precision
+    # by the one rule every eval follows (rftlib.eval.eval_dtypes): auto is bfloat16 on a GPU, float16 allowed there
+    device = resolve_device(cfg.device)
+    weights_dtype, precision = eval_dtypes(cfg.dtype, cfg.eval_dtype, device)
+    model, tok = load_model_and_tokenizer(cfg.model, weights_dtype)
     model = apply_lora(model, rank=cfg.lora_rank, alpha=cfg.lora_alpha, dropout=cfg.lora_dropout,
                        target_modules=cfg.lora_target_modules)
-    amp = autocast_dtype(cfg.autocast)
+    model.to(device)
+    amp = compute_dtype(weights_dtype, cfg.autocast)  # the training forward's dtype, as the RL trainer's
     engine = HFEngine(model, tok, amp=amp)
     load_seconds = time.time() - t0
     try:
@@ -348,13 +361,15 @@ def run_sft(cfg: RunConfig, run_dir: str | Path | None = None, *, write=print) -
                   + f") and are left out, never cut (lines {[d['line'] for d in dropped[:10]]}"
                   + ("..." if len(dropped) > 10 else "") + f"; logs/sft_dropped.json)")
         record_sft_rows(run_dir, task, rows, path)
-        before = format_eval(engine, tok, task, task.eval, cfg, 0, run_dir)
+        before = format_eval(engine, tok, task, task.eval, cfg, 0, run_dir, precision)
         logger.log(before)
-        write(f"[sft] before: held-out {before[ACC_KEY]:.2f}, format compliance {before[FORMAT_KEY]:.0%} "
-              f"on {len(task.eval)} problems; {len(rows)} SFT rows from {cfg.sft_data}")
+        write(f"[sft] before: held-out {before[ACC_KEY]:.2f} ({precision}), format compliance "
+              f"{before[FORMAT_KEY]:.0%} on {len(task.eval)} problems; {len(rows)} SFT rows from {cfg.sft_data}")
         t1 = time.time()
         with _one_process_env():
-            trainer = SFTTrainer(model=model, args=sft_config(cfg, run_dir, amp == torch.bfloat16, max_length),
+            args = sft_config(cfg, run_dir, amp == torch.bfloat16, max_length, fp16=amp == torch.float16,
+                              on_cpu=device.type == "cpu")
+            trainer = SFTTrainer(model=model, args=args,
                                  train_dataset=to_dataset(rows, task.system_prompt), processing_class=tok,
                                  callbacks=[_log_callback(logger, cfg.num_steps, write)])
             check_not_cut(trainer.train_dataset, lengths, max_length)
@@ -362,7 +377,7 @@ def run_sft(cfg: RunConfig, run_dir: str | Path | None = None, *, write=print) -
             trainer.train()
         train_seconds = time.time() - t1
         model.eval()
-        after = format_eval(engine, tok, task, task.eval, cfg, cfg.num_steps, run_dir)
+        after = format_eval(engine, tok, task, task.eval, cfg, cfg.num_steps, run_dir, precision)
         logger.log(after)
         out = run_dir / ("adapter" if cfg.lora_rank else "model")
         model.save_pretrained(str(out))
@@ -375,8 +390,9 @@ def run_sft(cfg: RunConfig, run_dir: str | Path | None = None, *, write=print) -
                    "best_step": cfg.num_steps if after[ACC_KEY] >= before[ACC_KEY] else 0,
                    "format_before": before[FORMAT_KEY], "format_after": after[FORMAT_KEY],
                    "format_threshold": FORMAT_THRESHOLD, "eval_mode": "greedy_pass@1", "eval_dataset": "heldout",
-                   "eval_n": len(task.eval), "sft_rows": len(rows), "sft_rows_too_long": len(dropped),
-                   "sft_max_length": max_length, "sft_data_sha256": file_sha256(path), "output": str(out),
+                   "eval_n": len(task.eval), "eval_precision": precision, "sft_rows": len(rows),
+                   "sft_rows_too_long": len(dropped), "sft_max_length": max_length, "sft_data_sha256": file_sha256(path),
+                   "output": str(out),
                    "load_seconds": round(load_seconds, 1), "baseline_eval_seconds": round(t1 - t0 - load_seconds, 1),
                    "train_seconds": round(train_seconds, 1),
                    "next": f"rft train -p RL_PRESET {nxt}  (RL from this SFT {'adapter' if cfg.lora_rank else 'model'})"}
@@ -395,7 +411,8 @@ def sft_result_text(summary: dict[str, Any]) -> str:
     fb, fa, th = summary["format_before"], summary["format_after"], summary["format_threshold"]
     verdict = "meets" if fa >= th else "is still below"
     return (f"[sft] {summary['attempt_id']}: format compliance {fb:.0%} -> {fa:.0%} ({verdict} the {th:.0%} of seed 003 "
-            f"section 12); held-out {summary['eval_mode']} {summary['baseline']:.2f} -> {summary['final']:.2f} on "
+            f"section 12); held-out {summary['eval_mode']} ({summary.get('eval_precision', 'precision unrecorded')}) "
+            f"{summary['baseline']:.2f} -> {summary['final']:.2f} on "
             f"{summary['eval_n']} problems; {summary['steps']} steps in {summary['train_seconds']:.0f} s.\n"
             f"[sft] next: {summary['next']}")
 
@@ -440,8 +457,15 @@ def before_after(run_dir: str | Path) -> Html:
     def pair(key: str, as_pct: bool) -> tuple[str, str]:
         return tuple(f"{100 * r[key]:.0f}%" if as_pct else f"{r[key]:.1f}" for r in (b, a))
 
+    def precision(r) -> str:  # the eval file of that step says what it computed in (rftlib.eval.eval_dtypes)
+        try:
+            return json.loads((Path(run_dir) / "eval" / f"step_{r['step']}.json").read_text()).get("precision", "?")
+        except (OSError, json.JSONDecodeError):
+            return "?"
+
+    acc = tuple(f"{v} ({precision(r)})" for v, r in zip(pair(ACC_KEY, True), (b, a)))
     out = [("format compliance (\\boxed{} rate)", *pair(FORMAT_KEY, True), f"{FORMAT_THRESHOLD:.0%} (seed 003 sec. 12)"),
-           ("held-out greedy_pass@1", *pair(ACC_KEY, True), ""),
+           ("held-out greedy_pass@1 (precision)", *acc, ""),
            ("mean completion length (tokens)", *pair("eval/heldout/mean_length", False), "")]
     return table(["", f"before (step {b['step']})", f"after (step {a['step']})", "threshold"], out)
 

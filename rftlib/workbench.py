@@ -89,7 +89,9 @@ def start(ns: dict[str, Any]) -> Run:
     pre = lr_preflight(cfg)
     if pre.verdict == "refuse" and not nb["skip_preflight"]:
         raise ConfigError(f"LR preflight refused the launch: {pre.message}\n{pre.table()}\n"
-                          "(pass skip_preflight=True to launch anyway)")
+                          "To launch anyway, set skip_preflight=True: the notebook parameter skip_preflight = True, "
+                          "`rft train ... --set skip_preflight=True` (rft ab too), or `papermill ... -p skip_preflight "
+                          "True`")
     run_dir = create_attempt(cfg, nb["attempt_id"])
     return Run(cfg, run_dir, False, nb)
 
@@ -188,8 +190,16 @@ def result_text(summary: dict[str, Any], goal_points: float | None = None,
     without ``eval_n`` the gain in points is rounded to 1e-9 before comparing.
     """
     b, f = summary.get("baseline"), summary.get("final")
-    if b is None or f is None:
+    label = f"held-out {summary.get('eval_mode')} ({summary.get('eval_precision') or 'precision unrecorded'})"
+    if b is None and f is None:
         return "no held-out eval recorded"
+    if b is None or f is None:  # a run cut between evals: the missing number is said, never filled in
+        minutes = summary.get("train_seconds", 0) / 60
+        return (f"{label} on {summary.get('eval_n')} problems: before {'-' if b is None else f'{b:.2f}'}, after "
+                f"{'-' if f is None else f'{f:.2f}'} ({summary.get('final_note') or 'not evaluated'}) over "
+                f"{summary.get('steps')} steps in {minutes:.1f} min of training"
+                + (f"; stopped: {summary['stop_reason']}" if summary.get("stop_reason") else "")
+                + ("" if goal_points is None and goal_minutes is None else "; goal: NOT MET (no final eval)"))
     n = summary.get("eval_n")
     if isinstance(n, int) and n > 0:
         gained = round(f * n) - round(b * n)  # problems solved after minus before
@@ -199,9 +209,11 @@ def result_text(summary: dict[str, Any], goal_points: float | None = None,
         gain = round(100 * (f - b), 9)
         reached = goal_points is None or gain >= goal_points
     minutes = summary.get("train_seconds", 0) / 60
-    s = (f"held-out {summary.get('eval_mode')} on {summary.get('eval_n')} problems: before {b:.2f}, after {f:.2f} "
-         f"({gain:+.0f} points) over {summary.get('steps')} steps in {minutes:.1f} min "
-         f"of training (best {summary.get('best'):.2f} at step {summary.get('best_step')})")
+    best = summary.get("best")
+    s = (f"{label} on {summary.get('eval_n')} problems: before {b:.2f}, after {f:.2f} "
+         f"({gain:+.0f} points) over {summary.get('steps')} steps in {minutes:.1f} min of training"
+         + (f" (best {best:.2f} at step {summary.get('best_step')})" if best is not None else "")
+         + (f"; stopped: {summary['stop_reason']}" if summary.get("stop_reason") else ""))
     if goal_points is None and goal_minutes is None:
         return s
     parts, missed = [], []

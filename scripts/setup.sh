@@ -27,7 +27,7 @@ fi
 
 # DeepSpeed for the ZeRO-3 backend (2 CPU ranks in the tests); its C++ ops are JIT-built on first use,
 # and the shm collective op is built here once (~75 s, cached in ~/.cache/torch_extensions)
-if ! "$VENV/bin/python" -c "import deepspeed" 2>/dev/null; then
+if ! "$VENV/bin/python" -c "import deepspeed" >/dev/null 2>&1; then  # quiet: DeepSpeed logs its accelerator WARNING on stdout
   echo "[setup] installing deepspeed==0.19.8 (DS_BUILD_OPS=0: ops JIT-built when used)"
   DS_BUILD_OPS=0 "$VENV/bin/pip" install -q --disable-pip-version-check deepspeed==0.19.8 2>&1 | grep -v "is ignored" || true
 fi

@@ -71,3 +71,58 @@ def test_sft_decision_from_boxed_rate():
     assert ok["has_boxed_rate"] == pytest.approx(0.95) and ok["verdict"] == "SFT not needed"
     bad = sft_decision(ScriptedEngine(["\\boxed{3}"] * 18 + ["3", "3"]), Tok(), TASK, ex, max_new_tokens=8)
     assert bad["verdict"] == "SFT needed" and "90%" in bad["message"]
+
+
+# ---- issue 30 item 10: seed 003's names keep seed 003's meanings ---------------------------------------
+def test_sampling_pass_at_8_is_the_majority_vote_and_any_of_8_has_its_own_name():
+    """Seed 003 section 7: sampling_pass@8 is "majority-vote accuracy" at temperature 0.6, n 8. A problem whose
+    8 samples are right 3 times (the majority answer wrong) counts 0 there, 1 for any-of-8."""
+    p1 = ["3", "3", "3", "4", "4", "4", "4", "7"]  # 3 right, majority "4" wrong
+    p2 = ["5"] * 5 + ["6"] * 3  # majority "5" right
+    res = evaluate(ScriptedEngine(p1 + p2), Tok(), TASK, EXAMPLES, mode="sampling_pass@k", n=8, max_new_tokens=8)
+    assert res["mode"] == "sampling_pass@8" and res["temperature"] == 0.6
+    assert res["sampling_pass@8"] == pytest.approx(0.5) == res["maj@8"]  # (0 + 1) / 2
+    assert res["any_correct@8"] == pytest.approx(1.0)  # (1 + 1) / 2
+    assert res["pass@1"] == pytest.approx((3 / 8 + 5 / 8) / 2)
+
+
+def test_majority_vote_normalises_answers_as_the_reward_does():
+    """8 of 8 \\boxed{042} for gold 42: the reward scores each right (leading zeros go), so the vote does too."""
+    ex = [Example("p", "Calculate 40 + 2.", "42")]
+    res = evaluate(ScriptedEngine(["\\boxed{042}"] * 8), Tok(), TASK, ex, mode="sampling_pass@k", n=8, max_new_tokens=8)
+    assert res["maj@8"] == 1.0 and res["sampling_pass@8"] == 1.0 and res["pass@1"] == 1.0
+    # "$1,000$." and "1000" are one answer to the reward, so one vote block: 3 of them beat 2 x "999" + 2 x "7"
+    ex = [Example("q", "Calculate 999 + 1.", "1000")]
+    texts = ["\\boxed{$1,000$.}", "999", "the answer is 1000", "7", "\\boxed{1000}", "999", "7", "no idea"]
+    assert evaluate(ScriptedEngine(texts), Tok(), TASK, ex, mode="sampling_pass@k", n=8, max_new_tokens=8)["maj@8"] == 1.0
+
+
+def test_nondet_proxy_keeps_any_of_k_under_its_name():
+    eng = ScriptedEngine(["3"] + ["4"] * 7 + ["6"] * 8)
+    res = evaluate(eng, Tok(), TASK, EXAMPLES, mode="nondet_proxy_pass@k", n=8, max_new_tokens=8)
+    assert res["nondet_proxy_pass@8"] == pytest.approx(0.5) == res["any_correct@8"]  # p1 once right, p2 never
+    assert res["maj@8"] == 0.0
+
+
+def test_the_trainer_logs_the_seeds_name_with_the_seeds_meaning(tmp_path):
+    """A sampled probe's metrics row: sampling_pass@8 is the majority vote, any-of-8 and maj@8 are logged beside
+    it under their own names (the trainer once logged any-of-8 as sampling_pass@8 and never logged maj@8)."""
+    from types import SimpleNamespace
+
+    from rftlib.config import make_config
+    from rftlib.train.dist import Dist
+    from rftlib.train.loop import Trainer
+
+    p1 = ["3", "3", "3", "4", "4", "4", "4", "7"]
+    p2 = ["5"] * 5 + ["6"] * 3
+    tr = object.__new__(Trainer)  # the eval alone: no model is needed to score scripted completions
+    tr.cfg = make_config("tiny", {"eval_probes": ["ood"], "eval_temperature": {"ood": 0.6},
+                                  "eval_n_samples": {"ood": 8}, "runs_root": str(tmp_path)})
+    tr.dist, tr.run_dir, tr.step_num, tr.eval_history = Dist(), tmp_path, 0, []
+    tr.engine, tr.tok, tr.eval_precision = ScriptedEngine(p1 + p2), Tok(), None
+    tr.task = SimpleNamespace(eval_set=lambda probe: EXAMPLES, system_prompt=None, reward=math_em_reward, name="t")
+    row = tr.evaluate()
+    assert row["eval/ood/sampling_pass@8"] == pytest.approx(0.5)
+    assert row["eval/ood/maj@8"] == pytest.approx(0.5)
+    assert row["eval/ood/any_correct@8"] == pytest.approx(1.0)
+    assert row["eval/ood/pass@1"] == pytest.approx(0.5)

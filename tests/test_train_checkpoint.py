@@ -96,3 +96,36 @@ def test_a_file_another_rank_renames_mid_walk_does_not_fail_the_checkpoint(tmp_p
     monkeypatch.undo()
     assert [p.name for p in (final / "adapter").iterdir()] == ["c5FYCc.safetensors"]
     assert (tmp_path / "training_state" / "step_latest").resolve() == final.resolve()
+
+
+def test_every_file_of_a_step_is_fsynced_before_the_step_is_renamed_into_place(tmp_path, monkeypatch):
+    """trainer_state.json is the last file of a step: it must reach the disk before the rename that
+    publishes the step, as must the directory entries naming the files (issue 30 item 13: the fsync walk
+    ran before trainer_state.json was written, so after a power loss a resume could read an empty file)."""
+    events: list[tuple[str, str]] = []
+    real_fsync, real_rename = os.fsync, os.rename
+
+    def fsync(fd):
+        events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")))
+        return real_fsync(fd)
+
+    def rename(src, dst):
+        events.append(("rename", str(src)))
+        return real_rename(src, dst)
+
+    def write(tmp):
+        (tmp / "adapter").mkdir()
+        (tmp / "adapter" / "adapter_model.safetensors").write_bytes(b"weights")
+        torch.save({"w": torch.zeros(2)}, tmp / "trainable.pt")
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "rename", rename)
+    final = ckpt.save_step(tmp_path, 1, dist=_OneRank(), write=write, trainer_state={"step": 1}, max_keep=2)
+    monkeypatch.undo()
+    (at,) = [i for i, (kind, p) in enumerate(events) if kind == "rename" and p.endswith(".tmp_step_1")]
+    synced = {p for kind, p in events[:at] if kind == "fsync"}
+    tmp = str(tmp_path / "training_state" / ".tmp_step_1")
+    for name in ("trainer_state.json", "trainable.pt", "rng_rank0.pt", "adapter/adapter_model.safetensors",
+                 "adapter", ""):
+        assert os.path.join(tmp, name).rstrip("/") in synced, f"{name or 'the step directory'} not fsynced before the rename"
+    assert ckpt.load_checkpoint(final)["trainer_state"] == {"step": 1}

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from rftlib.attempts import runs_root as resolve_root
+from rftlib.attempts import run_dir_path, runs_root as resolve_root
 from rftlib.launch.supervise import RUNNING, _read_json, _supervisor_alive, read_status
 from rftlib.report.live import status_line
 from rftlib.train.loop import resume_config
@@ -139,8 +139,9 @@ def attach(run_dir: str | Path, *, write: Callable[[str], None] = print, poll: f
            timeout: float | None = None, from_start: bool = True) -> dict[str, Any]:
     """Stream an attempt's progress (metrics lines, health verdict changes, state changes) until it
     ends, ``timeout`` seconds pass, or Ctrl-C (which detaches; the attempt goes on). The last
-    control/status.json (or {"state": ...} for an attempt launched otherwise)."""
-    run_dir = Path(run_dir)
+    control/status.json (or {"state": ...} for an attempt launched otherwise). A relative ``run_dir`` is found
+    as everywhere (rftlib.attempts.run_dir_path: from the working directory, else the project root)."""
+    run_dir = run_dir_path(run_dir)
     if not (run_dir / "config.yaml").exists():
         raise FileNotFoundError(f"{run_dir}/config.yaml: not an attempt directory")
     metrics = run_dir / "logs" / "metrics.jsonl"

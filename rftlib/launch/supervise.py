@@ -38,7 +38,8 @@ from typing import Any
 import psutil
 import yaml
 
-from rftlib.attempts import create_attempt, ensure_unlocked, next_attempt_id, read_attempt, write_json
+from rftlib.attempts import (claim_attempt_dir, create_attempt, ensure_unlocked, next_attempt_id, read_attempt,
+                             run_dir_path, runs_root, write_json)
 from rftlib.config import make_config
 from rftlib.launch.plan import LaunchPlan, check_plan, format_plan, make_plan
 from rftlib.monitor.metrics import read_metrics
@@ -106,10 +107,14 @@ def launch(preset: str = "default", overrides: dict[str, Any] | None = None, *, 
     ``resume`` relaunches an existing attempt from its step_latest (its saved config; ``overrides``
     such as num_steps apply on top). ``dry_run`` prints the GPU map and the commands and starts
     nothing. Returns as soon as the supervisor is started; follow it with :func:`attach`.
+
+    The attempt goes where every entry point puts it (:func:`rftlib.attempts.runs_root`: ``$RFTLIB_RUNS``, else
+    ``<project root>/runs``), whatever the working directory (a launch.ipynb kernel runs in notebooks/), and the
+    plan's trainer is told that very directory (absolute); ``resume`` is found the same way (run_dir_path).
     """
     overrides = dict(overrides or {})
     if resume:
-        run_dir = Path(resume)
+        run_dir = run_dir_path(resume)
         if not (run_dir / "config.yaml").exists():
             raise FileNotFoundError(f"{run_dir}/config.yaml: not an attempt directory to resume")
         if read_status(run_dir).get("state") == RUNNING and _supervisor_alive(run_dir):
@@ -124,9 +129,17 @@ def launch(preset: str = "default", overrides: dict[str, Any] | None = None, *, 
             cfg.vllm_urls = [u for u in cfg.vllm_urls if u not in started]
     else:
         cfg = make_config(preset, overrides)
-        run_dir = Path(cfg.runs_root) / next_attempt_id(cfg.runs_root, cfg.name)
-    plan = make_plan(cfg, run_dir.resolve() if not dry_run else run_dir, preset=str(preset), resume=bool(resume))
-    check_plan(plan, cfg, dry_run=dry_run, machine_gpus=machine_gpus)
+        root = runs_root(cfg.runs_root)
+        # a dry run names the number the next attempt would get; a launch claims it (atomically: a launch
+        # beside this one gets the next number, never this directory)
+        run_dir = root / next_attempt_id(root, cfg.name) if dry_run else claim_attempt_dir(root, cfg.name)
+    plan = make_plan(cfg, run_dir, preset=str(preset), resume=bool(resume))
+    try:
+        check_plan(plan, cfg, dry_run=dry_run, machine_gpus=machine_gpus)
+    except BaseException:
+        if not resume and not dry_run:
+            run_dir.rmdir()  # claimed just now, still empty: a refused launch leaves no attempt behind
+        raise
     if dry_run:
         write(format_plan(plan))
         return None
@@ -291,8 +304,8 @@ def stop_wait_seconds(run_dir: str | Path) -> float:
 def stop(run_dir: str | Path, timeout: float | None = None, write=print) -> dict[str, Any]:
     """Ask the trainer to checkpoint and stop (control/stop), wait up to ``timeout`` s (default:
     :func:`stop_wait_seconds`) for the attempt to end, then terminate what is left; the final
-    control/status.json."""
-    run_dir = Path(run_dir)
+    control/status.json. A relative ``run_dir`` is found as everywhere (rftlib.attempts.run_dir_path)."""
+    run_dir = run_dir_path(run_dir)
     if timeout is None:
         timeout = stop_wait_seconds(run_dir)
     st = read_status(run_dir)

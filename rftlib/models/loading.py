@@ -362,6 +362,18 @@ def apply_lora(model, *, rank: int, alpha: int, dropout: float, target_modules: 
     return get_peft_model(model, cfg)
 
 
+def resolve_dtype(name: str, device: torch.device) -> str:
+    """The dtype a config's ``dtype`` holds the weights in on ``device``. ``auto``: bfloat16 on a CUDA device that
+    supports it (weights and autocast), else float32. float16 is refused off CUDA (the config refuses
+    ``device: cpu`` with it; this catches ``auto`` on a CPU). The trainer, the SFT stage and the checkpoint evals
+    all resolve it here (through rftlib.eval.eval_dtypes for the evals)."""
+    if name == "float16" and device.type != "cuda":
+        raise ValueError("dtype float16 needs a CUDA device (CPUs have no fast float16); use float32 or bfloat16 on CPU")
+    if name != "auto":
+        return name
+    return "bfloat16" if device.type == "cuda" and torch.cuda.is_bf16_supported() else "float32"
+
+
 def autocast_dtype(mode: str) -> torch.dtype | None:
     """The autocast dtype for a config's ``autocast`` on this machine (None: run in the weights' dtype)."""
     if mode == "none":

@@ -20,8 +20,12 @@ from rftlib.report.index import format_html, parent_html, research_log_html, tra
 def header(a: Attempt) -> Html:
     """Attempt id, status, date, SHA, the eval result in words with its mode, and the notes."""
     base, best, final = a.baseline_best_final()
-    if base is not None and best is not None:
+    if base is not None and best is not None and final is not None:
         result = (f"baseline {pct(base)} &rarr; final {pct(final)} ({100 * (final - base):+.1f} points); "
+                  f"best {pct(best[1])} at step {best[0]}")
+    elif base is not None and best is not None:
+        result = (f"baseline {pct(base)} &rarr; final: not evaluated at step {a.steps_done} (the last eval is step "
+                  f"{a.eval_points()[-1][0]}'s; <code>rft eval</code> scores the last checkpoint); "
                   f"best {pct(best[1])} at step {best[0]}")
     else:
         result = "no held-out eval recorded"
@@ -160,8 +164,9 @@ def checkpoint_table(a: Attempt) -> Html:
     for s, d in a.ckpt_evals.items():
         acc = float(d.get(d.get("mode", "greedy_pass@1"), 0.0))
         rows.append((f"step {s}" + (" (final)" if d.get("final") else ""), d.get("mode"), d.get("n_problems"), pct(acc),
-                     "\u2014" if base is None else f"{100 * (acc - base):+.1f}", d.get("source", "")))
-    return table(["checkpoint", "mode", "problems", "accuracy", "vs step-0 (points)", "source"], rows,
+                     d.get("precision", "unrecorded"), "\u2014" if base is None else f"{100 * (acc - base):+.1f}",
+                     d.get("source", "")))
+    return table(["checkpoint", "mode", "problems", "accuracy", "precision", "vs step-0 (points)", "source"], rows,
                  cls="rft-ckpt")
 
 

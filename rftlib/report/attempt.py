@@ -107,7 +107,14 @@ class Attempt:
         if not doc:
             return "no eval recorded"
         return (f"{doc.get('mode', '?')} on {doc.get('dataset', '?')} ({doc.get('n_problems', '?')} problems, "
-                f"temperature {doc.get('temperature', '?')}, max_new_tokens {doc.get('max_new_tokens', '?')})")
+                f"temperature {doc.get('temperature', '?')}, max_new_tokens {doc.get('max_new_tokens', '?')}, "
+                f"precision {self.eval_precision()})")
+
+    def eval_precision(self) -> str:
+        """The precision the held-out evals computed in (each eval file's ``precision``: rftlib.eval.eval_dtypes),
+        "a, b (mixed)" when they differ, "unrecorded" for files written before it was recorded."""
+        seen = sorted({str(d.get("precision", "unrecorded")) for d in (*self.evals.values(), *self.ckpt_evals.values())})
+        return ", ".join(seen) + (" (mixed)" if len(seen) > 1 else "") if seen else "unrecorded"
 
     def eval_points(self) -> list[tuple[int, float]]:
         """(step, accuracy) from the metrics, else from the eval files."""
@@ -117,13 +124,20 @@ class Attempt:
         return pts
 
     def baseline_best_final(self) -> tuple[float | None, tuple[int, float] | None, float | None]:
-        """(step-0 baseline, (best step, best), final) of the held-out eval."""
+        """(step-0 baseline, (best step, best), final) of the held-out eval. ``final`` is the eval at the last
+        step trained, else None (a run cut between evals was not evaluated at its end: an earlier eval never
+        stands in for it); a checkpoint eval of that step (``rft eval``) counts."""
         pts = self.eval_points()
         if not pts:
             return None, None, None
         base = pts[0][1] if pts[0][0] == 0 else None
         best = max(pts, key=lambda p: (p[1], -p[0]))
-        return base, best, pts[-1][1]
+        last = self.steps_done
+        final = pts[-1][1] if pts[-1][0] == last else None
+        if final is None and last in self.ckpt_evals:
+            d = self.ckpt_evals[last]
+            final = float(d.get(d.get("mode", "greedy_pass@1"), 0.0))
+        return base, best, final
 
     # ---- logs ---------------------------------------------------------------------------------
     def samples(self) -> tuple[int | None, list[dict[str, Any]]]:

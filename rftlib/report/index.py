@@ -42,8 +42,9 @@ def _eval_cell(a: Attempt) -> str:
     if best is None:
         return "<i>no eval</i>"
     gain = "" if base is None else f" ({100 * (best[1] - base):+.1f})"
+    fin = pct(final) if final is not None else f"not evaluated at step {a.steps_done}"
     return (f"{esc(pct(base))} &rarr; <b>{esc(pct(best[1]))}</b>{esc(gain)} @ {best[0]}"
-            f"<br><small>final {esc(pct(final))}; {esc(a.eval_label())}</small>")
+            f"<br><small>final {esc(fin)}; {esc(a.eval_label())}</small>")
 
 
 def _verdict_cell(a: Attempt) -> str:
@@ -122,8 +123,12 @@ def parent_html(a: Attempt) -> str:
     s = p.summary or {}
     extra = ""
     if "format_after" in s:
+        mine, theirs = a.eval_precision(), p.eval_precision()
+        differ = (f' <b style="color:#b91c1c">(a different precision from this attempt\'s {esc(mine)}: the numbers '
+                  "are not comparable)</b>") if mine != theirs and "unrecorded" not in (mine, theirs) else ""
         extra = (f" &mdash; {esc(p.config.get('task'))}: format compliance {esc(pct(s.get('format_before')))} &rarr; "
-                 f"{esc(pct(s.get('format_after')))}, held-out {esc(pct(s.get('baseline')))} &rarr; {esc(pct(s.get('final')))}")
+                 f"{esc(pct(s.get('format_after')))}, held-out {esc(pct(s.get('baseline')))} &rarr; {esc(pct(s.get('final')))}"
+                 f" ({esc(theirs)}){differ}")
     return f'<a href="{esc(p.attempt_id)}.html">{esc(p.attempt_id)}</a>{extra}'
 
 

@@ -17,7 +17,10 @@ from typing import Any, Sequence
 
 import nbformat
 import papermill as pm
+import zmq
+from jupyter_client.manager import AsyncKernelManager
 from nbconvert import HTMLExporter
+from traitlets import default
 
 from rftlib.attempts import run_dir_path
 from rftlib.report.attempt import load_attempt
@@ -29,13 +32,36 @@ NOTEBOOKS = REPO / "notebooks"
 TEMPLATE_DIR = Path(__file__).resolve().parent / "html_template"
 
 
+class PrivateKernelManager(AsyncKernelManager):
+    """The kernel manager of every notebook rftlib executes: its kernel's channels are private to it. With
+    CurveZMQ (pyzmq's libzmq has it: the kernel spec declares support) the manager provisions the keys, else
+    the kernel listens on IPC sockets rather than TCP. Either way ipykernel 7 has nothing to warn about: a
+    plain TCP kernel printed "[IPKernelApp] WARNING | Kernel is running over TCP without encryption" into the
+    output of every ``rft`` command, three times in ``make demo``'s."""
+
+    @default("transport_encryption")
+    def _encrypt(self) -> str:
+        return "auto" if zmq.has("curve") else "disabled"
+
+    @default("transport")
+    def _transport(self) -> str:
+        return "tcp" if zmq.has("curve") else "ipc"
+
+
+def run_papermill(template: str | Path, out_nb: str | Path, parameters: dict[str, Any], **kw: Any) -> Any:
+    """``papermill.execute_notebook`` as rftlib runs it (cwd = the repo, no progress bar, kernel python3, a
+    :class:`PrivateKernelManager`): the one place a notebook is executed (rft train/sft/validate, reports)."""
+    kw = {"cwd": str(REPO), "progress_bar": False, "kernel_name": "python3", **kw}
+    return pm.execute_notebook(str(template), str(out_nb), parameters=parameters,
+                               kernel_manager_class=PrivateKernelManager, **kw)
+
+
 def execute(template: str | Path, out_nb: str | Path, parameters: dict[str, Any], *, log: bool = False) -> Path:
     """papermill-execute a notebook template with parameters (kernel python3, cwd = the repo)."""
     out_nb = Path(out_nb)
     out_nb.parent.mkdir(parents=True, exist_ok=True)
     kw: dict[str, Any] = {"log_output": True, "stdout_file": sys.stdout, "stderr_file": sys.stderr} if log else {}
-    pm.execute_notebook(str(template), str(out_nb), parameters=parameters, cwd=str(REPO), progress_bar=False,
-                        kernel_name="python3", **kw)
+    run_papermill(template, out_nb, parameters, **kw)
     return out_nb
 
 

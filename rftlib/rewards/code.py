@@ -34,7 +34,8 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from rftlib.rewards.sandbox import Call, Exec, Job, RunResult, Sandbox
+from rftlib.rewards.sandbox import Call, Exec, Job, RunResult, Sandbox, SandboxUnavailable
+from rftlib.rewards.sandbox.pool import SETUP_HINT
 from rftlib.rewards.sandbox._zygote import encode_value
 
 PARTIAL_CREDIT_CAP = 0.5  # reward when some but not all tests pass: 0.5 * fraction passed (seed 002)
@@ -243,10 +244,17 @@ _DEFAULT_LOCK = threading.Lock()
 
 
 def default_sandbox() -> Sandbox:
-    """The process-wide Sandbox used when none is passed (default settings; closed at exit)."""
+    """The process-wide Sandbox used when none is passed (default settings; closed at exit). Where it cannot be
+    made (no bubblewrap, no seccomp) the refusal names the remedy that works from a training run: the set-up
+    script; the Python-level ``allow_unsandboxed`` switch is not reachable from a config, a notebook or rft."""
     with _DEFAULT_LOCK:
         if not _DEFAULT:
-            _DEFAULT.append(Sandbox())
+            try:
+                box = Sandbox()
+            except SandboxUnavailable as e:
+                raise SandboxUnavailable(f"no sandbox for the code reward: {e.why}. rftlib runs model-written code "
+                                         f"only in isolation; {SETUP_HINT}, then start the attempt again", e.why) from None
+            _DEFAULT.append(box)
             atexit.register(_DEFAULT[0].close)
         return _DEFAULT[0]
 

@@ -104,6 +104,21 @@ def _fsync_files(tmp: Path) -> None:
             continue
 
 
+def _write_synced(path: Path, text: str) -> None:
+    """Write ``path`` and fsync it before returning: a file written just before a rename into place must be on
+    disk before the rename is, or a power loss can leave the renamed directory holding an empty file."""
+    with open(path, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _fsync_tree_dirs(top: Path) -> None:
+    """fsync ``top`` and every directory below it: their entries (the names of the files just written)."""
+    for d in [top, *(p for p in top.rglob("*") if p.is_dir())]:
+        _fsync_dir(d)
+
+
 def save_step(run_dir: str | Path, step: int, *, dist, write, trainer_state: dict[str, Any], max_keep: int) -> Path:
     """Write training_state/step_{step}/ from every rank at once, atomically.
 
@@ -130,7 +145,10 @@ def save_step(run_dir: str | Path, step: int, *, dist, write, trainer_state: dic
     ok = int(dist.all_sum(torch.tensor([0 if err else 1])).item()) == dist.world_size
     if dist.is_main:
         if ok:
-            (tmp / "trainer_state.json").write_text(json.dumps(trainer_state, indent=1))
+            # the last file of the step, fsynced like every other (the walk above ran before it existed), and the
+            # directories' entries, all before the rename publishes the step: a resume never reads an empty file
+            _write_synced(tmp / "trainer_state.json", json.dumps(trainer_state, indent=1))
+            _fsync_tree_dirs(tmp)
             if final.exists():
                 shutil.rmtree(final)
             os.rename(tmp, final)

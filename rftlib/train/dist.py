@@ -21,6 +21,7 @@ from typing import Any
 import torch
 import torch.distributed as tdist
 
+from rftlib.models.loading import resolve_dtype  # noqa: F401  (its home is below the layers that call it)
 from rftlib.train.backends import backend_class
 
 
@@ -90,16 +91,6 @@ def resolve_device(name: str, local_rank: int = 0) -> torch.device:
                                f"built with CUDA {torch.version.cuda}); use device: auto or cpu")
         return torch.device(name if ":" in name else f"cuda:{local_rank}")
     return torch.device(name)
-
-
-def resolve_dtype(name: str, device: torch.device) -> str:
-    """``auto``: bfloat16 on a CUDA device that supports it (weights and autocast), else float32.
-    float16 is refused off CUDA (the config refuses ``device: cpu`` with it; this catches ``auto`` on a CPU)."""
-    if name == "float16" and device.type != "cuda":
-        raise ValueError("dtype float16 needs a CUDA device (CPUs have no fast float16); use float32 or bfloat16 on CPU")
-    if name != "auto":
-        return name
-    return "bfloat16" if device.type == "cuda" and torch.cuda.is_bf16_supported() else "float32"
 
 
 def env_world() -> tuple[int, int, int, int]:

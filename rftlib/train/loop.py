@@ -35,7 +35,8 @@ from rftlib.algo.losses import grpo_loss
 from rftlib.algo.schedule import lr_at, warmup_steps_for
 from rftlib.attempts import STOP_FILE, read_attempt, write_json
 from rftlib.config import RunConfig, make_config
-from rftlib.eval import check_precision, eval_precision, evaluate, format_prompts, greedy_eval
+from rftlib.eval import (check_precision, eval_precision, evaluate, examples_digest, format_prompts, greedy_eval,
+                         scored_on)
 from rftlib.models.forward import completion_logprobs
 from rftlib.models.loading import causal_lm, compute_dtype, is_peft
 from rftlib.monitor.health import run_verdicts
@@ -51,6 +52,7 @@ from rftlib.train.memory import preflight_gib, step_memory
 from rftlib.train.step_metrics import step_metrics
 
 EVAL_KEY = "eval/heldout/greedy_pass@1"
+BUDGET_STOP = "time budget spent"  # how a stop_reason of max_train_minutes begins
 
 
 class Trainer:
@@ -500,6 +502,13 @@ class Trainer:
             if is_eval:
                 row.update({k: v for k, v in self.evaluate().items() if k != "step"})
                 self.stop_reason = self.early_stop_reason()
+            if self.stop_reason is None and self.step_num < end:  # a run at its end was not cut, whatever the clock says
+                self.stop_reason = self.stop_requested(started)
+                if not is_eval and self.stop_reason is not None and self.stop_reason.startswith(BUDGET_STOP):
+                    # the budget cut the run between evals: the weights it stops with are evaluated, so the
+                    # summary's "final" is theirs (never the last eval's, which may be the step-0 baseline)
+                    row.update({k: v for k, v in self.evaluate().items() if k != "step"})
+                    is_eval = True
             self._emit(row)
             rows.append(row)
             # the live panel's and the report's verdicts (one list everywhere); the same rows on every rank
@@ -513,8 +522,6 @@ class Trainer:
                         print(f"[health step {self.step_num}] {v.status.upper()} {v.name}: {v.message} -> {v.action}")
                     if v.status == "fail" and cfg.health_abort and self.stop_reason is None:
                         self.stop_reason = f"health verdict {v.name} failed: {v.message}"
-            if self.stop_reason is None:
-                self.stop_reason = self.stop_requested(started)
             stop = self.stop_reason is not None
             if final or stop or self.step_num == end or (cfg.save_steps and self.step_num % cfg.save_steps == 0) \
                     or (is_eval and cfg.early_stop_probe):
@@ -526,8 +533,9 @@ class Trainer:
             if stop:
                 if main:
                     print(f"[early stop at step {self.step_num}] {self.stop_reason}")
-                    (self.run_dir / STOP_FILE).unlink(missing_ok=True)  # honoured: a resume goes on
                 break
+        if main:  # a stop asked during this session is honoured by its end (stopped or done): a resume goes on
+            (self.run_dir / STOP_FILE).unlink(missing_ok=True)
         if bar is not None:
             bar.close()
         return self.summary()
@@ -541,7 +549,7 @@ class Trainer:
             if (self.run_dir / STOP_FILE).exists():
                 reason = "stopped by user"
             elif budget is not None and started is not None and time.time() - started >= 60 * budget:
-                reason = f"time budget spent: max_train_minutes={budget:g} reached at step {self.step_num}"
+                reason = f"{BUDGET_STOP}: max_train_minutes={budget:g} reached at step {self.step_num}"
         return self.dist.broadcast_object(reason)
 
     def _emit(self, row: dict[str, Any]) -> None:
@@ -553,20 +561,32 @@ class Trainer:
             cb({**row, "_group": group} if group is not None and "reward_mean" in row else row)
 
     def summary(self) -> dict[str, Any]:
+        """The attempt's result. ``final`` is the held-out eval of the weights training ended with (the eval at
+        the last step), else None with ``final_note`` saying why: never an earlier eval standing in for it (a
+        run cut between evals would otherwise report its step-0 baseline as its result, a gain of 0). ``best``
+        is over the evals made after step 0 too (None when there is none: the baseline is not a result)."""
         evals = [e for e in self.eval_history if EVAL_KEY in e]
-        base = evals[0][EVAL_KEY] if evals else None
-        last = evals[-1][EVAL_KEY] if evals else None
-        best = max(evals, key=lambda e: e[EVAL_KEY]) if evals else None
+        base = evals[0][EVAL_KEY] if evals and evals[0]["step"] == 0 else None
+        at_end = evals[-1] if evals and evals[-1]["step"] == self.step_num else None
+        last = at_end[EVAL_KEY] if at_end is not None else None
+        best = max(evals, key=lambda e: (e[EVAL_KEY], -e["step"])) if len(evals) > 1 else None
+        note = None
+        if at_end is None:
+            note = (f"not evaluated: training stopped at step {self.step_num}" +
+                    (f", the last held-out eval is step {evals[-1]['step']}'s" if evals else "") +
+                    "; `rft eval RUN_DIR` scores its last checkpoint")
         probes = {}
         for p in self.cfg.eval_probes:
             key = f"eval/{p}/greedy_pass@1"
             vals = [(e["step"], e[key]) for e in self.eval_history if key in e]
             if vals:
                 bs, bv = max(vals, key=lambda x: (x[1], -x[0]))
-                probes[p] = {"baseline": vals[0][1], "final": vals[-1][1], "best": bv, "best_step": bs}
+                probes[p] = {"baseline": vals[0][1], "final": vals[-1][1] if vals[-1][0] == self.step_num else None,
+                             "best": bv, "best_step": bs}
         out = {"attempt_id": self.run_dir.name, "run_dir": str(self.run_dir), "steps": self.step_num,
                "stop_reason": getattr(self, "stop_reason", None), "probes": probes,
-               "baseline": base, "final": last, "gain": None if base is None or last is None else last - base,
+               "baseline": base, "final": last, "final_step": self.step_num if at_end is not None else None,
+               "final_note": note, "gain": None if base is None or last is None else last - base,
                "best_step": best["step"] if best else None, "best": best[EVAL_KEY] if best else None,
                "skipped_steps": self.skipped_steps, "eval_mode": "greedy_pass@1", "eval_dataset": "heldout",
                "eval_n": len(self.task.eval), "eval_precision": self.eval_precision, "world_size": self.dist.world_size, "backend": self.cfg.backend,
@@ -610,10 +630,13 @@ class Trainer:
                 res = evaluate(self.engine, self.tok, self.task, exs, mode=mode, n=n, temperature=temp,
                                max_new_tokens=self.cfg.max_new_tokens, batch_size=self.cfg.eval_batch_size,
                                dataset=probe, precision=self.eval_precision)
+                res.update(scored_on(self.cfg))
                 if D.is_main:
                     write_json(self.run_dir / "eval" / f"step_{self.step_num}_{probe}.json", res)
-                summary[f"eval/{probe}/{res['mode']}"] = res[res["mode"]]
-                summary[f"eval/{probe}/pass@1"] = res["pass@1"]
+                # the seed's name keeps the seed's meaning (sampling_pass@8: majority vote); the others are named
+                # for what they are (rftlib.eval.evaluate)
+                for key in (res["mode"], f"maj@{n}", f"any_correct@{n}", "pass@1"):
+                    summary[f"eval/{probe}/{key}"] = res[key]
                 continue
             res = greedy_eval(self.engine, self.tok, self.task, mine, max_new_tokens=self.cfg.max_new_tokens,
                               batch_size=self.cfg.eval_batch_size, dataset=probe, precision=self.eval_precision)
@@ -621,9 +644,10 @@ class Trainer:
                 parts = D.gather_objects(res["results"][:n_mine])
                 merged = [parts[k % D.world_size][k // D.world_size] for k in range(len(exs))]
                 n = max(len(merged), 1)
-                res.update(results=merged, n_problems=len(merged),
+                res.update(results=merged, n_problems=len(merged), examples_digest=examples_digest(exs),
                            **{"greedy_pass@1": sum(r["correct"] for r in merged) / n,
                               "mean_length": sum(r["length"] for r in merged) / n})
+            res.update(scored_on(self.cfg))
             if D.is_main:
                 suffix = "" if probe == "heldout" else f"_{probe}"
                 write_json(self.run_dir / "eval" / f"step_{self.step_num}{suffix}.json", res)

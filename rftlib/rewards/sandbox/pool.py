@@ -28,7 +28,11 @@ UID_BASE = 2_100_000_000  # worker i runs as UID_BASE + i: in 0x70000000-0x7FFFF
 
 
 class SandboxUnavailable(RuntimeError):
-    """Isolation cannot be set up here; the message says why and how to fix it."""
+    """Isolation cannot be set up here; the message says why and how to fix it (``why``: what is missing)."""
+
+    def __init__(self, message: str, why: str = ""):
+        super().__init__(message)
+        self.why = why or message
 
 
 class Sandbox:
@@ -113,7 +117,7 @@ class Sandbox:
                 raise SandboxUnavailable(
                     f"no sandbox: {why}. Refusing to run untrusted code without isolation; "
                     f"{SETUP_HINT}, or pass allow_unsandboxed=True to run it in a plain "
-                    "subprocess with rlimits only (unsafe).")
+                    "subprocess with rlimits only (unsafe).", why)
             warnings.warn(f"rftlib sandbox: running UNSANDBOXED ({why})", RuntimeWarning, stacklevel=2)
         is_root = os.geteuid() == 0
         self._specs = []
