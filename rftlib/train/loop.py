@@ -288,8 +288,7 @@ class Trainer:
                 acc["rows_seen"] += len(batch)
                 acc["rows_run"] += sum(len(ix) for ix in micro)
                 if not micro:  # nothing to learn from: zero gradients, so the optimizer steps as it would have
-                    for p in self.params:
-                        p.grad = torch.zeros_like(p)
+                    self._zero_backward()
                 for j, ix in enumerate(micro):
                     rows = self._rows(ro, ix)
                     t1 = rows["completion_ids"].shape[1]  # this micro-batch's own completion width
@@ -344,6 +343,18 @@ class Trainer:
                 acc["loss"].append(loss_global)
         gmax = max(acc["grad_norm"], key=lambda g: math.inf if not math.isfinite(g) else g)  # NaN counts as a spike
         return {**acc, "grad_norm_max": gmax, "clip": (loss_kw["clip_low"], loss_kw["clip_high"])}
+
+    def _zero_backward(self) -> None:
+        """Give every trainable parameter a zero gradient through the backend's own backward, for an optimizer
+        batch whose rows all drop out (every advantage 0: seed 002's FizzBuzz once every group scores 1.0).
+
+        Zero-filling ``p.grad`` directly left the backend's loss scaling out: a float16 GradScaler had never
+        scaled a loss, so its ``unscale_`` raised ("_scale is None") and the run died at its first all-solved
+        batch. A zero loss through ``backend.backward`` is the path every batch takes, so the scaler (and any
+        backend that counts backwards) sees an ordinary step whose gradient is exactly 0."""
+        zero = sum(p.sum() for p in self.params) * 0.0  # () on the parameters' device; d/dp = 0 for every p
+        with self.backend.accumulate(last=True):
+            self.backend.backward(zero)
 
     def _micro_batches(self, ro, batch: torch.Tensor, advantages: torch.Tensor, lmask: torch.Tensor,
                        skip: bool) -> list[torch.Tensor]:
