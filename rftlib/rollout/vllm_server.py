@@ -38,6 +38,9 @@ START_TIMEOUT_S = float(os.environ.get("RFTLIB_VLLM_START_TIMEOUT", 600))  # mod
 REQUEST_TIMEOUT_S = float(os.environ.get("RFTLIB_VLLM_REQUEST_TIMEOUT", 1800))  # one completions call
 BASE_NAME = "base"  # served model name of the base weights
 RPC_CHUNK_BYTES = 256 * 2**20  # full weights over /collective_rpc: tensors per request up to this (base64 adds 1/3)
+# completions requests one trainer rank keeps open at once (one thread each): every prompt of a call is in flight
+# together, so an engine's scheduler sees its whole share (vLLM queues what its max_num_seqs cannot run yet)
+MAX_IN_FLIGHT = int(os.environ.get("RFTLIB_VLLM_MAX_IN_FLIGHT", 1024))
 
 
 class EngineDiedError(RuntimeError):
@@ -239,26 +242,56 @@ class VLLMServerEngine(_VLLMBase):
             raise
         self.start_seconds = time.time() - t
         self.model_name = BASE_NAME  # the adapter (or base) completions are asked of
-        self.pool = ThreadPoolExecutor(max_workers=max(4, 2 * settings.num_engines))
+        # threads start as requests need them (up to MAX_IN_FLIGHT) and are reused by later calls
+        self.pool = ThreadPoolExecutor(max_workers=MAX_IN_FLIGHT, thread_name_prefix="vllm-request")
 
-    def _complete(self, srv: _Server, ids: list[int], p: dict) -> list[tuple[list[int], list[float]]]:
-        body = dict(model=self.model_name, prompt=ids, n=p["n"], max_tokens=p["max_tokens"],
+    def _complete(self, srv: _Server, prompts: list[list[int]], p: dict) -> list[tuple[list[int], list[float]]]:
+        """One /v1/completions request for ``prompts`` (token-id lists) under sampling fields ``p``: their
+        len(prompts) x n completions, prompt-major, as (token ids, sampled-token logprobs)."""
+        body = dict(model=self.model_name, prompt=prompts, n=p["n"], max_tokens=p["max_tokens"],
                     temperature=p["temperature"], top_p=p["top_p"], top_k=p["top_k"], seed=p["seed"],
                     stop_token_ids=p["stop_token_ids"], skip_special_tokens=False, return_token_ids=True)
         if p["logprobs"] is not None:
             body["logprobs"] = p["logprobs"]
         out = srv.post("/v1/completions", body, "generating")
+        choices = sorted(out["choices"], key=lambda c: c["index"])  # index = prompt x n + completion (vLLM)
+        if len(choices) != len(prompts) * p["n"]:
+            raise RuntimeError(f"vLLM engine {srv.k} returned {len(choices)} completions for {len(prompts)} "
+                               f"prompt(s) x n={p['n']}")
         rows = []
-        for c in sorted(out["choices"], key=lambda c: c["index"]):
+        for c in choices:
             lps = c["logprobs"]["token_logprobs"] if c.get("logprobs") else []
             rows.append((list(c["token_ids"]), [float(x) for x in lps]))
         return rows
 
     def _sample(self, prompt_id_lists, params):
-        # round-robin: prompt i goes to engine i % N, every prompt its own request (its own seed)
-        futs = [self.pool.submit(self._complete, self.servers[i % len(self.servers)], ids, p)
-                for i, (ids, p) in enumerate(zip(prompt_id_lists, params))]
-        return [row for f in futs for row in f.result()]
+        """Every prompt in flight at once, prompt i on engine i % N, so each engine's scheduler batches its
+        whole share (a greedy eval of ~420 prompts is hundreds of sequences, not the handful a small pool of
+        one-prompt requests kept open). Greedy prompts, whose sampling no seed touches, go to an engine as
+        one request (:func:`batchable`); sampled ones one request each, all sent together: vLLM gives every
+        prompt of one request the same seed (completion j of each draws from seed + j,
+        ``ParentRequest._get_child_sampling_params``), so the prompts of a shared request would draw the
+        same random streams, where each prompt's own seed (``_VLLMBase.generate``) keeps them apart."""
+        n_srv = len(self.servers)
+        jobs = []  # (prompt indices, future of their rows)
+        for k in range(n_srv):
+            share = list(range(k, len(prompt_id_lists), n_srv))
+            if not share:
+                continue
+            if batchable([params[i] for i in share]):
+                p = {**params[share[0]], "seed": None}  # greedy: no random draw for a seed to fix
+                jobs.append((share, self.pool.submit(self._complete, self.servers[k],
+                                                     [prompt_id_lists[i] for i in share], p)))
+            else:
+                jobs += [([i], self.pool.submit(self._complete, self.servers[k], [prompt_id_lists[i]], params[i]))
+                         for i in share]
+        rows: list[list] = [[] for _ in prompt_id_lists]
+        for share, fut in jobs:
+            out = fut.result()
+            n = len(out) // len(share)
+            for j, i in enumerate(share):
+                rows[i] = out[j * n:(j + 1) * n]
+        return [row for per_prompt in rows for row in per_prompt]
 
     def _load_lora(self, name, lora_id, path):
         previous = self.model_name if self.model_name != BASE_NAME else None
@@ -303,6 +336,13 @@ class VLLMServerEngine(_VLLMBase):
         pool = getattr(self, "pool", None)
         if pool is not None:
             pool.shutdown(wait=False, cancel_futures=True)
+
+
+def batchable(params: list[dict]) -> bool:
+    """Whether prompts with these sampling fields can share one completions request: greedy (temperature 0,
+    where the seed draws nothing) and otherwise the same fields. Sampled prompts each need their own seed."""
+    first = {**params[0], "seed": None}
+    return all(p["temperature"] == 0 and {**p, "seed": None} == first for p in params)
 
 
 def weight_chunks(named, limit: int = RPC_CHUNK_BYTES):
