@@ -352,13 +352,15 @@ class RunConfig:
     # How `rft launch` / notebooks/launch.ipynb place the processes of an attempt (rftlib.launch.plan).
     # The same layout is used on every node of a multi-node launch.
     train_gpus: list[int] | None = None
-    """GPU indices (on each node) the trainer ranks use, one rank per GPU (seed 003: [4, 5, 6, 7];
-    seed 001: [0, 1]); None: every GPU of the node that serves no rollouts"""
+    """GPU indices (on each node, counting the GPUs the shell sees: CUDA_VISIBLE_DEVICES when set) the
+    trainer ranks use, one rank per GPU (seed 003: [4, 5, 6, 7]; seed 001: [0, 1]); None: every GPU of the
+    node that serves no rollouts"""
     train_ranks: int = 0
     """trainer ranks per node; 0 means one per train_gpus entry (set it for CPU ranks, which have no GPUs)"""
     rollout_gpus: list[int] | None = None
-    """GPU indices (on each node) of the vLLM server engines, vllm_tensor_parallel_size consecutive
-    ones per engine (seed 003: [0, 1, 2, 3] = 2 engines x TP 2); None: the first engines x TP GPUs"""
+    """GPU indices (on each node, counted as train_gpus are) of the vLLM server engines,
+    vllm_tensor_parallel_size consecutive ones per engine (seed 003: [0, 1, 2, 3] = 2 engines x TP 2);
+    None: the first engines x TP GPUs"""
     gpus_per_node: int = 0
     """GPUs of each node the plan may use; 0: as many as this machine shows (torch / nvidia-smi)"""
     nnodes: int = 1

@@ -27,6 +27,7 @@ import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Mapping
 
 import torch
 from safetensors.torch import save
@@ -86,22 +87,64 @@ def server_command(s: VLLMSettings, k: int, port: int, python: str = sys.executa
     return cmd
 
 
-def engine_gpus(s: VLLMSettings, k: int) -> list[str]:
-    """Engine k's GPUs: its TP-sized slice of ``rollout_gpus`` (seed 003: 2 engines x TP 2 on 0-3), else of
-    the GPUs this process sees (CUDA_VISIBLE_DEVICES, else 0..)."""
+def visible_gpus(environ: Mapping[str, str] | None = None) -> list[str] | None:
+    """The GPUs this process sees, as ``CUDA_VISIBLE_DEVICES`` lists them (indices, ``GPU-``/``MIG-`` UUIDs) in
+    the order torch numbers them (cuda:0 is the first), or None when it is unset (every GPU, numbered as the
+    driver numbers them). CUDA reads the list up to its first invalid entry (a negative index, an empty one);
+    so does this. ``environ``: os.environ unless given."""
+    raw = (os.environ if environ is None else environ).get("CUDA_VISIBLE_DEVICES")
+    if raw is None:
+        return None
+    out: list[str] = []
+    for entry in raw.split(","):
+        e = entry.strip()
+        if e.isdigit() or e.startswith(("GPU-", "MIG-")):
+            out.append(e)
+        else:  # "-1", "", a typo: CUDA stops here and hides the rest
+            break
+    return out
+
+
+def physical_gpus(indices, field: str, environ: Mapping[str, str] | None = None) -> list[str]:
+    """The ``CUDA_VISIBLE_DEVICES`` entries that select GPU ``indices`` for a child process: a config's GPU
+    indices (``train_gpus``, ``rollout_gpus``) count the GPUs this process sees, as torch's cuda:i does, so
+    under ``CUDA_VISIBLE_DEVICES=4,5,6,7`` index 1 is GPU 5. Passing the index on as it is would put the child
+    on physical GPU 1, which may be another user's. Raises ValueError (naming ``field``) for an index this
+    process cannot see."""
+    env = os.environ if environ is None else environ
+    vis = visible_gpus(env)
+    if vis is None:
+        return [str(g) for g in indices]
+    hidden = [g for g in indices if g >= len(vis)]
+    if hidden:
+        raise ValueError(f"{field}={list(indices)}: GPU index(es) {hidden} are not among the {len(vis)} GPU(s) this "
+                         f"process sees (CUDA_VISIBLE_DEVICES={env.get('CUDA_VISIBLE_DEVICES')!r}: indices count "
+                         "those GPUs, from 0): use indices into that list, or widen CUDA_VISIBLE_DEVICES to the "
+                         "GPUs the plan names")
+    return [vis[g] for g in indices]
+
+
+def engine_gpus(s: VLLMSettings, k: int, environ: Mapping[str, str] | None = None) -> list[str]:
+    """Engine k's GPUs as its CUDA_VISIBLE_DEVICES entries: its TP-sized slice of ``rollout_gpus`` (seed 003: 2
+    engines x TP 2 on 0-3), mapped through the GPUs this process sees (:func:`physical_gpus`), else the k-th
+    slice of those GPUs (CUDA_VISIBLE_DEVICES, else 0..)."""
     tp = s.tensor_parallel_size
     if s.rollout_gpus:
-        ids = [str(g) for g in s.rollout_gpus]
-    else:
-        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-        ids = visible.split(",") if visible else [str(i) for i in range(s.num_engines * tp)]
+        return physical_gpus(list(s.rollout_gpus)[k * tp:(k + 1) * tp], "rollout_gpus", environ)
+    vis = visible_gpus(environ)
+    ids = vis if vis is not None else [str(i) for i in range(s.num_engines * tp)]
+    if len(ids) < (k + 1) * tp:
+        raise ValueError(f"vLLM engine {k} needs GPUs {k * tp}-{(k + 1) * tp - 1} of the {len(ids)} this process sees "
+                         "(CUDA_VISIBLE_DEVICES): set rollout_gpus, or fewer vllm_num_engines / "
+                         "vllm_tensor_parallel_size")
     return ids[k * tp:(k + 1) * tp]
 
 
-def server_env(s: VLLMSettings, k: int) -> dict[str, str]:
+def server_env(s: VLLMSettings, k: int, environ: Mapping[str, str] | None = None) -> dict[str, str]:
     """What engine k's environment sets on top of the inherited one: runtime LoRA loading, rftlib importable
     (the worker extension), its GPUs, its API key. The dev routes (``/collective_rpc``) are on only for
-    full-weight sync: vLLM's --api-key guards /v1 routes alone, so they must never face other nodes."""
+    full-weight sync: vLLM's --api-key guards /v1 routes alone, so they must never face other nodes.
+    ``environ``: whose CUDA_VISIBLE_DEVICES the GPU indices count (os.environ unless given)."""
     paths = [str(REPO_ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != str(REPO_ROOT)]
     env = {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True", "PYTHONPATH": os.pathsep.join(paths)}
     if s.lora_rank == 0:
@@ -113,7 +156,7 @@ def server_env(s: VLLMSettings, k: int) -> dict[str, str]:
     if s.api_key:
         env["VLLM_API_KEY"] = s.api_key  # the environment, not the command line: ps and commands.sh stay clean
     if s.on_gpu:
-        env["CUDA_VISIBLE_DEVICES"] = ",".join(engine_gpus(s, k))
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(engine_gpus(s, k, environ))
     else:
         if "VLLM_CPU_OMP_THREADS_BIND" not in os.environ:
             env["VLLM_CPU_OMP_THREADS_BIND"] = "nobind"  # no pinning: the trainer's ranks share these cores
