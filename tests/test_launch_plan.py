@@ -271,3 +271,24 @@ def test_a_server_engine_the_trainer_starts_lands_on_the_visible_gpu(monkeypatch
 
     assert visible_gpus({"CUDA_VISIBLE_DEVICES": "0, 1,-1,3"}) == ["0", "1"]
     assert visible_gpus({"CUDA_VISIBLE_DEVICES": ""}) == [] and visible_gpus({}) is None
+
+
+def test_launch_and_preflight_refuse_offload_optimizer_where_cpu_adam_cannot_build(monkeypatch):
+    """Issue 29 item 6: seed 003's 120B plan offloads the optimizer (DeepSpeed's CPU Adam, a C++ build at
+    start-up). On a machine without ninja the launch refuses with the fix (a dry run lists it), and rft
+    preflight prints it; before the fix both said nothing and the trainer died after loading 234 GB."""
+    import rftlib.train.backends.deepspeed as dsb
+    from rftlib.preflight.memory import memory_preflight_text
+
+    no_ninja = dict(unavailable="", prebuilt=False, needs_cuda=False, ninja=False, cxx="/usr/bin/c++", cuda_home=None,
+                    nvcc=False, curand=False)
+    monkeypatch.setattr(dsb, "cpu_adam_probe", lambda: no_ninja, raising=False)
+    cfg = make_config("seed003-gpt-oss-120b")
+    with pytest.raises(LaunchError, match=r"offload_optimizer builds DeepSpeed's CPU Adam.*lacks ninja.*"
+                                          r"conda install -c conda-forge ninja"):
+        check_plan(make_plan(cfg, "r"), cfg, machine_gpus=8)
+    notes = check_plan(make_plan(cfg, "r"), cfg, dry_run=True, machine_gpus=8)
+    assert any(n.startswith("on this machine: offload_optimizer builds DeepSpeed's CPU Adam") for n in notes), notes
+    assert "REFUSED on this machine: offload_optimizer builds DeepSpeed's CPU Adam" in memory_preflight_text(cfg)
+    a28b = make_config("seed003-gpt-oss-20b-a28b")  # no optimizer offload: nothing to build
+    assert "REFUSED" not in memory_preflight_text(a28b)

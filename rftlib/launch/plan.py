@@ -34,7 +34,7 @@ from rftlib.preflight.memory import MODELS, estimate_rollout_memory, estimate_tr
 from rftlib.rollout.factory import engine_kind
 from rftlib.rollout.vllm import API_KEY_ENV, VLLMSettings, engine_gpu_memory, engine_max_len
 from rftlib.rollout.vllm_server import physical_gpus, server_command, server_env, visible_gpus
-from rftlib.train.backends import backend_class, sharding_of
+from rftlib.train.backends import backend_class, machine_problems, sharding_of
 from rftlib.train.build import check_world
 from rftlib.train.launch import torchrun_command
 
@@ -310,6 +310,11 @@ def check_plan(plan: LaunchPlan, cfg: RunConfig, *, dry_run: bool = False,
             notes.append(f"GPUs: the plan uses {used}; this machine shows {have}")
     else:
         notes.append(f"CPU plan: {plan.train_ranks_per_node} trainer rank(s) per node, no GPU")
+    for problem in machine_problems(cfg):  # what the trainer would refuse at start-up (it runs on this node)
+        if dry_run:
+            notes.append(f"on this machine: {problem}")
+        else:
+            problems.append(problem)
     try:  # the trainer's own rule for sharding prompts over ranks, checked before anything starts
         check_world(cfg, plan.world_size)
     except ConfigError as e:

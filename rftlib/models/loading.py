@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import ctypes.util
+import glob
 import json
 import os
 import re
@@ -24,6 +26,7 @@ from pathlib import Path
 from typing import Iterator
 
 import torch
+from torch.utils import cpp_extension
 from huggingface_hub import constants, snapshot_download, try_to_load_from_cache
 from peft import LoraConfig, get_peft_model, set_peft_model_state_dict
 from peft.utils import load_peft_weights
@@ -236,7 +239,43 @@ def import_deepspeed(purpose: str = "a ZeRO-3 load"):
     return deepspeed
 
 
-def load_partitioned(name: str, dtype: str, ds_config: dict):
+def cpu_adam_probe() -> dict:
+    """What DeepSpeed's CPU Adam (``offload_optimizer``: ``deepspeed.ops.adam.DeepSpeedCPUAdam``, built at
+    ``deepspeed.initialize`` after the model has loaded) needs on this machine, looked up without building it:
+
+    - ``prebuilt``: the op was compiled when DeepSpeed was installed (``DS_BUILD_CPU_ADAM=1``): nothing else;
+    - otherwise DeepSpeed JIT-builds it with torch.utils.cpp_extension, which needs ``ninja`` and a C++ compiler
+      (``$CXX``, else ``c++``; the sources use OpenMP);
+    - ``needs_cuda``: the builder this DeepSpeed hands the accelerator is a CUDA op builder (DeepSpeed before
+      CPU Adam moved to its CPU builder on CUDA machines: 0.19.8 uses the CPU builder, ``ops/op_builder/cpu``),
+      which also compiles against the CUDA toolkit: ``nvcc`` under CUDA_HOME and ``libcurand``.
+
+    Returns {unavailable: why DeepSpeed cannot be imported, or "", prebuilt, needs_cuda, ninja, cxx, cuda_home, nvcc, curand}."""
+    facts = {"unavailable": "", "prebuilt": False, "needs_cuda": False, "ninja": False, "cxx": None,
+             "cuda_home": None, "nvcc": False, "curand": False}
+    try:
+        import_deepspeed("offload_optimizer (DeepSpeed's CPU Adam)")
+        from deepspeed.accelerator import get_accelerator
+        from deepspeed.git_version_info import installed_ops
+        from deepspeed.ops.op_builder.builder import CUDAOpBuilder
+    except ImportError as e:
+        facts["unavailable"] = str(e)
+        return facts
+    facts["prebuilt"] = bool(installed_ops.get("cpu_adam"))
+    facts["needs_cuda"] = isinstance(get_accelerator().create_op_builder("CPUAdamBuilder"), CUDAOpBuilder)
+    facts["ninja"] = cpp_extension.is_ninja_available()
+    facts["cxx"] = shutil.which(os.environ.get("CXX", "c++"))
+    home = cpp_extension.CUDA_HOME
+    facts["cuda_home"] = home
+    if home:
+        facts["nvcc"] = os.path.exists(os.path.join(home, "bin", "nvcc"))
+        facts["curand"] = bool(glob.glob(os.path.join(home, "lib*", "libcurand.so*"))
+                               or glob.glob(os.path.join(home, "targets", "*", "lib", "libcurand.so*")))
+    facts["curand"] = facts["curand"] or bool(ctypes.util.find_library("curand"))
+    return facts
+
+
+def load_partitioned(name: str, dtype: str, ds_config: dict, attn_implementation: str | None = None):
     """Load ``name`` with its parameters partitioned over the ranks as ZeRO-3 holds them: (model, tokenizer).
 
     The model is built under ``deepspeed.zero.Init`` (transformers does that while an ``HfDeepSpeedConfig``
