@@ -123,3 +123,29 @@ def test_float16_steps_through_an_optimizer_batch_with_no_live_row(tiny_cfg, tas
         assert tr.skipped_steps == 0 and tr.scheduler.last_epoch == 2  # both steps taken, the schedule on time
     finally:
         tr.close()
+
+
+@pytest.mark.parametrize("lora_rank,stream", [(0, torch.float32), (4, torch.bfloat16)], ids=["full", "lora"])
+def test_the_residual_stream_runs_in_the_embeddings_dtype(tiny_dir, lora_rank, stream):
+    """Issue 29 item 9, what the memory preflight counts (tests/test_preflight_memory.py): bf16 weights with the
+    torch backends' float32 masters under bf16 autocast. Full fine-tuning makes every weight a float32 master,
+    the embedding too; autocast leaves the lookup and the residual adds alone, so every decoder layer's input
+    (what gradient checkpointing keeps) is float32. Under LoRA the frozen bf16 base keeps it bfloat16."""
+    from rftlib.models.loading import apply_lora, load_model_and_tokenizer
+    from rftlib.train.backends.torch_backend import keep_float32_masters
+
+    model, tok = load_model_and_tokenizer(str(tiny_dir), "bfloat16")
+    model = apply_lora(model, rank=lora_rank, alpha=2 * max(lora_rank, 1), dropout=0.0,
+                       target_modules=["q_proj", "v_proj"])
+    keep_float32_masters([p for p in model.parameters() if p.requires_grad])  # what TorchBackend does
+    seen = []
+    layers = (model.get_base_model() if lora_rank else model).model.layers
+    hooks = [layer.register_forward_pre_hook(lambda m, args, kw: seen.append(args[0].dtype if args else
+                                                                              kw["hidden_states"].dtype),
+                                             with_kwargs=True) for layer in layers]
+    ids = tok("12 + 3 =", return_tensors="pt")
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        model(**ids)
+    for h in hooks:
+        h.remove()
+    assert len(seen) == len(layers) and set(seen) == {stream}

@@ -30,7 +30,7 @@ import torch
 
 from rftlib.algo.logprobs import auto_chunk_size
 from rftlib.config import ConfigError, RunConfig
-from rftlib.preflight.memory import MODELS, estimate_rollout_memory, estimate_train_memory, shape_name_for_model
+from rftlib.preflight.memory import MODELS, estimate_for_config, estimate_rollout_memory, shape_name_for_model
 from rftlib.rollout.factory import engine_kind
 from rftlib.rollout.vllm import API_KEY_ENV, VLLMSettings, engine_gpu_memory, engine_max_len
 from rftlib.rollout.vllm_server import physical_gpus, server_command, server_env, visible_gpus
@@ -234,14 +234,15 @@ def memory_checks(plan: LaunchPlan, cfg: RunConfig) -> list[tuple[str, Any]]:
     trainer = plan.processes[0]
     if trainer.gpus:
         sharding = sharding_of(cfg)
-        out.append(("trainer", estimate_train_memory(
-            shape, gpu=cfg.launch_gpu_type, finetune="lora" if cfg.lora_rank else "full", lora_rank=cfg.lora_rank or 32,
-            sequences=cfg.micro_batch_size, seq_len=_max_len(cfg),
-            gradient_checkpointing=cfg.gradient_checkpointing, logits="chunked",
-            logits_chunk=cfg.logprob_chunk_size or auto_chunk_size(MODELS[shape].vocab),
-            zero_stage=sharding.zero_stage, world_size=plan.world_size,
-            offload=sharding.offload_params, adam_offload=sharding.offload_optimizer,
-            title=f"trainer rank GPU ({cfg.launch_gpu_type}, {plan.backend}{sharding.label} x {plan.world_size})")))
+        # rft preflight's estimate (the trainer's rules: the no-grad passes' rows, the attention that runs), on
+        # the plan's GPUs: dtype auto is bf16 there
+        gcfg = cfg if cfg.dtype != "auto" else dataclasses.replace(cfg, dtype="bfloat16")
+        est = estimate_for_config(gcfg, shape, gpu=cfg.launch_gpu_type, world_size=plan.world_size,
+                                  seq_len=_max_len(cfg), chunk_rows=cfg.logprob_chunk_size
+                                  or auto_chunk_size(MODELS[shape].vocab), sharding=sharding,
+                                  hf_generate=engine_kind(cfg.rollout_engine).on_trainer_module)
+        est.title = f"trainer rank GPU ({cfg.launch_gpu_type}, {plan.backend}{sharding.label} x {plan.world_size})"
+        out.append(("trainer", est))
     eng = [p for p in plan.processes if p.role == "vllm"]
     if eng:
         out.append(("vllm", estimate_rollout_memory(
@@ -328,6 +329,9 @@ def check_plan(plan: LaunchPlan, cfg: RunConfig, *, dry_run: bool = False,
             fix = ("set offload_params/offload_optimizer (backend deepspeed, zero_stage 3), add train_gpus, or lower "
                    "micro_batch_size / max_new_tokens" if role == "trainer" else
                    "raise vllm_tensor_parallel_size or vllm_gpu_memory_utilization")
+            if est.dominant.startswith("no-grad"):  # the reference / old-logprob passes' own width
+                fix = ("lower logprob_batch_size (0: sized from memory), or attn_implementation flex_attention / "
+                       "auto where eager attention's scores dominate")
             problems.append(f"the {role} GPUs would run out of memory: {est.problem or est.dominant + ' dominates'}; "
                             f"{fix}\n{est.table()}")
     plan.checks = notes + [f"REFUSED{' (a launch would stop here)' if dry_run else ''}: {p}" for p in problems]
