@@ -68,6 +68,10 @@ class RunConfig:
     with avx512_bf16/AMX, where it measured ~1.5x faster here) | bf16 | none"""
     gradient_checkpointing: bool = False
     """recompute activations in backward to save memory (seed 003: on)"""
+    attn_implementation: str = "auto"
+    """the trainer's attention (transformers' attn_implementation): auto (the model's default, except
+    flex_attention on CUDA for a model with no SDPA path but a flex one: gpt-oss, whose eager scores are
+    (heads, T, T) per sequence) | eager | sdpa | flex_attention | flash_attention_2 | a hub kernel"""
     lora_rank: int = 16
     """LoRA rank; 0 means full fine-tuning (seed 003: 32 for 20B, 64 for 120B)"""
     lora_alpha: int = 32
@@ -184,7 +188,8 @@ class RunConfig:
     logprob_batch_size: int = 0
     """sequences per no-grad forward in the reference and old-logprob passes (they keep no activations
     for a backward, so they batch wider than training); 0 = auto: max(micro_batch_size, 8), OpenRLHF's
-    --micro_rollout_batch_size default 8, which seed 003 left unset while training at micro-batch 1"""
+    --micro_rollout_batch_size default 8, which seed 003 left unset while training at micro-batch 1; with
+    eager attention, fewer where their (heads, T, T) scores would not fit 80% of the free memory"""
     num_updates_per_rollout: int = 1
     """passes over each rollout (PPO epochs); > 1 keeps the rollout's old logprobs"""
     lr: float = 5e-4
@@ -352,13 +357,15 @@ class RunConfig:
     # How `rft launch` / notebooks/launch.ipynb place the processes of an attempt (rftlib.launch.plan).
     # The same layout is used on every node of a multi-node launch.
     train_gpus: list[int] | None = None
-    """GPU indices (on each node) the trainer ranks use, one rank per GPU (seed 003: [4, 5, 6, 7];
-    seed 001: [0, 1]); None: every GPU of the node that serves no rollouts"""
+    """GPU indices (on each node, counting the GPUs the shell sees: CUDA_VISIBLE_DEVICES when set) the
+    trainer ranks use, one rank per GPU (seed 003: [4, 5, 6, 7]; seed 001: [0, 1]); None: every GPU of the
+    node that serves no rollouts"""
     train_ranks: int = 0
     """trainer ranks per node; 0 means one per train_gpus entry (set it for CPU ranks, which have no GPUs)"""
     rollout_gpus: list[int] | None = None
-    """GPU indices (on each node) of the vLLM server engines, vllm_tensor_parallel_size consecutive
-    ones per engine (seed 003: [0, 1, 2, 3] = 2 engines x TP 2); None: the first engines x TP GPUs"""
+    """GPU indices (on each node, counted as train_gpus are) of the vLLM server engines,
+    vllm_tensor_parallel_size consecutive ones per engine (seed 003: [0, 1, 2, 3] = 2 engines x TP 2);
+    None: the first engines x TP GPUs"""
     gpus_per_node: int = 0
     """GPUs of each node the plan may use; 0: as many as this machine shows (torch / nvidia-smi)"""
     nnodes: int = 1
@@ -607,6 +614,9 @@ def validate(cfg: RunConfig) -> None:
         bad(f"logprob_chunk_size={cfg.logprob_chunk_size}: token rows per chunk, >= 1 (or 0: sized from the vocabulary)")
     if cfg.logprob_recompute not in ("auto", "always", "never"):
         bad(f"logprob_recompute={cfg.logprob_recompute!r}: choose auto, always or never")
+    if not isinstance(cfg.attn_implementation, str) or not cfg.attn_implementation.strip():
+        bad(f"attn_implementation={cfg.attn_implementation!r}: auto, eager, sdpa, flex_attention, flash_attention_2 "
+            "or a hub kernel name")
     if cfg.logprob_batch_size < 0:
         bad(f"logprob_batch_size={cfg.logprob_batch_size}: sequences per reference/old-logprob forward, >= 1 "
             "(or 0: max(micro_batch_size, 8))")

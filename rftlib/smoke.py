@@ -26,9 +26,11 @@ import argparse
 import json
 import math
 import os
+import signal
 import subprocess
 import sys
 import time
+import uuid
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -160,11 +162,7 @@ def run_smoke(lines: tuple[str, ...] = LINES, *, model: str = "smollm2-135m", ru
         write(f"[rft smoke] {titles(gpu)[line]} ... (log: {log})")
         t = time.time()
         with open(log, "w") as f:
-            try:
-                code = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, timeout=timeout,
-                                      env=without_group_env({**os.environ, "PYTHONUNBUFFERED": "1"})).returncode
-            except subprocess.TimeoutExpired:
-                code = None
+            code = run_line_process(cmd, f, timeout, env=without_group_env({**os.environ, "PYTHONUNBUFFERED": "1"}))
         if result.exists():
             out.append(SmokeLine(**json.loads(result.read_text())))
         else:
@@ -173,6 +171,88 @@ def run_smoke(lines: tuple[str, ...] = LINES, *, model: str = "smollm2-135m", ru
             out.append(SmokeLine(line, titles(gpu)[line], "fail", message=f"{why}: {' '.join(tail)[-300:]} (see {log})"))
         write(f"[rft smoke]   {out[-1].status} in {time.time() - t:.0f} s")
     return out
+
+
+LINE_TOKEN_ENV = "RFTLIB_SMOKE_LINE"  # marks every process a line starts (they inherit it), whatever its session
+STOP_GRACE_S = 15.0  # after SIGTERM, how long a line's processes get to exit (a vLLM server frees its GPU) before SIGKILL
+
+
+def run_line_process(cmd: list[str], log, timeout: float, env: dict[str, str]) -> int | None:
+    """Run one line's process to its end (or ``timeout``), output to ``log``; its exit code, None on a timeout.
+    Whatever way it ends, no process it started outlives it (:func:`stop_line_processes`): the vLLM server
+    of the vllm line runs in a session of its own (so that the trainer can stop the server's whole group),
+    out of reach of ``subprocess.run(timeout=)``'s kill of the line and of a kill of the line's group, and a
+    line that timed out or crashed would leave it holding its GPU for every later run."""
+    token = uuid.uuid4().hex
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env={**env, LINE_TOKEN_ENV: token},
+                            start_new_session=True)
+    try:
+        code = proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        code = None
+    except BaseException:  # Ctrl-C on rft smoke: the line and all it started go too
+        stop_line_processes(proc, token)
+        raise
+    stop_line_processes(proc, token)
+    return code
+
+
+def _processes_with_token(token: str) -> list[int]:
+    """The pids whose environment carries ``LINE_TOKEN_ENV=token`` (Linux /proc; [] elsewhere): the line and
+    everything it started, in whatever session or process group, reparented orphans included (the way
+    Jenkins' ProcessTreeKiller finds a build's processes)."""
+    needle = f"{LINE_TOKEN_ENV}={token}".encode()
+    pids = []
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return pids
+    for name in entries:
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/environ", "rb") as f:
+                if needle in f.read().split(b"\0"):
+                    pids.append(int(name))
+        except OSError:  # gone, or another user's
+            continue
+    return pids
+
+
+def stop_line_processes(proc: subprocess.Popen, token: str, grace: float = STOP_GRACE_S) -> None:
+    """Stop a line's process and every process it started: SIGTERM to each of their process groups (the
+    line's own session, and the sessions its servers made), then SIGKILL to what is left after ``grace``
+    seconds. Never signals this process's own group."""
+    own = os.getpgrp()
+
+    def groups() -> set[int]:
+        out = {proc.pid} if proc.poll() is None else set()  # the line leads its own group (start_new_session)
+        for pid in _processes_with_token(token):
+            try:
+                out.add(os.getpgid(pid))
+            except ProcessLookupError:
+                pass
+        out.discard(own)
+        return out
+
+    def signal_all(sig) -> None:
+        for g in groups():
+            try:
+                os.killpg(g, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+    signal_all(signal.SIGTERM)
+    deadline = time.time() + grace
+    while time.time() < deadline and (proc.poll() is None or _processes_with_token(token)):
+        time.sleep(0.2)
+    signal_all(signal.SIGKILL)
+    for pid in _processes_with_token(token):  # one that left its group (setpgid) is still reached by pid
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    proc.wait()
 
 
 def table(rows: list[SmokeLine]) -> str:

@@ -224,3 +224,71 @@ def test_colocated_engines_leave_the_trainer_its_gpu(monkeypatch):
     # issue 22 item 6: CUDA graphs on GPUs unless asked otherwise; eager on CPU, where it is required
     assert not s.enforce_eager and VLLMSettings.for_launch(colo, on_gpu=False).enforce_eager
     assert VLLMSettings.for_launch(make_config("tiny", {"vllm_enforce_eager": True}), on_gpu=True).enforce_eager
+
+
+def test_gpu_indices_count_the_gpus_the_shell_sees(monkeypatch):
+    """Issue 29 item 7: train_gpus / rollout_gpus count the GPUs this shell sees, as torch's cuda:i does. A
+    user given the second half of a 16-GPU node (CUDA_VISIBLE_DEVICES=8,...,15) runs seed 003's layout on
+    GPUs 8-15; before the fix the plan passed the indices on as physical ids, so the trainer took GPUs 4-7 and
+    the engines 0-3: other users' GPUs."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "8,9,10,11,12,13,14,15")
+    cfg = make_config("seed003-gpt-oss-20b-a28b")
+    plan = make_plan(cfg, "r")
+    env = {p.name: p.env["CUDA_VISIBLE_DEVICES"] for p in plan.processes}
+    assert env == {"trainer": "12,13,14,15", "vllm_engine_0": "8,9", "vllm_engine_1": "10,11"}
+    notes = check_plan(plan, cfg, machine_gpus=8)
+    assert any("4 -> 12" in n and "0 -> 8" in n for n in notes), notes
+
+
+def test_a_plan_naming_gpus_the_shell_cannot_see_is_refused(monkeypatch):
+    """Issue 29 item 7: under CUDA_VISIBLE_DEVICES=0,1,2,3 seed 003's GPUs 4-7 do not exist for this shell;
+    before the fix a launch went ahead (the machine count said 8) and put the trainer on GPUs 4-7 anyway."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3")
+    cfg = make_config("seed003-gpt-oss-20b-a28b")
+    with pytest.raises(LaunchError, match=r"GPU\(s\) \[4, 5, 6, 7\] are not visible.*indices into "
+                                          r"CUDA_VISIBLE_DEVICES"):
+        check_plan(make_plan(cfg, "r"), cfg, machine_gpus=8)
+    notes = check_plan(make_plan(cfg, "r"), cfg, dry_run=True, machine_gpus=8)  # a dry run prints it, says so
+    assert any(n.startswith("dry run: the plan uses GPUs [0, 1, 2, 3, 4, 5, 6, 7]") for n in notes), notes
+
+
+def test_a_server_engine_the_trainer_starts_lands_on_the_visible_gpu(monkeypatch):
+    """Issue 29 item 7, the trainer's own engines (rft smoke's GPU line: train_gpus [0], rollout_gpus [1]): the
+    engine's CUDA_VISIBLE_DEVICES is the rollout index's entry of this process's list (UUIDs too), and an index
+    past that list is refused before any engine starts."""
+    from rftlib.rollout.vllm import VLLMSettings
+    from rftlib.rollout.vllm_server import server_env
+
+    s = VLLMSettings.for_launch(make_config("seed003-gpt-oss-20b-a28b"), on_gpu=True)  # rollout_gpus 0-3, TP 2
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-aaaa,GPU-bbbb,GPU-cccc,GPU-dddd,4,5,6,7")
+    assert [server_env(s, k)["CUDA_VISIBLE_DEVICES"] for k in (0, 1)] == ["GPU-aaaa,GPU-bbbb", "GPU-cccc,GPU-dddd"]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "6,7,1")
+    assert server_env(s, 0)["CUDA_VISIBLE_DEVICES"] == "6,7"
+    with pytest.raises(ValueError, match=r"rollout_gpus=\[2, 3\]: GPU index\(es\) \[3\] are not among the 3"):
+        server_env(s, 1)
+    # CUDA's own reading of the list: up to the first invalid entry; unset is every GPU
+    from rftlib.rollout.vllm_server import visible_gpus
+
+    assert visible_gpus({"CUDA_VISIBLE_DEVICES": "0, 1,-1,3"}) == ["0", "1"]
+    assert visible_gpus({"CUDA_VISIBLE_DEVICES": ""}) == [] and visible_gpus({}) is None
+
+
+def test_launch_and_preflight_refuse_offload_optimizer_where_cpu_adam_cannot_build(monkeypatch):
+    """Issue 29 item 6: seed 003's 120B plan offloads the optimizer (DeepSpeed's CPU Adam, a C++ build at
+    start-up). On a machine without ninja the launch refuses with the fix (a dry run lists it), and rft
+    preflight prints it; before the fix both said nothing and the trainer died after loading 234 GB."""
+    import rftlib.train.backends.deepspeed as dsb
+    from rftlib.preflight.memory import memory_preflight_text
+
+    no_ninja = dict(unavailable="", prebuilt=False, needs_cuda=False, ninja=False, cxx="/usr/bin/c++", cuda_home=None,
+                    nvcc=False, curand=False)
+    monkeypatch.setattr(dsb, "cpu_adam_probe", lambda: no_ninja, raising=False)
+    cfg = make_config("seed003-gpt-oss-120b")
+    with pytest.raises(LaunchError, match=r"offload_optimizer builds DeepSpeed's CPU Adam.*lacks ninja.*"
+                                          r"conda install -c conda-forge ninja"):
+        check_plan(make_plan(cfg, "r"), cfg, machine_gpus=8)
+    notes = check_plan(make_plan(cfg, "r"), cfg, dry_run=True, machine_gpus=8)
+    assert any(n.startswith("on this machine: offload_optimizer builds DeepSpeed's CPU Adam") for n in notes), notes
+    assert "REFUSED on this machine: offload_optimizer builds DeepSpeed's CPU Adam" in memory_preflight_text(cfg)
+    a28b = make_config("seed003-gpt-oss-20b-a28b")  # no optimizer offload: nothing to build
+    assert "REFUSED" not in memory_preflight_text(a28b)

@@ -263,3 +263,21 @@ if __name__ == "__main__":
     sys.path.insert(0, str(REPO))
     worker(*sys.argv[1:4])
     os._exit(0)  # skip the interpreter teardown (a ZeRO-3 rank once aborted in it; tests/dist_worker.py)
+
+
+def test_gpt_oss_loads_flex_attention_on_cuda_and_eager_elsewhere(gptoss_dir, tiny_dir):
+    """Issue 29 item 3: attn_implementation auto picks, from the class transformers builds (5.23:
+    GptOssPreTrainedModel._supports_sdpa = False, _supports_flex_attn = True), flex_attention for gpt-oss on
+    CUDA, which never holds eager's (heads, T, T) scores; the model's default on a CPU (transformers' flex path
+    cannot apply gpt-oss's sinks there) and for a model with SDPA. The name reaches from_pretrained: the loaded
+    config says flex_attention (the forward itself needs a GPU: scripts/gpu_check.py)."""
+    from rftlib.models.loading import attention_for, load_model_and_tokenizer
+    from rftlib.models.memory import pick_attention
+
+    assert attention_for(str(gptoss_dir), "auto", "cuda") == "flex_attention"
+    assert attention_for(str(gptoss_dir), "auto", "cpu") is None  # transformers' default: eager
+    assert attention_for(str(tiny_dir), "auto", "cuda") is None  # Llama: sdpa, its default
+    assert attention_for(str(gptoss_dir), "eager", "cuda") == "eager"  # asked for: as asked
+    assert pick_attention("auto", default="eager", flex=False, device_type="cuda") == "eager"  # no flex: eager
+    model, _ = load_model_and_tokenizer(str(gptoss_dir), "float32", attn_implementation="flex_attention")
+    assert model.config._attn_implementation == "flex_attention"

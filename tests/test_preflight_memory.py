@@ -40,8 +40,9 @@ def test_term_formulas_by_hand():
     assert e.gb("reference model (frozen copy)") == pytest.approx(P * 2 / GB)
     assert e.gb("optimizer states (AdamW m+v)") == pytest.approx(P * 8 / GB)
     assert e.gb("logits") == pytest.approx(2 * 100 * 151936 * 4 * 3 / GB)
-    # per token per layer: 2*(4*1536 + 3*1536 + 3*256 + 4*8960) + 8*1536 = 107,008 bytes
-    assert e.gb("activations") == pytest.approx(200 * 28 * 107_008 / GB)
+    # per token per layer, bf16 full fine-tuning on the torch backends (float32 masters: the residual stream,
+    # so both norms' in/out, is float32): 4*4*1536 + 2*(3*1536 + 3*256 + 4*8960) + 8*1536 = 119,296 bytes
+    assert e.gb("activations") == pytest.approx(200 * 28 * 119_296 / GB)
     kv = [g for t, g, _ in e.aside if t == "generation KV cache"][0]
     assert kv == pytest.approx(2 * 28 * 2 * 128 * 2 * 100 * 2 / GB)  # 2 * L * kv * hd * bytes * tokens * seqs
     # ZeRO-3 over 4 ranks divides weights, grads, optimizer; offload moves weights off the GPU
@@ -217,8 +218,105 @@ def test_rft_preflight_prints_memory_for_seed003_presets():
     from rftlib.preflight.memory import memory_preflight, memory_preflight_text
 
     train, load, host = memory_preflight(make_config("seed003-gpt-oss-120b"))
-    assert train.gb("eager attention scores") > 0 and train.verdict == "fits"
+    # flex attention on the GPUs (issue 29 item 3): no (heads, T, T) scores, in the update or the no-grad passes
+    assert _term(train, "eager attention scores") == 0 and _term(train, "no-grad forward activations") > 0
+    assert train.verdict == "fits"
     assert load.gb("weights partition") == 0 and load.verdict == "fits"  # offloaded partitions
     assert host.gb("offloaded weight partitions") == pytest.approx(116_829_156_672 * 2 / GB)
     assert "host RAM of one node" in memory_preflight_text(make_config("seed003-gpt-oss-20b-a28b"))
     assert "no registered shape" in memory_preflight_text(make_config("tiny"))
+
+
+def test_seed000_counts_the_float32_residual_stream_its_masters_make():
+    """Issue 29 item 9: seed 000's preset (Qwen2.5-1.5B, full fine-tuning in bf16 on the single backend,
+    gradient checkpointing, 128 sequences in one micro-batch) trains float32 master weights under bf16
+    autocast, so the embedding's output and every residual add are float32 (tests/test_train_precision.py
+    checks the running model): each checkpointed layer input is 4 bytes per element, not 2.
+
+    By hand, T = 1024 (prompt_max_len unset) + 512, N = 128, L = 28, h = 1536, hq = 1536, hkv = 256,
+    I = 8960: one layer's activations per token 4*4h (norm in/out, fp32) + 2*(3hq + 3hkv + 4I) (bf16
+    projections and MLP) + 8h (the norms' fp32 upcasts) = 119,296 B; checkpointing keeps L inputs of 4h B
+    plus two layers' share: N*T*(28*4*1536 + 2*119,296) = 80.73 GB, where the bf16 count said 58.99 GB."""
+    from rftlib.config import make_config
+    from rftlib.preflight.memory import memory_preflight
+
+    cfg = make_config("seed000-phase15")
+    assert (cfg.backend, cfg.dtype, cfg.lora_rank, cfg.gradient_checkpointing) == ("single", "bfloat16", 0, True)
+    train = memory_preflight(cfg)[0]
+    N, T, L, h = 128, 1024 + 512, 28, 1536
+    per_tl = 4 * 4 * h + 2 * (3 * 1536 + 3 * 256 + 4 * 8960) + 8 * h
+    assert per_tl == 119_296
+    assert train.gb("activations") == pytest.approx(N * T * (L * 4 * h + 2 * per_tl) / GB, rel=1e-12)
+    assert train.gb("activations") == pytest.approx(80.73, abs=0.01)
+    # DeepSpeed keeps bf16 module weights (its masters live in the optimizer): there the stream is bf16
+    ds = estimate_train_memory("Qwen2.5-1.5B", finetune="full", zero_stage=2, world_size=1, sequences=N, seq_len=T,
+                               gradient_checkpointing=True)
+    assert ds.gb("activations") == pytest.approx(N * T * (L * 2 * h + 2 * (per_tl - 2 * 4 * h)) / GB, rel=1e-12)
+
+
+# ---- issue 29 item 3: the no-grad passes (reference / old logprobs) at the rows they run -------------------
+def _term(e, name: str) -> float:
+    """GB of a term, whether it is in the peak or shown aside as another phase's (0 if absent)."""
+    return sum(g for t, g, _ in e.rows + e.aside if t == name)
+
+
+def _a28b(**over):
+    from rftlib.config import make_config
+
+    return make_config("seed003-gpt-oss-20b-a28b", over)
+
+
+def test_the_eager_term_scales_with_the_rows_the_no_grad_passes_run():
+    """Seed 003's a28b trains at micro_batch_size 1, but its old-logprob pass (the vLLM engine is not the
+    trainer's module) and reference pass (beta 0.001) run logprob_batch_size rows a forward (auto: 8). With
+    eager attention each row holds 3 (heads, T, T + sink) score tensors and 2 causal masks at T = 1024 + 4096:
+    5120 * (3 * 64 * 5121 + 2 * 5120) * 2 B = 10.17 GB a row. Before the fix the preflight counted 1 row of
+    scores (micro_batch_size) and said 8 rows fit; 8 rows of scores alone are 81 GB."""
+    from rftlib.preflight.memory import memory_preflight
+
+    T = 1024 + 4096
+    one = T * (3 * 64 * (T + 1) + 2 * T) * 2
+    assert one / GB == pytest.approx(10.173, abs=1e-3)
+    by_rows = {k: memory_preflight(_a28b(attn_implementation="eager", logprob_batch_size=k))[0] for k in (1, 2, 8)}
+    for k, e in by_rows.items():
+        assert _term(e, "no-grad eager attention scores") == pytest.approx(k * one / GB, rel=1e-12), k
+        # the update's own eager term stays at its micro-batch of 1: 2 score tensors + 2 masks
+        assert _term(e, "eager attention scores") == pytest.approx(T * (2 * 64 * T + 2 * T) * 2 / GB, rel=1e-12)
+    assert by_rows[8].verdict == "OOM" and by_rows[8].dominant == "no-grad eager attention scores"
+    assert by_rows[1].verdict == "fits"
+
+
+def test_auto_no_grad_rows_are_sized_from_memory_where_eager_scores_dominate():
+    """logprob_batch_size 0 (auto) with eager attention: the most rows (of max(micro_batch_size, 8)) whose no-grad
+    peak fits 80% of what the static terms leave of the H100's 85.5 GB (the trainer's rule, from the memory free
+    at run time). One row by hand (gpt-oss-20b, bf16, LoRA under ZeRO-3: residual stream bf16): the scores above,
+    plus the stream in and out of a layer and one layer's intermediates, per token
+    2*2*2880 + [2*4*2880 + 2*(3*4096 + 3*512) + 8*2880 + 2*(4*(4*2880 + 2880) + 32)] = 11,520 + 188,992 B."""
+    from rftlib.preflight.memory import memory_preflight
+
+    T = 1024 + 4096
+    per_row = T * (3 * 64 * (T + 1) + 2 * T) * 2 + T * (11_520 + 188_992)
+    e = memory_preflight(_a28b(attn_implementation="eager", logprob_batch_size=0))[0]
+    phase = ("no-grad forward activations", "no-grad eager attention scores", "no-grad logits")
+    train_phase = [t for t, _, _ in e.rows + e.aside if t not in phase and t in (
+        "activations", "eager attention scores", "logits", "gradients", "LoRA input casts")]
+    static = sum(g for t, g, _ in e.rows if t not in phase and t not in train_phase) * GB
+    logits = 83 * 201_088 * 4 * 2  # one chunk's fp32 logits + log-softmax: 64 MiB / (4 B x 201,088) = 83 rows
+    k = round(_term(e, "no-grad eager attention scores") * GB / (T * (3 * 64 * (T + 1) + 2 * T) * 2))
+    assert 1 <= k < 8
+    free = e.capacity_gb * GB - static
+    assert k * per_row <= 0.8 * free - logits < (k + 1) * per_row
+    assert e.verdict != "OOM"
+
+
+def test_gpt_oss_plans_flex_attention_on_gpus_and_holds_no_scores():
+    """attn_implementation auto: gpt-oss (no SDPA path in transformers, a flex one) runs flex_attention on the
+    GPUs a preflight plans for, so neither the update nor the no-grad passes hold (heads, T, T) scores, and the
+    no-grad passes run their 8 rows. Before the fix the preflight counted eager scores for every gpt-oss plan."""
+    from rftlib.preflight.memory import memory_preflight
+
+    e = memory_preflight(_a28b())[0]
+    assert _term(e, "eager attention scores") == 0 and _term(e, "no-grad eager attention scores") == 0
+    assert _term(e, "no-grad forward activations") > 0  # the passes are counted, at 8 rows
+    assert "auto: 8 of at most 8" in next(d for t, _, d in e.rows + e.aside if t == "no-grad forward activations")
+    assert e.verdict == "fits"

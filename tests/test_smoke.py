@@ -3,6 +3,9 @@ the tiny model, the GPU lines are reported as not run, and a line that cannot ru
 quoting its log, never a crash of the smoke itself."""
 
 import os
+import signal
+import sys
+import time
 
 import pytest
 
@@ -47,3 +50,59 @@ def test_table_and_verdict():
     assert verdict(rows)
     assert not verdict(rows[:1])  # nothing ran: no pass
     assert not verdict(rows + [SmokeLine("zero3", "z", "fail")])
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie awaiting its reaper counts as gone)."""
+    try:
+        state = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return False
+    return state not in ("Z", "X")
+
+
+def _fake_line_interpreter(tmp_path, body: str) -> str:
+    """An executable that stands in for the Python a smoke line starts with (run_smoke runs
+    ``sys.executable -m rftlib.smoke ...``): it runs ``body`` instead, with the real interpreter."""
+    script = tmp_path / "fake_line.py"
+    script.write_text(body)
+    exe = tmp_path / "python"
+    exe.write_text(f"#!/bin/sh\nexec {sys.executable} {script}\n")
+    exe.chmod(0o755)
+    return str(exe)
+
+
+# a line that starts what a vLLM server engine is: a long-lived process in a session of its own
+# (rftlib.rollout.vllm_server starts its servers with start_new_session=True), then hangs or dies
+SPAWN = """import subprocess, sys, time
+p = subprocess.Popen([{python!r}, "-c", "import time; time.sleep(300)"], start_new_session=True)
+open({pidfile!r}, "w").write(str(p.pid))
+{then}
+"""
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads process state from /proc")
+@pytest.mark.parametrize("then,why", [("time.sleep(300)", "timed out after 3 s"),
+                                      ("sys.exit(3)", "exited with code 3")], ids=["hangs", "dies"])
+def test_a_line_leaves_no_process_behind_whatever_session_it_started(tmp_path, monkeypatch, then, why):
+    """Issue 29 item 8: a line that times out (or dies) with its vLLM server running must not leave the
+    server holding a GPU for every later run. The server is in a session of its own, so neither
+    subprocess.run's kill of the line nor a kill of the line's process group reaches it: before the fix
+    the grandchild below outlived the smoke."""
+    pidfile = tmp_path / "grandchild.pid"
+    fake = _fake_line_interpreter(tmp_path, SPAWN.format(python=sys.executable, pidfile=str(pidfile), then=then))
+    monkeypatch.setattr(sys, "executable", fake)
+    grandchild = None
+    try:
+        rows = run_smoke(("single",), model="tiny", runs_root=str(tmp_path / "runs"), write=lambda s: None,
+                         timeout=3)
+        grandchild = int(pidfile.read_text())
+        ran = [r for r in rows if r.status != "not run"]
+        assert [r.status for r in ran] == ["fail"] and why in ran[0].message
+        deadline = time.time() + 10  # the grandchild's reaper (init) may take a moment
+        while _alive(grandchild) and time.time() < deadline:
+            time.sleep(0.1)
+        assert not _alive(grandchild), "the line's server-like grandchild outlived the smoke"
+    finally:
+        if grandchild is not None and _alive(grandchild):
+            os.kill(grandchild, signal.SIGKILL)  # the one process this test started, left over on a failure

@@ -276,3 +276,59 @@ def test_init_adapter_of_another_lora_is_refused_naming_the_difference(tiny_cfg,
             assert not torch.allclose(saved(ids).logits, base, atol=1e-3)
     finally:
         tr.close()
+
+
+# ---- issue 29 item 6: DeepSpeed's CPU Adam (offload_optimizer) needs a build this machine may not manage ----
+CAN_BUILD = dict(unavailable="", prebuilt=False, needs_cuda=False, ninja=True, cxx="/usr/bin/c++", cuda_home=None,
+                 nvcc=False, curand=False)
+NO_NINJA = {**CAN_BUILD, "ninja": False}
+
+
+def test_cpu_adam_refusal_names_what_is_missing_and_the_fix():
+    """The sentence a researcher gets: what is missing, the conda packages that bring it, and the two other ways
+    out (DeepSpeed with the op prebuilt, or no optimizer offload)."""
+    from rftlib.train.backends.deepspeed import cpu_adam_build_problems
+
+    assert cpu_adam_build_problems(CAN_BUILD) == []
+    (p,) = cpu_adam_build_problems(NO_NINJA)
+    for part in ("lacks ninja", "conda install -c conda-forge ninja cxx-compiler", "DS_BUILD_CPU_ADAM=1",
+                 "offload_optimizer: false"):
+        assert part in p, part
+    (p,) = cpu_adam_build_problems({**CAN_BUILD, "cxx": None})
+    assert "lacks a C++ compiler" in p
+    # a DeepSpeed whose CPU Adam builder is a CUDA op builder also compiles against the toolkit: nvcc, curand
+    (p,) = cpu_adam_build_problems({**CAN_BUILD, "needs_cuda": True})
+    assert "nvcc under CUDA_HOME" in p and "libcurand" in p and "conda install -c nvidia cuda-nvcc" in p
+    assert cpu_adam_build_problems({**CAN_BUILD, "needs_cuda": True, "cuda_home": "/usr/local/cuda", "nvcc": True,
+                                    "curand": True}) == []
+    assert cpu_adam_build_problems({**NO_NINJA, "prebuilt": True}) == []  # installed with the op: nothing to build
+    (p,) = cpu_adam_build_problems({**CAN_BUILD, "unavailable": "offload_optimizer needs DeepSpeed: `pip ...`"})
+    assert p.startswith("offload_optimizer: offload_optimizer needs DeepSpeed")
+
+
+def test_the_cpu_adam_probe_reads_the_installed_deepspeed():
+    """DeepSpeed 0.19.8 (the pinned version) hands every accelerator its CPU builder for CPU Adam
+    (deepspeed/accelerator/cuda_accelerator.py: CPUAdamBuilder from op_builder/cpu), a plain C++ build: ninja
+    and a compiler, no CUDA toolkit. This machine has both, so the probe finds nothing to refuse."""
+    pytest.importorskip("deepspeed")
+    from rftlib.train.backends.deepspeed import cpu_adam_probe, cpu_adam_problems
+
+    facts = cpu_adam_probe()
+    assert facts["unavailable"] == "" and facts["needs_cuda"] is False
+    assert facts["ninja"] and facts["cxx"] and cpu_adam_problems() == []
+
+
+def test_offload_optimizer_is_refused_before_the_model_loads(tiny_cfg, monkeypatch):
+    """Before the fix the trainer loaded the policy (minutes for gpt-oss-120b) and failed in deepspeed.initialize
+    at the CPU Adam build; now it refuses first, with the fix, and joins no process group."""
+    import rftlib.train.backends.deepspeed as dsb
+    import rftlib.train.build as build_mod
+
+    monkeypatch.setattr(dsb, "cpu_adam_probe", lambda: NO_NINJA, raising=False)
+    monkeypatch.setattr(build_mod, "build_policy", lambda *a, **k: pytest.fail("loaded the model before refusing"))
+    cfg = tiny_cfg(backend="deepspeed", zero_stage=2, offload_optimizer=True)
+    with pytest.raises(ConfigError, match=r"cannot run the config's backend: offload_optimizer builds DeepSpeed's "
+                                          r"CPU Adam .* lacks ninja"):
+        build(cfg)
+    assert not torch.distributed.is_initialized()
+    assert build_mod.machine_problems(tiny_cfg(backend="deepspeed", zero_stage=2)) == []  # no offload: no build

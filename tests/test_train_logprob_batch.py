@@ -79,3 +79,47 @@ def test_logprob_batch_size_is_validated(tiny_cfg):
 
     with pytest.raises(ConfigError, match="logprob_batch_size=-1"):
         tiny_cfg(logprob_batch_size=-1)
+
+
+@pytest.mark.parametrize("eager", [True, False], ids=["gpt-oss-eager", "llama-sdpa"])
+def test_auto_no_grad_rows_fit_the_free_memory_where_eager_scores_dominate(tiny_cfg, task_with, monkeypatch, eager):
+    """Issue 29 item 3: with eager attention (gpt-oss: no SDPA path; here the MXFP4 gpt-oss-shaped test model on
+    the CPU) auto logprob_batch_size is the most rows, of max(micro_batch_size, 8), whose no-grad scores fit 80%
+    of the memory free now. The free memory is set to what 3.5 rows need (a GPU's torch.cuda.mem_get_info is
+    the one call this cannot run): 3 rows a forward. Before the fix the passes ran 8 rows whatever the memory.
+    A model on SDPA holds no (heads, T, T) scores: 8 rows however little is free.
+
+    One row of T tokens by hand (the test model: 2 layers, h 64, 4 heads and 2 kv heads of 16, experts of 64,
+    2 of 4 per token, sinks, a sliding and a full mask; float32 without autocast, b = 4): the stream in and
+    out of a layer 2*4*64 plus one layer's intermediates 4*4*64 + 4*(3*64 + 3*32) + 8*64 + 4*(2*(4*64 + 64)
+    + 4) = 5,264 B per token, and 3 score tensors (4, T, T + 1) + 2 masks (T, T) of 4 B."""
+    from rftlib.models.gptoss import gptoss_mxfp4_dir
+    from rftlib.models.loading import causal_lm
+
+    over = dict(micro_batch_size=1, train_batch_size=2, beta=0.04, autocast="none", max_new_tokens=16)
+    if eager:
+        over.update(model=str(gptoss_mxfp4_dir()), lora_target_modules=["q_proj", "k_proj", "v_proj", "o_proj"])
+    cfg = tiny_cfg(**over)
+    tr = loop.Trainer(cfg, progress=False, task=task_with(cfg, digit_reward))
+    try:
+        tr._timing = {}
+        ro = tr._sample_groups(cfg.rollout_batch_size).items[0][0]
+        lm = causal_lm(tr.model)
+        assert (lm.config._attn_implementation == "eager") == eager
+        T = ro.prompt_ids.shape[1] + ro.completion_ids.shape[1]  # the widest a forward of these rows gets
+        per_row = T * (2 * 4 * 64 + 5_264) + T * (3 * 4 * (T + 1) + 2 * T) * 4
+        logits = min(8 * T, tr.logprob_chunk_size) * tr.vocab_size * 8  # one chunk's fp32 logits + log-softmax
+        monkeypatch.setattr(loop, "free_bytes", lambda device: int((3.5 * per_row + logits) / 0.8), raising=False)
+        calls = []
+        real = tr._logprobs
+
+        def spy(rows, **kw):
+            calls.append(rows["completion_ids"].shape[0])
+            return real(rows, **kw)
+
+        tr._logprobs = spy
+        tr.backend.train(False)
+        tr._no_grad_logprobs(ro)
+        assert ro.num_rows == 16 and calls == ([3, 3, 3, 3, 3, 1] if eager else [8, 8])
+    finally:
+        tr.close()

@@ -94,3 +94,58 @@ def test_float16_full_finetune_steps_with_a_grad_scaler(tiny_cfg, task_with, mon
     assert tr.backend.scaler is not None and tr.amp == torch.float16
     assert all(p.dtype == torch.float32 for p in tr.model.parameters() if p.requires_grad)
     assert _moved_fraction(delta) > 0.5
+
+
+def _all_pass(text, ex, truncated):
+    """Seed 002's FizzBuzz once the model solves it: every completion passes every test (reward 1.0)."""
+    return 1.0, {"correctness": 1.0}
+
+
+def test_float16_steps_through_an_optimizer_batch_with_no_live_row(tiny_cfg, task_with, monkeypatch):
+    """Issue 29 item 4, seed 002's setting: float16 with a GradScaler, LoRA, row skipping on, no KL term, and
+    every group scoring 1.0, so every advantage is 0 and the update runs no micro-batch. The scaler must
+    still see a backward before it unscales: before the fix the loop zero-filled the gradients and stepped,
+    and GradScaler.unscale_ raised ("Attempted unscale_ but _scale is None"): the first all-solved batch
+    crashed the run. torch.amp.GradScaler("cpu") is the same class a GPU run uses, so this runs here."""
+    monkeypatch.setattr(build, "resolve_dtype", lambda name, device: name)  # float16 is refused on CPU for speed
+    cfg = replace(tiny_cfg(num_steps=2, save_steps=0, eval_steps=0, lora_rank=4, lora_alpha=8, beta=0.0,
+                           skip_zero_advantage_rows=True, warmup_ratio=0.0, weight_decay=0.0), dtype="float16")
+    tr = Trainer(cfg, progress=False, task=task_with(cfg, _all_pass))
+    try:
+        assert isinstance(tr.backend.scaler, torch.amp.GradScaler) and tr._skips_rows()
+        before = {n: p.detach().clone() for n, p in tr.model.named_parameters() if p.requires_grad}
+        for _ in range(2):
+            row = tr.step()
+            assert row["advantage_std"] == 0.0 and row["grad_norm"] == 0.0  # nothing to learn from
+        # a zero gradient moves no weight (no weight decay) and finds no inf: the scale stays at its start
+        assert all(torch.equal(p, before[n]) for n, p in tr.model.named_parameters() if p.requires_grad)
+        assert tr.backend.scaler.get_scale() == 2.0 ** 16
+        assert tr.skipped_steps == 0 and tr.scheduler.last_epoch == 2  # both steps taken, the schedule on time
+    finally:
+        tr.close()
+
+
+@pytest.mark.parametrize("lora_rank,stream", [(0, torch.float32), (4, torch.bfloat16)], ids=["full", "lora"])
+def test_the_residual_stream_runs_in_the_embeddings_dtype(tiny_dir, lora_rank, stream):
+    """Issue 29 item 9, what the memory preflight counts (tests/test_preflight_memory.py): bf16 weights with the
+    torch backends' float32 masters under bf16 autocast. Full fine-tuning makes every weight a float32 master,
+    the embedding too; autocast leaves the lookup and the residual adds alone, so every decoder layer's input
+    (what gradient checkpointing keeps) is float32. Under LoRA the frozen bf16 base keeps it bfloat16."""
+    from rftlib.models.loading import apply_lora, load_model_and_tokenizer
+    from rftlib.train.backends.torch_backend import keep_float32_masters
+
+    model, tok = load_model_and_tokenizer(str(tiny_dir), "bfloat16")
+    model = apply_lora(model, rank=lora_rank, alpha=2 * max(lora_rank, 1), dropout=0.0,
+                       target_modules=["q_proj", "v_proj"])
+    keep_float32_masters([p for p in model.parameters() if p.requires_grad])  # what TorchBackend does
+    seen = []
+    layers = (model.get_base_model() if lora_rank else model).model.layers
+    hooks = [layer.register_forward_pre_hook(lambda m, args, kw: seen.append(args[0].dtype if args else
+                                                                              kw["hidden_states"].dtype),
+                                             with_kwargs=True) for layer in layers]
+    ids = tok("12 + 3 =", return_tensors="pt")
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        model(**ids)
+    for h in hooks:
+        h.remove()
+    assert len(seen) == len(layers) and set(seen) == {stream}

@@ -30,11 +30,11 @@ import torch
 
 from rftlib.algo.logprobs import auto_chunk_size
 from rftlib.config import ConfigError, RunConfig
-from rftlib.preflight.memory import MODELS, estimate_rollout_memory, estimate_train_memory, shape_name_for_model
+from rftlib.preflight.memory import MODELS, estimate_for_config, estimate_rollout_memory, shape_name_for_model
 from rftlib.rollout.factory import engine_kind
 from rftlib.rollout.vllm import API_KEY_ENV, VLLMSettings, engine_gpu_memory, engine_max_len
-from rftlib.rollout.vllm_server import server_command, server_env
-from rftlib.train.backends import backend_class, sharding_of
+from rftlib.rollout.vllm_server import physical_gpus, server_command, server_env, visible_gpus
+from rftlib.train.backends import backend_class, machine_problems, sharding_of
 from rftlib.train.build import check_world
 from rftlib.train.launch import torchrun_command
 
@@ -54,7 +54,8 @@ class Process:
     role: str  # "trainer" | "vllm"
     node: int
     host: str
-    gpus: list[int]  # physical GPU indices on that node ([] on CPU)
+    gpus: list[int]  # GPU indices on that node as the planning shell numbers them (its CUDA_VISIBLE_DEVICES
+    # entries are in env); [] on CPU
     cmd: list[str]
     env: dict[str, str]  # only what the plan sets on top of the inherited environment
     log: str  # relative to the run directory
@@ -82,6 +83,7 @@ class LaunchPlan:
     offload: dict[str, bool]
     engine_urls: list[str]  # the trainer's rollout engines (started here or given by vllm_urls)
     processes: list[Process] = field(default_factory=list)
+    visible_gpus: list[str] | None = None  # node 0's CUDA_VISIBLE_DEVICES when planned (None: unset, every GPU)
     checks: list[str] = field(default_factory=list)  # what check_plan found (notes and memory verdicts)
 
     @property
@@ -171,6 +173,12 @@ def make_plan(cfg: RunConfig, run_dir: str | Path, *, preset: str = "", resume: 
     rdzv = cfg.rdzv_endpoint or (f"{hosts[0]}:{DEFAULT_RDZV_PORT}" if cfg.nnodes > 1 else None)
     run_dir = str(run_dir)
 
+    # GPU indices count the GPUs the planning shell sees (CUDA_VISIBLE_DEVICES: index i is its i-th entry, as
+    # torch's cuda:i); each process's CUDA_VISIBLE_DEVICES names those entries. A plan naming a GPU that is not
+    # visible keeps its indices as they are and check_plan refuses it (a dry run prints it with a note)
+    vis = visible_gpus() if gpu else None
+    mappable = vis is None or all(g < len(vis) for g in train + rollout)
+    environ = None if mappable else {}
     procs: list[Process] = []
     urls: list[str] = list(cfg.vllm_urls)
     # engines on other nodes' reach listen beyond loopback, so they require a key the trainer sends
@@ -184,7 +192,7 @@ def make_plan(cfg: RunConfig, run_dir: str | Path, *, preset: str = "", resume: 
             try:  # the trainer's own engine command and environment (rftlib.rollout.vllm_server), this GPU slice
                 node_engine = dataclasses.replace(engine, rollout_gpus=tuple(rollout))
                 cmd = server_command(node_engine, k, port, python=python)
-                env = {**server_env(node_engine, k), **NCCL_DEFAULTS, **cfg.nccl_env}
+                env = {**server_env(node_engine, k, environ), **NCCL_DEFAULTS, **cfg.nccl_env}
             except ValueError as e:
                 raise LaunchError(str(e)) from None
             if not gpu:
@@ -196,7 +204,8 @@ def make_plan(cfg: RunConfig, run_dir: str | Path, *, preset: str = "", resume: 
     for node in range(cfg.nnodes):
         args = ["train", "--run-dir", run_dir] + (["--resume"] if resume else [])
         cmd = torchrun_command(ranks, args, nnodes=cfg.nnodes, node_rank=node, rdzv_endpoint=rdzv, python=python)
-        env = {"CUDA_VISIBLE_DEVICES": ",".join(map(str, train))} if gpu else {"CUDA_VISIBLE_DEVICES": ""}
+        env = ({"CUDA_VISIBLE_DEVICES": ",".join(physical_gpus(train, "train_gpus", environ))} if gpu
+               else {"CUDA_VISIBLE_DEVICES": ""})
         if gpu or cfg.nnodes > 1:
             env.update(NCCL_DEFAULTS)
         env.update(cfg.nccl_env)
@@ -208,7 +217,7 @@ def make_plan(cfg: RunConfig, run_dir: str | Path, *, preset: str = "", resume: 
                       train_ranks_per_node=ranks, backend=cfg.backend,
                       zero_stage=sharding_of(cfg).zero_stage or None,
                       offload={"params": cfg.offload_params, "optimizer": cfg.offload_optimizer},
-                      engine_urls=urls, processes=procs)
+                      engine_urls=urls, processes=procs, visible_gpus=vis)
 
 
 def _max_len(cfg: RunConfig) -> int:
@@ -225,14 +234,15 @@ def memory_checks(plan: LaunchPlan, cfg: RunConfig) -> list[tuple[str, Any]]:
     trainer = plan.processes[0]
     if trainer.gpus:
         sharding = sharding_of(cfg)
-        out.append(("trainer", estimate_train_memory(
-            shape, gpu=cfg.launch_gpu_type, finetune="lora" if cfg.lora_rank else "full", lora_rank=cfg.lora_rank or 32,
-            sequences=cfg.micro_batch_size, seq_len=_max_len(cfg),
-            gradient_checkpointing=cfg.gradient_checkpointing, logits="chunked",
-            logits_chunk=cfg.logprob_chunk_size or auto_chunk_size(MODELS[shape].vocab),
-            zero_stage=sharding.zero_stage, world_size=plan.world_size,
-            offload=sharding.offload_params, adam_offload=sharding.offload_optimizer,
-            title=f"trainer rank GPU ({cfg.launch_gpu_type}, {plan.backend}{sharding.label} x {plan.world_size})")))
+        # rft preflight's estimate (the trainer's rules: the no-grad passes' rows, the attention that runs), on
+        # the plan's GPUs: dtype auto is bf16 there
+        gcfg = cfg if cfg.dtype != "auto" else dataclasses.replace(cfg, dtype="bfloat16")
+        est = estimate_for_config(gcfg, shape, gpu=cfg.launch_gpu_type, world_size=plan.world_size,
+                                  seq_len=_max_len(cfg), chunk_rows=cfg.logprob_chunk_size
+                                  or auto_chunk_size(MODELS[shape].vocab), sharding=sharding,
+                                  hf_generate=engine_kind(cfg.rollout_engine).on_trainer_module)
+        est.title = f"trainer rank GPU ({cfg.launch_gpu_type}, {plan.backend}{sharding.label} x {plan.world_size})"
+        out.append(("trainer", est))
     eng = [p for p in plan.processes if p.role == "vllm"]
     if eng:
         out.append(("vllm", estimate_rollout_memory(
@@ -271,7 +281,23 @@ def check_plan(plan: LaunchPlan, cfg: RunConfig, *, dry_run: bool = False,
     problems: list[str] = []
     used = sorted({g for p in plan.on_node(0) for g in p.gpus})
     have = detect_gpus() if machine_gpus is None else machine_gpus
-    if used:
+    vis = plan.visible_gpus
+    hidden = bool(used) and vis is not None and max(used) >= len(vis)
+    if hidden:
+        msg = (f"the plan uses GPUs {used} (indices into the GPUs this shell sees), but CUDA_VISIBLE_DEVICES="
+               f"{','.join(vis)} shows {len(vis)}: GPU(s) {[g for g in used if g >= len(vis)]} are not visible, and "
+               "passing them on would put a process on a GPU outside the set (another user's)")
+        if dry_run:
+            notes.append(f"dry run: {msg}; nothing was started")
+        else:
+            problems.append(msg + ": give train_gpus / rollout_gpus as indices into CUDA_VISIBLE_DEVICES, or widen "
+                                  "it (or unset it) to the GPUs the plan names")
+    elif used and vis is not None:
+        notes.append(f"GPU indices count CUDA_VISIBLE_DEVICES={','.join(vis)}: "
+                     + ", ".join(f"{g} -> {vis[g]}" for g in used))
+    if used and hidden and not dry_run:
+        pass  # refused above: the count of GPUs would only repeat it
+    elif used:
         need = max(used) + 1
         if have < need:
             msg = (f"the plan uses GPUs {used} on each node (up to index {need - 1}) but this machine shows {have} "
@@ -285,6 +311,11 @@ def check_plan(plan: LaunchPlan, cfg: RunConfig, *, dry_run: bool = False,
             notes.append(f"GPUs: the plan uses {used}; this machine shows {have}")
     else:
         notes.append(f"CPU plan: {plan.train_ranks_per_node} trainer rank(s) per node, no GPU")
+    for problem in machine_problems(cfg):  # what the trainer would refuse at start-up (it runs on this node)
+        if dry_run:
+            notes.append(f"on this machine: {problem}")
+        else:
+            problems.append(problem)
     try:  # the trainer's own rule for sharding prompts over ranks, checked before anything starts
         check_world(cfg, plan.world_size)
     except ConfigError as e:
@@ -298,6 +329,9 @@ def check_plan(plan: LaunchPlan, cfg: RunConfig, *, dry_run: bool = False,
             fix = ("set offload_params/offload_optimizer (backend deepspeed, zero_stage 3), add train_gpus, or lower "
                    "micro_batch_size / max_new_tokens" if role == "trainer" else
                    "raise vllm_tensor_parallel_size or vllm_gpu_memory_utilization")
+            if est.dominant.startswith("no-grad"):  # the reference / old-logprob passes' own width
+                fix = ("lower logprob_batch_size (0: sized from memory), or attn_implementation flex_attention / "
+                       "auto where eager attention's scores dominate")
             problems.append(f"the {role} GPUs would run out of memory: {est.problem or est.dominant + ' dominates'}; "
                             f"{fix}\n{est.table()}")
     plan.checks = notes + [f"REFUSED{' (a launch would stop here)' if dry_run else ''}: {p}" for p in problems]

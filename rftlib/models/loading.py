@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import ctypes.util
+import glob
 import json
 import math
 import os
@@ -26,6 +28,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import torch
+from torch.utils import cpp_extension
 from huggingface_hub import constants, snapshot_download, try_to_load_from_cache
 from peft import LoraConfig, get_peft_model, set_peft_model_state_dict
 from peft.utils import load_peft_weights
@@ -34,8 +37,10 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, Mxfp4C
 from transformers.integrations import HfDeepSpeedConfig
 from transformers.integrations.deepspeed import unset_hf_deepspeed_config
 from transformers.integrations.mxfp4 import convert_moe_packed_tensors
+from transformers.utils import is_torch_flex_attn_available
 
 from rftlib.models.cache import REPO_ROOT, cache_dir  # noqa: F401  (cache_dir: re-exported, its old home)
+from rftlib.models.memory import pick_attention
 from rftlib.models.tiny import tiny_model_dir
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -168,24 +173,50 @@ def _dequantize_kwargs(source: Path | str) -> dict:
     return {"quantization_config": Mxfp4Config(dequantize=True)}
 
 
-def load_model_and_tokenizer(name: str, dtype: str = "float32"):
+def attention_for(name: str, choice: str, device_type: str) -> str | None:
+    """The ``attn_implementation`` to load ``name`` with for RunConfig.attn_implementation ``choice`` on
+    ``device_type`` (rftlib.models.memory.pick_attention: auto is the model's default, or flex_attention on CUDA
+    for a model with no SDPA path but a flex one, gpt-oss), or None to leave transformers its default. What a
+    model class supports is read from the class transformers builds for its config (``_supports_sdpa``,
+    ``_supports_flex_attn``), and flex from torch (transformers' is_torch_flex_attn_available)."""
+    if choice != "auto":
+        return choice
+    if device_type != "cuda":
+        return None  # the default; also where flex cannot apply gpt-oss's sinks (transformers: GPU only)
+    config = AutoConfig.from_pretrained(hf_model_source(name))
+    cls = AutoModelForCausalLM._model_mapping.get(type(config), None)
+    if cls is None:
+        return None
+    default = "sdpa" if getattr(cls, "_supports_sdpa", False) else "eager"
+    flex = bool(getattr(cls, "_supports_flex_attn", False)) and is_torch_flex_attn_available()
+    picked = pick_attention(choice, default=default, flex=flex, device_type=device_type)
+    return None if picked == default else picked
+
+
+def _attn_kwargs(attn_implementation: str | None) -> dict:
+    return {"attn_implementation": attn_implementation} if attn_implementation else {}
+
+
+def load_model_and_tokenizer(name: str, dtype: str = "float32", attn_implementation: str | None = None):
     """Load a causal LM and its tokenizer (left padding, pad = eos when the model has no pad), from
     :func:`hf_model_source` (a GGUF file's cached safetensors copy), the whole model on CPU. An MXFP4
-    checkpoint is dequantised to ``dtype``."""
+    checkpoint is dequantised to ``dtype``. ``attn_implementation``: transformers' (None: the model's default)."""
     path = hf_model_source(name)
     torch_dtype = DTYPES["float32" if dtype == "auto" else dtype]  # the trainer resolves auto per device first
     if isinstance(path, str):  # a hub id transformers downloads; say which when it cannot
-        return _load_from_hub(path, torch_dtype)
+        return _load_from_hub(path, torch_dtype, attn_implementation)
     tok = AutoTokenizer.from_pretrained(path, padding_side="left")
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, **_dequantize_kwargs(path))
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, **_dequantize_kwargs(path),
+                                                 **_attn_kwargs(attn_implementation))
     return _finish(name, model, tok)
 
 
-def _load_from_hub(repo_id: str, torch_dtype):
+def _load_from_hub(repo_id: str, torch_dtype, attn_implementation: str | None = None):
     """``from_pretrained`` on a hub id (downloads what transformers needs into the HF cache)."""
     try:
         tok = AutoTokenizer.from_pretrained(repo_id, padding_side="left")
-        model = AutoModelForCausalLM.from_pretrained(repo_id, dtype=torch_dtype, **_dequantize_kwargs(repo_id))
+        model = AutoModelForCausalLM.from_pretrained(repo_id, dtype=torch_dtype, **_dequantize_kwargs(repo_id),
+                                                     **_attn_kwargs(attn_implementation))
     except OSError as e:
         raise FileNotFoundError(f"model '{repo_id}': could not load it from the Hugging Face hub ({e}); "
                                 "check the id, your network and access to the repository (gated models "
@@ -202,13 +233,16 @@ def load_policy(cfg, dist, ds_config: dict | None = None):
       holds 1/world of the weights from the start, on its GPU or, with ``offload_params``, in host RAM.
     - otherwise: the whole model on CPU, then moved to ``dist.device`` (single, DDP and ZeRO-1/2 keep whole
       weights on every rank anyway).
+    - attention: :func:`attention_for` ``cfg.attn_implementation`` on this rank's device (gpt-oss on CUDA:
+      flex_attention, which never holds the (heads, T, T) scores eager attention does).
     - then gradient checkpointing, LoRA (``lora_rank`` > 0) and ``init_adapter``.
     """
     zero3 = ds_config is not None  # the backend's partitioned_load_config (rftlib.train.backends)
+    attn = attention_for(cfg.model, cfg.attn_implementation, dist.device.type)
     if zero3:
-        model, tok = load_partitioned(cfg.model, cfg.dtype, ds_config)
+        model, tok = load_partitioned(cfg.model, cfg.dtype, ds_config, attn_implementation=attn)
     else:
-        model, tok = load_model_and_tokenizer(cfg.model, cfg.dtype)
+        model, tok = load_model_and_tokenizer(cfg.model, cfg.dtype, attn_implementation=attn)
     if cfg.gradient_checkpointing:
         model.gradient_checkpointing_enable(
             gradient_checkpointing_kwargs={"use_reentrant": cfg.gradient_checkpointing_use_reentrant})
@@ -238,7 +272,43 @@ def import_deepspeed(purpose: str = "a ZeRO-3 load"):
     return deepspeed
 
 
-def load_partitioned(name: str, dtype: str, ds_config: dict):
+def cpu_adam_probe() -> dict:
+    """What DeepSpeed's CPU Adam (``offload_optimizer``: ``deepspeed.ops.adam.DeepSpeedCPUAdam``, built at
+    ``deepspeed.initialize`` after the model has loaded) needs on this machine, looked up without building it:
+
+    - ``prebuilt``: the op was compiled when DeepSpeed was installed (``DS_BUILD_CPU_ADAM=1``): nothing else;
+    - otherwise DeepSpeed JIT-builds it with torch.utils.cpp_extension, which needs ``ninja`` and a C++ compiler
+      (``$CXX``, else ``c++``; the sources use OpenMP);
+    - ``needs_cuda``: the builder this DeepSpeed hands the accelerator is a CUDA op builder (DeepSpeed before
+      CPU Adam moved to its CPU builder on CUDA machines: 0.19.8 uses the CPU builder, ``ops/op_builder/cpu``),
+      which also compiles against the CUDA toolkit: ``nvcc`` under CUDA_HOME and ``libcurand``.
+
+    Returns {unavailable: why DeepSpeed cannot be imported, or "", prebuilt, needs_cuda, ninja, cxx, cuda_home, nvcc, curand}."""
+    facts = {"unavailable": "", "prebuilt": False, "needs_cuda": False, "ninja": False, "cxx": None,
+             "cuda_home": None, "nvcc": False, "curand": False}
+    try:
+        import_deepspeed("offload_optimizer (DeepSpeed's CPU Adam)")
+        from deepspeed.accelerator import get_accelerator
+        from deepspeed.git_version_info import installed_ops
+        from deepspeed.ops.op_builder.builder import CUDAOpBuilder
+    except ImportError as e:
+        facts["unavailable"] = str(e)
+        return facts
+    facts["prebuilt"] = bool(installed_ops.get("cpu_adam"))
+    facts["needs_cuda"] = isinstance(get_accelerator().create_op_builder("CPUAdamBuilder"), CUDAOpBuilder)
+    facts["ninja"] = cpp_extension.is_ninja_available()
+    facts["cxx"] = shutil.which(os.environ.get("CXX", "c++"))
+    home = cpp_extension.CUDA_HOME
+    facts["cuda_home"] = home
+    if home:
+        facts["nvcc"] = os.path.exists(os.path.join(home, "bin", "nvcc"))
+        facts["curand"] = bool(glob.glob(os.path.join(home, "lib*", "libcurand.so*"))
+                               or glob.glob(os.path.join(home, "targets", "*", "lib", "libcurand.so*")))
+    facts["curand"] = facts["curand"] or bool(ctypes.util.find_library("curand"))
+    return facts
+
+
+def load_partitioned(name: str, dtype: str, ds_config: dict, attn_implementation: str | None = None):
     """Load ``name`` with its parameters partitioned over the ranks as ZeRO-3 holds them: (model, tokenizer).
 
     The model is built under ``deepspeed.zero.Init`` (transformers does that while an ``HfDeepSpeedConfig``
@@ -271,12 +341,13 @@ def load_partitioned(name: str, dtype: str, ds_config: dict):
     try:
         with torch.random.fork_rng(devices=[]):
             if quant_method(path) is None:
-                model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype)
+                model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype,
+                                                             **_attn_kwargs(attn_implementation))
             else:
                 _dequantize_kwargs(path)  # refuses a quantisation other than mxfp4, with its message
                 config = AutoConfig.from_pretrained(path)
                 del config.quantization_config  # the model is built with plain (dequantised) expert tensors
-                model = AutoModelForCausalLM.from_config(config, dtype=torch_dtype)
+                model = AutoModelForCausalLM.from_config(config, dtype=torch_dtype, **_attn_kwargs(attn_implementation))
                 _fill_partitioned(model, path, ds)
     finally:
         del hf_ds

@@ -38,9 +38,11 @@ What each term assumes (``estimate_train_memory``; every number is bytes per GPU
   prefetched: ``2 * largest layer's params * bytes(train_dtype)``. For MoE layers that is every
   expert (the HF gpt-oss experts are fused tensors).
 - activations, per token per layer, without checkpointing (what autograd keeps for backward; b =
-  bytes(train_dtype))::
+  bytes(train_dtype); rb = bytes of the residual stream, b except under the torch backends' full
+  fine-tuning, where the embedding is a float32 master, autocast leaves the lookup and the residual
+  adds alone, and the stream (every layer's input, both norms' in/out) runs float32: rb = 4)::
 
-      b * (4h + 3hq + 3hkv)          attention: norm in/out, q, k, v, roped q/k, attention output
+      rb * 4h + b * (3hq + 3hkv)     attention: norm in/out, q, k, v, roped q/k, attention output
       + 8h                           the fp32 upcast both RMSNorms keep
       + b * 4I                       dense SwiGLU MLP: gate, up, act(gate), act(gate)*up
       | b * (k * (4I + h) + E)       MoE instead: k routed experts' SwiGLU + token copies, router logits
@@ -50,14 +52,23 @@ What each term assumes (``estimate_train_memory``; every number is bytes per GPU
   times ``N * T * L``. Eager attention also holds, for the layer being computed, ~2 more (heads, T, T)
   score tensors at once (``scores + mask``, the sink concatenation, ``- max``; their gradients in backward)
   and one causal mask per attention pattern (N, 1, T, T) shared by every layer (gpt-oss: full and
-  sliding-window): ``N * T * (2 * heads * T + masks * T) * b``. Which attention runs is the model's
-  (``ModelShape.attention``): transformers 5.23 has no SDPA path for gpt-oss
-  (``GptOssPreTrainedModel._supports_sdpa = False``; its flash path needs the ``kernels`` package and
-  ``attn_implementation`` set, which rftlib does not set), so gpt-oss trains with eager attention.
+  sliding-window): ``N * T * (2 * heads * T + masks * T) * b``. Which attention runs is the run's
+  (:func:`pick_attention`, RunConfig.attn_implementation): the model's default (``ModelShape.attention``),
+  except that gpt-oss, which has no SDPA path in transformers (``GptOssPreTrainedModel._supports_sdpa =
+  False``) but a flex one (``_supports_flex_attn``), runs flex_attention on CUDA (tiled: no scores held);
+  eager where it is asked for, and on CPUs (transformers' flex path cannot apply the sinks there).
 
-  With gradient checkpointing (HF: one checkpoint per decoder layer) only
-  each layer's input is kept (``b * h`` per token per layer) plus, during backward, one layer's
-  activations recomputed and their gradients (2 x one layer's share).
+  With gradient checkpointing (HF: one checkpoint per decoder layer) only each layer's input is kept
+  (``rb * h`` per token per layer: seed 000's float32 masters double it) plus, during backward, one
+  layer's activations recomputed and their gradients (2 x one layer's share).
+- no-grad passes (the reference logprobs when beta > 0, the old logprobs when the update is off-policy):
+  a phase of their own before the update, at ``logprob_batch_size`` rows k (auto: max(micro_batch_size, 8),
+  fewer where eager scores would not fit ``NOGRAD_BUDGET`` of the memory beside the static terms:
+  :func:`nograd_rows`, the trainer's own rule). Per row (:func:`nograd_row_bytes`): the residual stream in
+  and out of the layer computed and one layer's intermediates, and with eager attention
+  ``NOGRAD_SCORE_COPIES`` = 3 (heads, T, T + 1) score tensors at once (nothing is saved for a backward, but
+  transformers' eager_attention_forward holds scores + mask, the sink concatenation and its max-shifted
+  copy / softmax together) + the causal masks; plus one logits chunk and its log-softmax (fp32).
 - LoRA input casts: when the adapter dtype differs from the activations' dtype, peft casts each
   targeted linear's input to the adapter dtype before ``lora_A``, and that copy is saved for
   backward: ``in_features * bytes(adapter)`` per token per targeted module (x2 with dropout,
@@ -92,8 +103,8 @@ Loading (``estimate_load_memory``: one rank's GPU while the model loads, and hos
   (fp32 m, v and master copy of the trainable partition: 12 bytes per trainable parameter / world),
   and a per-process allowance (``host_baseline_gb``: Python, torch, CUDA context, NCCL buffers).
 
-The peak is the static terms plus the larger of the training phase (activations, LoRA casts,
-logits, gradients) and the generation phase. Verdict: OOM at >= 100% of capacity, tight at >= 90%,
+The peak is the static terms plus the largest of the training phase (activations, LoRA casts,
+logits, gradients), the no-grad phase and the generation phase. Verdict: OOM at >= 100% of capacity, tight at >= 90%,
 fits below. The PyTorch caching allocator usually reserves 5-20% beyond what is allocated, so
 "tight" runs often show ~95% in nvidia-smi and may OOM on fragmentation.
 """
@@ -120,6 +131,8 @@ ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")  # seed 003 §6: attention-
 ALL_LINEAR = ATTENTION + ("gate_proj", "up_proj", "down_proj")  # peft "all-linear" on a dense model
 
 TIGHT = 0.90  # fraction of capacity from which a plan is "tight"
+NOGRAD_BUDGET = 0.8  # auto logprob_batch_size with eager attention: rows whose scores fit this share of the free memory
+NOGRAD_SCORE_COPIES = 3  # (heads, T, T) tensors alive at once in an eager no-grad forward (module doc)
 LOGITS_LEAN = 3.0  # fp32 (N, T, V) copies at the peak of a lean loss (module doc)
 LOGITS_NAIVE = 6.0  # ... of a hand-written loop keeping policy and reference logits and log-probs
 
@@ -144,6 +157,7 @@ class ModelShape:
     expert_bias: bool = False  # gpt-oss: biases on the expert projections
     checkpoint: str = "bf16"  # how the weights are stored on disk: "bf16", or "mxfp4" (gpt-oss experts)
     attention: str = "sdpa"  # what transformers runs by default: "sdpa", or "eager" (gpt-oss: no SDPA path)
+    flex_attention: bool = False  # transformers has a flex-attention path for it (gpt-oss: _supports_flex_attn)
     attention_masks: int = 1  # distinct causal masks eager attention builds (gpt-oss: full + sliding window)
     source: str = ""  # where the numbers come from
 
@@ -214,17 +228,18 @@ MODELS: dict[str, ModelShape] = {
         # 20,914,757,184 total, 3.6B active; 32 experts, top-4; MXFP4 experts on disk
         ModelShape("gpt-oss-20b", 24, 2880, 64, 8, 64, 201088, 2880, n_experts=32, experts_per_tok=4,
                    attn_bias="qkvo", attn_sinks=True, expert_bias=True, attention="eager", attention_masks=2,
-                   checkpoint="mxfp4", source=f"openai/gpt-oss-20b {_HF}; totals match the model card (21B total, 3.6B active)"),
+                   flex_attention=True, checkpoint="mxfp4", source=f"openai/gpt-oss-20b {_HF}; totals match the model card (21B total, 3.6B active)"),
         # 116,829,156,672 total, 5.1B active; 128 experts, top-4
         ModelShape("gpt-oss-120b", 36, 2880, 64, 8, 64, 201088, 2880, n_experts=128, experts_per_tok=4,
                    attn_bias="qkvo", attn_sinks=True, expert_bias=True, attention="eager", attention_masks=2,
-                   checkpoint="mxfp4", source=f"openai/gpt-oss-120b {_HF}; totals match the model card (117B total, 5.1B active)"),
+                   flex_attention=True, checkpoint="mxfp4", source=f"openai/gpt-oss-120b {_HF}; totals match the model card (117B total, 5.1B active)"),
         # 134,515,008 params (the embedded default model)
         ModelShape("SmolLM2-135M", 30, 576, 9, 3, 64, 49152, 1536, tied_embeddings=True,
                    source=f"HuggingFaceTB/SmolLM2-135M {_HF}"),
     ]
 }
 MODELS["Qwen2.5-Coder-0.5B-Instruct"] = MODELS["Qwen2.5-0.5B"]  # seed 002's model: same architecture
+MODELS["Qwen2.5-1.5B-Instruct"] = MODELS["Qwen2.5-1.5B"]  # seed 000's model: same architecture
 
 
 def get_model(model: str | ModelShape) -> ModelShape:
@@ -332,19 +347,70 @@ class MemoryEstimate:
         return self.table()
 
 
-def _activation_bytes_per_token_layer(m: ModelShape, b: float, seq_len: int, attention: str) -> float:
-    """Bytes autograd keeps per token per layer without checkpointing (see module doc)."""
+def _activation_bytes_per_token_layer(m: ModelShape, b: float, seq_len: int, attention: str,
+                                      rb: float | None = None) -> float:
+    """Bytes autograd keeps per token per layer without checkpointing (see module doc); ``rb`` bytes per element
+    of the residual stream (the norms' inputs and outputs), ``b`` unless the stream is float32 (masters)."""
     h, hq, hkv, i = m.hidden, m.hq, m.hkv, m.intermediate
-    attn = b * (4 * h + 3 * hq + 3 * hkv) + 8 * h  # + fp32 RMSNorm upcasts (two norms)
+    rb = b if rb is None else rb
+    attn = rb * 4 * h + b * (3 * hq + 3 * hkv) + 8 * h  # + fp32 RMSNorm upcasts (two norms)
     if m.is_moe:
         mlp = b * (m.experts_per_tok * (4 * i + h) + m.n_experts)
     else:
         mlp = b * 4 * i
     if attention == "eager":
         attn += b * m.heads * (seq_len + (1 if m.attn_sinks else 0))  # softmax output saved for backward
-    elif attention != "sdpa":
-        raise ValueError(f"attention must be 'sdpa' or 'eager', got {attention!r}")
+    elif attention not in FUSED_ATTENTION:
+        raise ValueError(f"attention must be 'eager' or one of {FUSED_ATTENTION}, got {attention!r}")
     return attn + mlp
+
+
+FUSED_ATTENTION = ("sdpa", "flex")  # kernels that compute the scores in tiles and never hold (heads, T, T)
+
+
+def estimator_attention(implementation: str) -> str:
+    """The estimator's name for a transformers ``attn_implementation``: "eager" (materialises the scores),
+    "flex" (flex_attention), or "sdpa" (SDPA, flash-attention and hub kernels: tiled, like flex)."""
+    return {"eager": "eager", "flex_attention": "flex"}.get(implementation, "sdpa")
+
+
+def pick_attention(choice: str, *, default: str, flex: bool, device_type: str) -> str:
+    """The ``attn_implementation`` a run uses (transformers' names). ``choice`` (RunConfig.attn_implementation)
+    unless "auto". Auto: the model's default (``default``: "sdpa", or "eager" for a model with no SDPA path),
+    except on CUDA for a model whose default is eager and that has a flex-attention path (``flex``: gpt-oss),
+    which then runs flex_attention: eager's (heads, T, T) scores at seed 003's T ~ 5,000 are 3.3 GB per
+    sequence per tensor, flex computes them in tiles. transformers' flex path cannot apply attention sinks on
+    a CPU (it needs the log-sum-exp flex returns only on GPUs), so CPUs keep the default."""
+    if choice != "auto":
+        return choice
+    if device_type == "cuda" and default == "eager" and flex:
+        return "flex_attention"
+    return default
+
+
+def nograd_row_bytes(m: ModelShape, seq_len: int, b: float, attention: str, rb: float | None = None) -> float:
+    """Bytes one sequence of ``seq_len`` tokens holds at the peak of a no-grad forward (the reference and
+    old-logprob passes), besides the logits chunk: the residual stream in and out of the layer computed and
+    that layer's intermediates, and with eager attention NOGRAD_SCORE_COPIES (heads, T, T + sink) score
+    tensors (scores + mask, the sink concatenation, its max-shifted copy / softmax: nothing is kept for a
+    backward, but those are alive at once in transformers' eager_attention_forward) plus the causal masks."""
+    rb = b if rb is None else rb
+    T = seq_len
+    row = T * (2 * rb * m.hidden + _activation_bytes_per_token_layer(m, b, T, "sdpa", rb))
+    if attention == "eager":
+        row += T * (NOGRAD_SCORE_COPIES * m.heads * (T + (1 if m.attn_sinks else 0)) + m.attention_masks * T) * b
+    return row
+
+
+def nograd_rows(m: ModelShape, seq_len: int, b: float, attention: str, *, free_bytes: float, most: int,
+                rb: float | None = None, fixed_bytes: float = 0.0) -> int:
+    """Sequences per no-grad forward for auto ``logprob_batch_size``: ``most`` (max(micro_batch_size, 8)), fewer
+    where eager attention's scores would not fit NOGRAD_BUDGET of the free memory (after ``fixed_bytes``, the
+    logits chunk), at least 1. Other attention holds no scores: ``most``."""
+    if attention != "eager":
+        return most
+    per_row = nograd_row_bytes(m, seq_len, b, attention, rb)
+    return max(1, min(most, int((NOGRAD_BUDGET * free_bytes - fixed_bytes) // per_row)))
 
 
 def estimate_train_memory(
@@ -374,6 +440,8 @@ def estimate_train_memory(
     adam_offload: bool = False,  # optimizer states (and fp32 master) to CPU (--adam_offload)
     vllm_gpu_memory_utilization: float | None = None,  # a vLLM engine colocated on this GPU
     overhead_gb: float = 0.5,  # CUDA context, cuBLAS/NCCL workspaces
+    nograd_sequences: int | None = None,  # rows per reference / old-logprob forward; None: no such pass; 0: auto
+    nograd_most: int = 8,  # auto's ceiling: max(micro_batch_size, 8) (RunConfig.logprob_batch_size)
     title: str | None = None,
 ) -> MemoryEstimate:
     """Peak memory of one training GPU, term by term (formulas in the module docstring)."""
@@ -444,11 +512,15 @@ def estimate_train_memory(
     # training phase
     train: list[tuple[str, float, str]] = []
     tokens = sequences * seq_len
-    per_tl = _activation_bytes_per_token_layer(m, b, seq_len, attention)
+    # the residual stream (each decoder layer's input: what checkpointing keeps) is in the embedding's dtype:
+    # float32 where the torch backends' full fine-tuning made every trainable weight a float32 master (the
+    # embedding too; autocast leaves lookups and residual adds alone, so bf16 + fp32 stays fp32 all the way)
+    rb = 4.0 if master and zero_stage == 0 else b
+    per_tl = _activation_bytes_per_token_layer(m, b, seq_len, attention, rb)
     if gradient_checkpointing:
-        act = tokens * (m.layers * b * m.hidden + 2 * per_tl)
-        act_note = (f"checkpointing: {m.layers} layer inputs + 1 layer recomputed with grads, "
-                    f"{tokens:,} tokens ({sequences} x {seq_len})")
+        act = tokens * (m.layers * rb * m.hidden + 2 * per_tl)
+        act_note = (f"checkpointing: {m.layers} layer inputs ({'fp32 residual stream' if rb == 4 else f'{rb:g} B'})"
+                    f" + 1 layer recomputed with grads, {tokens:,} tokens ({sequences} x {seq_len})")
     else:
         act = tokens * m.layers * per_tl
         act_note = (f"{per_tl / 1e3:.0f} KB/token/layer x {m.layers} layers x {tokens:,} tokens "
@@ -483,15 +555,43 @@ def estimate_train_memory(
         gen.append(("generation KV cache", kv, f"2 x {m.layers} layers x {m.kv_heads} kv heads x {m.head_dim} x "
                                                f"{b:g} B x {gtok} tokens x {gseq} sequences"))
         gen.append(("generation logits", gseq * m.vocab * 4, "one decoding step, fp32"))
-    t_sum, g_sum = sum(x[1] for x in train), sum(x[1] for x in gen)
-    peak_phase, other = (train, gen) if t_sum >= g_sum else (gen, train)
-    rows += [(t, n / GB, d) for t, n, d in peak_phase]
-    aside += [(t, n / GB, "other phase: " + d) for t, n, d in other]
-
+    fixed = [("CUDA context + workspaces", overhead_gb, "fixed allowance")]
     if vllm_gpu_memory_utilization:
-        rows.append(("vLLM reservation (colocated)", vllm_gpu_memory_utilization * cap,
-                     f"gpu_memory_utilization {vllm_gpu_memory_utilization} x {cap:.1f} GB"))
-    rows.append(("CUDA context + workspaces", overhead_gb, "fixed allowance"))
+        fixed.insert(0, ("vLLM reservation (colocated)", vllm_gpu_memory_utilization * cap,
+                         f"gpu_memory_utilization {vllm_gpu_memory_utilization} x {cap:.1f} GB"))
+
+    # the reference and old-logprob passes: no-grad forwards of their own width (logprob_batch_size rows), a
+    # phase of their own before the update (no gradients allocated yet). With eager attention their scores
+    # dominate: auto sizes the rows to what fits beside the static terms, as the trainer does from free memory
+    nograd: list[tuple[str, float, str]] = []
+    if nograd_sequences is not None:
+        def logits_rows(k: int) -> int:  # fp32 logits + log-softmax: one chunk's, nothing kept for backward
+            return min(k * seq_len, logits_chunk) if logits == "chunked" else k * seq_len
+
+        k, how = nograd_sequences, f"logprob_batch_size {nograd_sequences}"
+        if not k:
+            free = (cap - sum(g for _, g, _ in rows) - sum(g for _, g, _ in fixed)) * GB
+            k = nograd_rows(m, seq_len, b, attention, free_bytes=free, most=nograd_most, rb=rb,
+                            fixed_bytes=logits_rows(nograd_most) * m.vocab * 8)
+            how = (f"auto: {k} of at most {nograd_most}" + (f", the rows whose scores fit {NOGRAD_BUDGET:.0%} of "
+                                                           f"the {free / GB:.1f} GB beside the static terms"
+                                                           if attention == "eager" else ""))
+        logits_ng = logits_rows(k) * m.vocab * 8
+        per_row_act = nograd_row_bytes(m, seq_len, b, "sdpa", rb)
+        nograd.append(("no-grad forward activations", k * per_row_act,
+                       f"reference / old-logprob pass, {k} x {seq_len} tokens ({how}): one layer at a time"))
+        if attention == "eager":
+            nograd.append(("no-grad eager attention scores", nograd_row_bytes(m, seq_len, b, "eager", rb) * k
+                           - per_row_act * k,
+                           f"{NOGRAD_SCORE_COPIES} (heads={m.heads}, T, T) score tensors + {m.attention_masks} causal "
+                           f"mask(s) at once, N={k} rows ({how}), T={seq_len}"))
+        nograd.append(("no-grad logits", logits_ng, f"{logits_rows(k)} token rows x V={m.vocab:,} fp32 logits + "
+                                                    "log-softmax"))
+    phases = sorted([(sum(x[1] for x in ph), i, ph) for i, ph in enumerate((train, nograd, gen)) if ph],
+                    key=lambda t: (-t[0], t[1]))
+    rows += [(t, n / GB, d) for t, n, d in phases[0][2]]
+    aside += [(t, n / GB, "other phase: " + d) for _, _, ph in phases[1:] for t, n, d in ph]
+    rows += fixed
 
     notes.append(f"{finetune} fine-tuning, {train_dtype} weights, {optimizer_dtype} AdamW states"
                  + (", fp32 master weights" if master else ""))
@@ -631,7 +731,8 @@ def shape_from_hf_config(c, name: str = "loaded") -> ModelShape:
                       attn_bias="qkvo" if getattr(c, "attention_bias", False) else ("qkv" if c.model_type == "qwen2"
                                                                                   else "none"),
                       attn_sinks=gpt_oss, expert_bias=gpt_oss,
-                      attention="sdpa" if getattr(c, "_attn_implementation", "sdpa") == "sdpa" else "eager",
+                      attention=estimator_attention(getattr(c, "_attn_implementation", None) or "sdpa"),
+                      flex_attention=gpt_oss,
                       attention_masks=len(set(getattr(c, "layer_types", None) or ["full"])),
                       checkpoint="mxfp4" if str(getattr(method, "value", method)) == "mxfp4" else "bf16")
 
@@ -641,13 +742,29 @@ def train_dtype_of(cfg) -> str:
     return {"bfloat16": "bf16", "float16": "fp16"}.get(cfg.dtype, "fp32")
 
 
+def config_attention(cfg, shape: str | ModelShape, device_type: str = "cuda") -> str:
+    """The estimator's attention for a RunConfig's run on ``device_type`` (a preflight plans for GPUs):
+    :func:`pick_attention` of ``cfg.attn_implementation`` over the model's default, as the loader resolves it
+    (rftlib.models.loading.load_policy)."""
+    m = get_model(shape)
+    return estimator_attention(pick_attention(getattr(cfg, "attn_implementation", "auto"), default=m.attention,
+                                              flex=m.flex_attention, device_type=device_type))
+
+
 def estimate_for_config(cfg, shape: str | ModelShape, *, gpu: str | float, world_size: int, seq_len: int,
-                        chunk_rows: int, sharding, hf_generate: bool) -> MemoryEstimate:
+                        chunk_rows: int, sharding, hf_generate: bool, attention: str | None = None) -> MemoryEstimate:
     """estimate_train_memory for a RunConfig (duck-typed: its fields), one trainer GPU of ``world_size`` ranks.
 
     What depends on the backend and the engine comes from their declarations, passed in by the caller (this
     layer knows neither registry): ``sharding`` (rftlib.train.backends.sharding_of: ZeRO stage, CPU offload)
-    and ``hf_generate`` (the engine generates on the trainer's module: EngineKind.on_trainer_module)."""
+    and ``hf_generate`` (the engine generates on the trainer's module: EngineKind.on_trainer_module).
+    ``attention``: the estimator's name for what runs (a loaded model's), else :func:`config_attention`.
+
+    The no-grad passes are counted where the trainer runs them (rftlib.train.loop: the reference logprobs when
+    beta > 0, the old logprobs when the update is off-policy: several optimizer steps per rollout, or an engine
+    that is not the trainer's module), at ``logprob_batch_size`` rows (0: auto, up to max(micro_batch_size, 8))."""
+    off_policy = getattr(cfg, "optimizer_steps_per_rollout", 1) > 1 or not hf_generate
+    nograd = cfg.beta > 0 or off_policy
     return estimate_train_memory(
         shape, gpu=gpu, train_dtype=train_dtype_of(cfg), finetune="lora" if cfg.lora_rank else "full",
         lora_rank=max(cfg.lora_rank, 1), lora_targets=tuple(t for t in cfg.lora_target_modules
@@ -656,4 +773,6 @@ def estimate_for_config(cfg, shape: str | ModelShape, *, gpu: str | float, world
         generation=(max(1, cfg.rollout_batch_size * cfg.n_samples_per_prompt // world_size), seq_len) if hf_generate
         else None,
         zero_stage=sharding.zero_stage, world_size=world_size, offload=sharding.offload_params,
-        adam_offload=sharding.offload_optimizer)
+        adam_offload=sharding.offload_optimizer, attention=attention or config_attention(cfg, shape),
+        nograd_sequences=(getattr(cfg, "logprob_batch_size", 0) or 0) if nograd else None,
+        nograd_most=max(cfg.micro_batch_size, 8))

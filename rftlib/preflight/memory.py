@@ -13,7 +13,7 @@ import dataclasses
 
 from rftlib.algo.logprobs import auto_chunk_size
 from rftlib.rollout.factory import engine_kind
-from rftlib.train.backends import sharding_of
+from rftlib.train.backends import machine_problems, sharding_of
 from rftlib.models.memory import (  # noqa: F401  (re-exported: the preflight's public names)
     ALL_LINEAR, ATTENTION, BYTES, GB, GPUS, LOGITS_LEAN, LOGITS_NAIVE, MODELS, TIGHT, MemoryEstimate, ModelShape,
     estimate_for_config, estimate_load_memory, estimate_rollout_memory, estimate_train_memory, get_model,
@@ -63,12 +63,15 @@ def memory_preflight(cfg) -> list[MemoryEstimate]:
 
 
 def memory_preflight_text(cfg) -> str:
-    """memory_preflight's tables, or one line saying why there are none."""
+    """memory_preflight's tables (or one line saying why there are none), then what this machine lacks to run
+    the config's backend (Backend.check_machine: the trainer refuses it before loading the model)."""
     ests = memory_preflight(cfg)
     if not ests:
-        return (f"  memory: no registered shape for model '{cfg.model}' (rftlib.models.memory.MODELS); the trainer logs "
+        text = (f"  memory: no registered shape for model '{cfg.model}' (rftlib.models.memory.MODELS); the trainer logs "
                 "its estimate from the loaded config on a GPU (memory/preflight_gib)")
-    return "\n\n".join(e.table() for e in ests)
+    else:
+        text = "\n\n".join(e.table() for e in ests)
+    return text + "".join(f"\n  REFUSED on this machine: {p}" for p in machine_problems(cfg))
 
 
 def _targets(shape: ModelShape, cfg) -> tuple[str, ...]:

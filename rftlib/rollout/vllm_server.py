@@ -27,6 +27,7 @@ import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Mapping
 
 import torch
 from safetensors.torch import save
@@ -38,6 +39,9 @@ START_TIMEOUT_S = float(os.environ.get("RFTLIB_VLLM_START_TIMEOUT", 600))  # mod
 REQUEST_TIMEOUT_S = float(os.environ.get("RFTLIB_VLLM_REQUEST_TIMEOUT", 1800))  # one completions call
 BASE_NAME = "base"  # served model name of the base weights
 RPC_CHUNK_BYTES = 256 * 2**20  # full weights over /collective_rpc: tensors per request up to this (base64 adds 1/3)
+# completions requests one trainer rank keeps open at once (one thread each): every prompt of a call is in flight
+# together, so an engine's scheduler sees its whole share (vLLM queues what its max_num_seqs cannot run yet)
+MAX_IN_FLIGHT = int(os.environ.get("RFTLIB_VLLM_MAX_IN_FLIGHT", 1024))
 
 
 class EngineDiedError(RuntimeError):
@@ -83,22 +87,64 @@ def server_command(s: VLLMSettings, k: int, port: int, python: str = sys.executa
     return cmd
 
 
-def engine_gpus(s: VLLMSettings, k: int) -> list[str]:
-    """Engine k's GPUs: its TP-sized slice of ``rollout_gpus`` (seed 003: 2 engines x TP 2 on 0-3), else of
-    the GPUs this process sees (CUDA_VISIBLE_DEVICES, else 0..)."""
+def visible_gpus(environ: Mapping[str, str] | None = None) -> list[str] | None:
+    """The GPUs this process sees, as ``CUDA_VISIBLE_DEVICES`` lists them (indices, ``GPU-``/``MIG-`` UUIDs) in
+    the order torch numbers them (cuda:0 is the first), or None when it is unset (every GPU, numbered as the
+    driver numbers them). CUDA reads the list up to its first invalid entry (a negative index, an empty one);
+    so does this. ``environ``: os.environ unless given."""
+    raw = (os.environ if environ is None else environ).get("CUDA_VISIBLE_DEVICES")
+    if raw is None:
+        return None
+    out: list[str] = []
+    for entry in raw.split(","):
+        e = entry.strip()
+        if e.isdigit() or e.startswith(("GPU-", "MIG-")):
+            out.append(e)
+        else:  # "-1", "", a typo: CUDA stops here and hides the rest
+            break
+    return out
+
+
+def physical_gpus(indices, field: str, environ: Mapping[str, str] | None = None) -> list[str]:
+    """The ``CUDA_VISIBLE_DEVICES`` entries that select GPU ``indices`` for a child process: a config's GPU
+    indices (``train_gpus``, ``rollout_gpus``) count the GPUs this process sees, as torch's cuda:i does, so
+    under ``CUDA_VISIBLE_DEVICES=4,5,6,7`` index 1 is GPU 5. Passing the index on as it is would put the child
+    on physical GPU 1, which may be another user's. Raises ValueError (naming ``field``) for an index this
+    process cannot see."""
+    env = os.environ if environ is None else environ
+    vis = visible_gpus(env)
+    if vis is None:
+        return [str(g) for g in indices]
+    hidden = [g for g in indices if g >= len(vis)]
+    if hidden:
+        raise ValueError(f"{field}={list(indices)}: GPU index(es) {hidden} are not among the {len(vis)} GPU(s) this "
+                         f"process sees (CUDA_VISIBLE_DEVICES={env.get('CUDA_VISIBLE_DEVICES')!r}: indices count "
+                         "those GPUs, from 0): use indices into that list, or widen CUDA_VISIBLE_DEVICES to the "
+                         "GPUs the plan names")
+    return [vis[g] for g in indices]
+
+
+def engine_gpus(s: VLLMSettings, k: int, environ: Mapping[str, str] | None = None) -> list[str]:
+    """Engine k's GPUs as its CUDA_VISIBLE_DEVICES entries: its TP-sized slice of ``rollout_gpus`` (seed 003: 2
+    engines x TP 2 on 0-3), mapped through the GPUs this process sees (:func:`physical_gpus`), else the k-th
+    slice of those GPUs (CUDA_VISIBLE_DEVICES, else 0..)."""
     tp = s.tensor_parallel_size
     if s.rollout_gpus:
-        ids = [str(g) for g in s.rollout_gpus]
-    else:
-        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-        ids = visible.split(",") if visible else [str(i) for i in range(s.num_engines * tp)]
+        return physical_gpus(list(s.rollout_gpus)[k * tp:(k + 1) * tp], "rollout_gpus", environ)
+    vis = visible_gpus(environ)
+    ids = vis if vis is not None else [str(i) for i in range(s.num_engines * tp)]
+    if len(ids) < (k + 1) * tp:
+        raise ValueError(f"vLLM engine {k} needs GPUs {k * tp}-{(k + 1) * tp - 1} of the {len(ids)} this process sees "
+                         "(CUDA_VISIBLE_DEVICES): set rollout_gpus, or fewer vllm_num_engines / "
+                         "vllm_tensor_parallel_size")
     return ids[k * tp:(k + 1) * tp]
 
 
-def server_env(s: VLLMSettings, k: int) -> dict[str, str]:
+def server_env(s: VLLMSettings, k: int, environ: Mapping[str, str] | None = None) -> dict[str, str]:
     """What engine k's environment sets on top of the inherited one: runtime LoRA loading, rftlib importable
     (the worker extension), its GPUs, its API key. The dev routes (``/collective_rpc``) are on only for
-    full-weight sync: vLLM's --api-key guards /v1 routes alone, so they must never face other nodes."""
+    full-weight sync: vLLM's --api-key guards /v1 routes alone, so they must never face other nodes.
+    ``environ``: whose CUDA_VISIBLE_DEVICES the GPU indices count (os.environ unless given)."""
     paths = [str(REPO_ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != str(REPO_ROOT)]
     env = {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True", "PYTHONPATH": os.pathsep.join(paths)}
     if s.lora_rank == 0:
@@ -110,7 +156,7 @@ def server_env(s: VLLMSettings, k: int) -> dict[str, str]:
     if s.api_key:
         env["VLLM_API_KEY"] = s.api_key  # the environment, not the command line: ps and commands.sh stay clean
     if s.on_gpu:
-        env["CUDA_VISIBLE_DEVICES"] = ",".join(engine_gpus(s, k))
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(engine_gpus(s, k, environ))
     else:
         if "VLLM_CPU_OMP_THREADS_BIND" not in os.environ:
             env["VLLM_CPU_OMP_THREADS_BIND"] = "nobind"  # no pinning: the trainer's ranks share these cores
@@ -239,26 +285,56 @@ class VLLMServerEngine(_VLLMBase):
             raise
         self.start_seconds = time.time() - t
         self.model_name = BASE_NAME  # the adapter (or base) completions are asked of
-        self.pool = ThreadPoolExecutor(max_workers=max(4, 2 * settings.num_engines))
+        # threads start as requests need them (up to MAX_IN_FLIGHT) and are reused by later calls
+        self.pool = ThreadPoolExecutor(max_workers=MAX_IN_FLIGHT, thread_name_prefix="vllm-request")
 
-    def _complete(self, srv: _Server, ids: list[int], p: dict) -> list[tuple[list[int], list[float]]]:
-        body = dict(model=self.model_name, prompt=ids, n=p["n"], max_tokens=p["max_tokens"],
+    def _complete(self, srv: _Server, prompts: list[list[int]], p: dict) -> list[tuple[list[int], list[float]]]:
+        """One /v1/completions request for ``prompts`` (token-id lists) under sampling fields ``p``: their
+        len(prompts) x n completions, prompt-major, as (token ids, sampled-token logprobs)."""
+        body = dict(model=self.model_name, prompt=prompts, n=p["n"], max_tokens=p["max_tokens"],
                     temperature=p["temperature"], top_p=p["top_p"], top_k=p["top_k"], seed=p["seed"],
                     stop_token_ids=p["stop_token_ids"], skip_special_tokens=False, return_token_ids=True)
         if p["logprobs"] is not None:
             body["logprobs"] = p["logprobs"]
         out = srv.post("/v1/completions", body, "generating")
+        choices = sorted(out["choices"], key=lambda c: c["index"])  # index = prompt x n + completion (vLLM)
+        if len(choices) != len(prompts) * p["n"]:
+            raise RuntimeError(f"vLLM engine {srv.k} returned {len(choices)} completions for {len(prompts)} "
+                               f"prompt(s) x n={p['n']}")
         rows = []
-        for c in sorted(out["choices"], key=lambda c: c["index"]):
+        for c in choices:
             lps = c["logprobs"]["token_logprobs"] if c.get("logprobs") else []
             rows.append((list(c["token_ids"]), [float(x) for x in lps]))
         return rows
 
     def _sample(self, prompt_id_lists, params):
-        # round-robin: prompt i goes to engine i % N, every prompt its own request (its own seed)
-        futs = [self.pool.submit(self._complete, self.servers[i % len(self.servers)], ids, p)
-                for i, (ids, p) in enumerate(zip(prompt_id_lists, params))]
-        return [row for f in futs for row in f.result()]
+        """Every prompt in flight at once, prompt i on engine i % N, so each engine's scheduler batches its
+        whole share (a greedy eval of ~420 prompts is hundreds of sequences, not the handful a small pool of
+        one-prompt requests kept open). Greedy prompts, whose sampling no seed touches, go to an engine as
+        one request (:func:`batchable`); sampled ones one request each, all sent together: vLLM gives every
+        prompt of one request the same seed (completion j of each draws from seed + j,
+        ``ParentRequest._get_child_sampling_params``), so the prompts of a shared request would draw the
+        same random streams, where each prompt's own seed (``_VLLMBase.generate``) keeps them apart."""
+        n_srv = len(self.servers)
+        jobs = []  # (prompt indices, future of their rows)
+        for k in range(n_srv):
+            share = list(range(k, len(prompt_id_lists), n_srv))
+            if not share:
+                continue
+            if batchable([params[i] for i in share]):
+                p = {**params[share[0]], "seed": None}  # greedy: no random draw for a seed to fix
+                jobs.append((share, self.pool.submit(self._complete, self.servers[k],
+                                                     [prompt_id_lists[i] for i in share], p)))
+            else:
+                jobs += [([i], self.pool.submit(self._complete, self.servers[k], [prompt_id_lists[i]], params[i]))
+                         for i in share]
+        rows: list[list] = [[] for _ in prompt_id_lists]
+        for share, fut in jobs:
+            out = fut.result()
+            n = len(out) // len(share)
+            for j, i in enumerate(share):
+                rows[i] = out[j * n:(j + 1) * n]
+        return [row for per_prompt in rows for row in per_prompt]
 
     def _load_lora(self, name, lora_id, path):
         previous = self.model_name if self.model_name != BASE_NAME else None
@@ -303,6 +379,13 @@ class VLLMServerEngine(_VLLMBase):
         pool = getattr(self, "pool", None)
         if pool is not None:
             pool.shutdown(wait=False, cancel_futures=True)
+
+
+def batchable(params: list[dict]) -> bool:
+    """Whether prompts with these sampling fields can share one completions request: greedy (temperature 0,
+    where the seed draws nothing) and otherwise the same fields. Sampled prompts each need their own seed."""
+    first = {**params[0], "seed": None}
+    return all(p["temperature"] == 0 and {**p, "seed": None} == first for p in params)
 
 
 def weight_chunks(named, limit: int = RPC_CHUNK_BYTES):

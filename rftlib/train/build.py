@@ -43,7 +43,7 @@ from rftlib.models.loading import (Reference, adapter_mismatch, adapter_refusal,
 from rftlib.monitor.metrics import MetricsLogger
 from rftlib.rewards.registry import Reward, combine_rewards
 from rftlib.rollout.factory import make_engine
-from rftlib.train.backends import make_backend, partitioned_load_config
+from rftlib.train.backends import machine_problems, make_backend, partitioned_load_config
 from rftlib.train.dist import Dist, init_dist, resolve_dtype
 from rftlib.train.sampler import PromptSampler
 
@@ -253,6 +253,9 @@ def build(cfg: RunConfig, run_dir: str | Path | None = None, *, dist: Dist | Non
     """Every part of an attempt, in the order that keeps a seed's numbers: ranks, config for the device,
     seeds, run directory (created when None, then locked), task, reward, policy, reference, backend,
     engine, sampler, logger. The lock is released if a later part fails."""
+    problems = machine_problems(cfg)  # what the backend would fail on after the load (DeepSpeed's CPU Adam build)
+    if problems:
+        raise ConfigError("this machine cannot run the config's backend: " + "; ".join(problems))
     D = dist or init_dist(cfg)
     cfg = dataclasses.replace(cfg, dtype=resolve_dtype(cfg.dtype, D.device))
     check_world(cfg, D.world_size)

@@ -48,7 +48,8 @@ from rftlib.train.backends import checkpoint_format_of
 from rftlib.train.backends.scheduler import restart_schedule
 from rftlib.train.build import Parts, build, fit_prompts
 from rftlib.train.dist import Dist
-from rftlib.train.memory import preflight_gib, step_memory
+from rftlib.models.memory import nograd_rows, shape_from_hf_config
+from rftlib.train.memory import free_bytes, preflight_gib, step_memory
 from rftlib.train.step_metrics import step_metrics
 
 EVAL_KEY = "eval/heldout/greedy_pass@1"
@@ -234,13 +235,32 @@ class Trainer:
     @torch.no_grad()
     def _no_grad_logprobs(self, ro, module=None) -> torch.Tensor:
         """(N, T) logprobs of every rollout row for the reference or old-logprob pass, in forwards of
-        ``logprob_batch_size`` rows (auto: max(micro_batch_size, 8)): no activations are kept for a
+        ``logprob_batch_size`` rows (auto: :meth:`_no_grad_rows`): no activations are kept for a
         backward, so these batch wider than the update's micro-batches (seed 003 trains at 1)."""
         N, T = ro.num_rows, ro.completion_ids.shape[1]
-        k = self.cfg.logprob_batch_size or max(self.cfg.micro_batch_size, 8)
+        k = self._no_grad_rows(ro)
         return torch.cat([self._full_width(self._logprobs(self._rows(ro, torch.arange(s, min(s + k, N))),
                                                           with_entropy=False, module=module)[0], T)
                           for s in range(0, N, k)])  # (N, T)
+
+    def _no_grad_rows(self, ro) -> int:
+        """Rows per no-grad forward: ``logprob_batch_size``, else max(micro_batch_size, 8), fewer where the model
+        runs eager attention and that many rows' (heads, T, T) scores would not fit NOGRAD_BUDGET of the memory
+        free now (rftlib.models.memory.nograd_rows, the rule the preflight counts): at seed 003's T ~ 5,000,
+        gpt-oss's eager scores are ~10 GB a row, so 8 rows beside a ZeRO-3 partition would not fit an H100."""
+        cfg = self.cfg
+        if cfg.logprob_batch_size:
+            return cfg.logprob_batch_size
+        most = max(cfg.micro_batch_size, 8)
+        lm = causal_lm(self.model)
+        if getattr(lm.config, "_attn_implementation", None) != "eager":
+            return most
+        width = ro.prompt_ids.shape[1] + ro.completion_ids.shape[1]  # the widest a forward of these rows gets
+        b = (self.amp or lm.dtype).itemsize  # the scores' dtype: autocast's, else the weights'
+        rb = lm.get_input_embeddings().weight.dtype.itemsize  # the residual stream's (float32 masters: 4)
+        fixed = min(most * width, self.logprob_chunk_size) * self.vocab_size * 8  # one logits chunk + log-softmax
+        return nograd_rows(shape_from_hf_config(lm.config), width, b, "eager", free_bytes=free_bytes(self.dist.device),
+                           most=most, rb=rb, fixed_bytes=fixed)
 
     def _global_advantages(self, shaped: torch.Tensor, G: int) -> torch.Tensor:
         """This rank's advantages, computed over the whole global batch: every rank's shaped rewards (whole
@@ -291,8 +311,7 @@ class Trainer:
                 acc["rows_seen"] += len(batch)
                 acc["rows_run"] += sum(len(ix) for ix in micro)
                 if not micro:  # nothing to learn from: zero gradients, so the optimizer steps as it would have
-                    for p in self.params:
-                        p.grad = torch.zeros_like(p)
+                    self._zero_backward()
                 for j, ix in enumerate(micro):
                     rows = self._rows(ro, ix)
                     t1 = rows["completion_ids"].shape[1]  # this micro-batch's own completion width
@@ -347,6 +366,18 @@ class Trainer:
                 acc["loss"].append(loss_global)
         gmax = max(acc["grad_norm"], key=lambda g: math.inf if not math.isfinite(g) else g)  # NaN counts as a spike
         return {**acc, "grad_norm_max": gmax, "clip": (loss_kw["clip_low"], loss_kw["clip_high"])}
+
+    def _zero_backward(self) -> None:
+        """Give every trainable parameter a zero gradient through the backend's own backward, for an optimizer
+        batch whose rows all drop out (every advantage 0: seed 002's FizzBuzz once every group scores 1.0).
+
+        Zero-filling ``p.grad`` directly left the backend's loss scaling out: a float16 GradScaler had never
+        scaled a loss, so its ``unscale_`` raised ("_scale is None") and the run died at its first all-solved
+        batch. A zero loss through ``backend.backward`` is the path every batch takes, so the scaler (and any
+        backend that counts backwards) sees an ordinary step whose gradient is exactly 0."""
+        zero = sum(p.sum() for p in self.params) * 0.0  # () on the parameters' device; d/dp = 0 for every p
+        with self.backend.accumulate(last=True):
+            self.backend.backward(zero)
 
     def _micro_batches(self, ro, batch: torch.Tensor, advantages: torch.Tensor, lmask: torch.Tensor,
                        skip: bool) -> list[torch.Tensor]:

@@ -12,7 +12,7 @@ import sys
 
 import torch
 
-from rftlib.models.memory import estimate_for_config, shape_from_hf_config
+from rftlib.models.memory import estimate_for_config, estimator_attention, shape_from_hf_config
 from rftlib.rollout.factory import engine_kind
 from rftlib.train.backends import sharding_of
 
@@ -29,10 +29,28 @@ def preflight_gib(cfg, hf_config, world_size: int, prompt_len: int, chunk_rows: 
         total = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory / 1e9
         est = estimate_for_config(cfg, shape_from_hf_config(hf_config), gpu=total, world_size=world_size,
                                   seq_len=prompt_len + cfg.max_new_tokens, chunk_rows=chunk_rows,
-                                  sharding=sharding_of(cfg), hf_generate=engine_kind(cfg.rollout_engine).on_trainer_module)
+                                  sharding=sharding_of(cfg), hf_generate=engine_kind(cfg.rollout_engine).on_trainer_module,
+                                  attention=estimator_attention(getattr(hf_config, "_attn_implementation", None)
+                                                                or "sdpa"))
         return est.total_gb * 1e9 / 2**30
     except (ValueError, KeyError, AttributeError, RuntimeError):
         return None
+
+
+def free_bytes(device: torch.device) -> int:
+    """Memory a new tensor on ``device`` can take now: on CUDA the driver's free memory plus what torch's caching
+    allocator holds unused (reserved - allocated), else the host's MemAvailable (0 where it cannot be read)."""
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0] + torch.cuda.memory_reserved(device)
+                   - torch.cuda.memory_allocated(device))
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
 
 
 def step_memory(device: torch.device) -> dict[str, float]:

@@ -21,6 +21,7 @@ the launch plan, the process group) and default to a backend that holds a whole 
     needs_group_alone   one process without torchrun still joins a (one-rank) process group
     single_process      runs one process only (refused as a torchrun rank)
     check_config(cfg) -> [problem, ...]     the backend's own rules on a RunConfig (offload, ZeRO stage, dtype)
+    check_machine(cfg) -> [problem, ...]    what this machine lacks to run it (DeepSpeed's CPU Adam build)
     sharding(cfg) -> Sharding               ZeRO stage and CPU offload, for the memory estimates and plans
     partitioned_load_config(cfg, world)     the config to load the policy partitioned under (ZeRO-3), else None
     join_group(pg_backend, device)          how this process joins torch.distributed's group
@@ -112,6 +113,14 @@ class Backend:
         return None
 
     @staticmethod
+    def check_machine(cfg) -> list[str]:
+        """Problems this machine has with running ``cfg`` under this backend, found without loading anything
+        big (what the backend will build or link at start-up), each a sentence with the fix. The trainer
+        refuses them before it loads the model; ``rft launch`` refuses them (a dry run lists them) and ``rft
+        preflight`` prints them. [] for a backend that needs nothing beyond torch."""
+        return []
+
+    @staticmethod
     def join_group(pg_backend: str, device: torch.device) -> None:
         """Join torch.distributed's group from torchrun's environment (init_dist has set a one-rank one's)."""
         tdist.init_process_group(backend=pg_backend, device_id=device if device.type == "cuda" else None)
@@ -140,6 +149,11 @@ def partitioned_load_config(cfg, world_size: int) -> dict | None:
     """The config under which the policy must be *loaded* partitioned (ZeRO-3: every parameter arrives as
     this rank's shard, rftlib.models.loading.load_policy), or None when the backend wraps a whole model."""
     return backend_class(cfg.backend).partitioned_load_config(cfg, world_size)
+
+
+def machine_problems(cfg) -> list[str]:
+    """This machine's problems with ``cfg.backend`` running ``cfg`` (Backend.check_machine); [] when none."""
+    return backend_class(cfg.backend).check_machine(cfg)
 
 
 def sharding_of(cfg) -> Sharding:

@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from rftlib.models.forward import PolicyForward
-from rftlib.models.loading import import_deepspeed  # deepspeed's one place (the partitioned load needs it too)
+from rftlib.models.loading import cpu_adam_probe, import_deepspeed  # deepspeed's one place (the partitioned load needs it too)
 from rftlib.train.backends import BACKENDS, Backend, Sharding
 from rftlib.train.backends.scheduler import make_scheduler
 
@@ -85,6 +85,44 @@ def deepspeed_config_for(cfg, world_size: int) -> dict:
                             // cfg.micro_batch_size)
 
 
+def cpu_adam_build_problems(facts: dict) -> list[str]:
+    """The sentence (a list of one) saying what this machine lacks for DeepSpeed's CPU Adam and how to get it,
+    from rftlib.models.loading.cpu_adam_probe's facts; [] when it is prebuilt or can be built."""
+    if facts["unavailable"]:
+        return [f"offload_optimizer: {facts['unavailable']}"]
+    if facts["prebuilt"]:
+        return []
+    missing, fixes = [], []
+    if not facts["ninja"]:
+        missing.append("ninja")
+    if not facts["cxx"]:
+        missing.append("a C++ compiler (c++, or $CXX)")
+    if missing:
+        fixes.append("`conda install -c conda-forge ninja cxx-compiler` (or your system's ninja and g++)")
+    if facts["needs_cuda"]:
+        cuda = []
+        if not facts["cuda_home"] or not facts["nvcc"]:
+            cuda.append("the CUDA compiler (nvcc under CUDA_HOME: "
+                        f"{facts['cuda_home'] or 'not set, and no nvcc on PATH or in /usr/local/cuda'})")
+        if not facts["curand"]:
+            cuda.append("libcurand (the CUDA toolkit's random-number library)")
+        if cuda:
+            missing += cuda
+            fixes.append("the CUDA toolkit of torch's CUDA version (`conda install -c nvidia cuda-nvcc "
+                         "cuda-libraries-dev`, then `export CUDA_HOME=$CONDA_PREFIX`)")
+    if not missing:
+        return []
+    return ["offload_optimizer builds DeepSpeed's CPU Adam when the optimizer is created (after the model has "
+            f"loaded), and this machine lacks {', '.join(missing)}: install {' and '.join(fixes)}; or install "
+            "DeepSpeed with the op prebuilt (`DS_BUILD_CPU_ADAM=1 pip install deepspeed==0.19.8`, on a machine "
+            "with them); or train without it (offload_optimizer: false, where the GPUs hold the optimizer state)"]
+
+
+def cpu_adam_problems() -> list[str]:
+    """:func:`cpu_adam_build_problems` of this machine (:func:`cpu_adam_probe`)."""
+    return cpu_adam_build_problems(cpu_adam_probe())
+
+
 class DeepSpeedBackend(Backend):
     name = "deepspeed"
     needs_group_alone = True  # deepspeed.initialize insists on a process group, even for one process
@@ -103,6 +141,11 @@ class DeepSpeedBackend(Backend):
         if cfg.offload_params and cfg.zero_stage != 3:
             problems.append("offload_params needs zero_stage 3 (ZeRO-2 partitions no parameters to offload)")
         return problems
+
+    @staticmethod
+    def check_machine(cfg) -> list[str]:
+        """offload_optimizer: DeepSpeed's CPU Adam must build or load here (:func:`cpu_adam_problems`)."""
+        return cpu_adam_problems() if cfg.offload_optimizer else []
 
     @staticmethod
     def sharding(cfg) -> Sharding:

@@ -1,0 +1,118 @@
+"""Issue 29 item 5: a trainer rank hands its server engines every prompt of a call at once. Two stub vLLM
+servers (the OpenAI-compatible routes the engine uses: /health, /v1/completions) record how many sequences
+each was given at the same time; vLLM itself is not needed, so this runs anywhere."""
+
+from __future__ import annotations
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+import rftlib.rollout.vllm_server as vs
+from rftlib.models.tiny import build_tiny_tokenizer
+from rftlib.rollout.assemble import encode_prompts
+from rftlib.rollout.vllm import VLLMSettings
+
+HOLD_S = 5.0  # a stub request waits this long at most for the rest of its engine's share to arrive
+
+
+class StubEngine:
+    """One fake engine. A completions request counts its sequences (prompts x n) in flight, waits until the
+    expected number is in flight (or HOLD_S passes), then answers: one token per completion, whose logprob
+    says which prompt (its token count) and which completion (j / 10) it belongs to."""
+
+    def __init__(self, expect: int, token: int):
+        self.expect, self.token = expect, token
+        self.in_flight = 0
+        self.max_in_flight = 0
+        self.requests: list[dict] = []  # the bodies, in arrival order
+        self.cond = threading.Condition()
+        stub = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *a):
+                pass
+
+            def _reply(self, obj):
+                data = json.dumps(obj).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_GET(self):
+                self._reply({})  # /health
+
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                prompts = body["prompt"] if isinstance(body["prompt"][0], list) else [body["prompt"]]
+                seqs = len(prompts) * body["n"]
+                with stub.cond:
+                    stub.requests.append(body)
+                    stub.in_flight += seqs
+                    stub.max_in_flight = max(stub.max_in_flight, stub.in_flight)
+                    stub.cond.notify_all()
+                    stub.cond.wait_for(lambda: stub.max_in_flight >= stub.expect, timeout=HOLD_S)
+                    stub.in_flight -= seqs
+                choices = [{"index": p * body["n"] + j, "token_ids": [stub.token],
+                            "logprobs": {"token_logprobs": [-(len(ids) + j / 10)]}}
+                           for p, ids in enumerate(prompts) for j in range(body["n"])]
+                self._reply({"choices": choices})
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+TOK = build_tiny_tokenizer()  # left padding, as the engines need
+TOKEN = TOK("a", add_special_tokens=False).input_ids[0]  # what every stub completion is: no stop token
+
+
+def engine_on(stubs, tmp_path, monkeypatch) -> vs.VLLMServerEngine:
+    monkeypatch.setattr(vs, "import_vllm", lambda *a: None)  # the stubs stand in for vLLM
+    s = VLLMSettings(model_dir="stub", dtype="float32", lora_rank=0, max_model_len=512, kv_cache_gib=0.0,
+                     gpu_memory_utilization=0.0, enforce_eager=True, tensor_parallel_size=1,
+                     num_engines=len(stubs), sleep_mode=False, probe_tol=0.05, seed=0, on_gpu=False,
+                     urls=tuple(st.url for st in stubs))
+    return vs.VLLMServerEngine(s, TOK, tmp_path)
+
+
+PROMPTS = [" ".join(["7"] * (i + 1)) for i in range(12)]  # 12 prompts of distinct lengths
+
+
+@pytest.mark.parametrize("greedy", [False, True], ids=["sampled", "greedy"])
+def test_each_engine_is_given_its_whole_share_at_once(tmp_path, monkeypatch, greedy):
+    """12 prompts over 2 engines: each engine's 6 prompts (x G) reach it together. Sampled prompts come as 6
+    requests of n=G, each with its own seed (G apart, as _VLLMBase.generate gives them); greedy ones as one
+    request of 6 prompts. Before the fix a pool of max(4, 2 x engines) = 4 threads sent one prompt per
+    request, so an engine held at most 4 prompts' sequences, whatever the call's size."""
+    G = 1 if greedy else 2
+    stubs = [StubEngine(expect=6 * G, token=TOKEN) for _ in range(2)]
+    eng = engine_on(stubs, tmp_path, monkeypatch)
+    try:
+        ro = eng.generate(PROMPTS, group_size=G, max_new_tokens=4, temperature=1.0, greedy=greedy, seed=1000)
+    finally:
+        eng.close()
+        for st in stubs:
+            st.close()
+    assert [st.max_in_flight for st in stubs] == [6 * G, 6 * G]
+    sizes = [[len(b["prompt"]) for b in st.requests] for st in stubs]
+    if greedy:
+        assert sizes == [[6], [6]] and all(b["seed"] is None for st in stubs for b in st.requests)
+    else:
+        assert sizes == [[1] * 6, [1] * 6]
+        seeds = sorted(b["seed"] for st in stubs for b in st.requests)
+        assert seeds == [1000 + i * G for i in range(12)]  # prompt i's own seed, G apart
+    # rows come back prompt-major in the caller's order: row r is prompt r // G, completion r % G
+    lens = [len(ids) for ids in encode_prompts(TOK, PROMPTS)[2]]
+    want = [-(lens[r // G] + (r % G) / 10) for r in range(12 * G)]
+    got = ro.behaviour_logprobs[:, 0].tolist()
+    assert got == pytest.approx(want)
