@@ -293,9 +293,23 @@ def _value(r: dict, name: str) -> float | None:
     return None if r.get(name) is None else float(r[name])
 
 
+CONTESTED_S = 1.0
+"""a step whose threads waited this long for a CPU ran beside other work: left out of the second summary"""
+
+
 def summarize(rows: list[dict], say=lambda s: None) -> dict:
-    """First vs last fifth of the steps (medians) and the least-squares slope per step of each column."""
+    """First vs last fifth of the steps (medians) and the least-squares slope per step of each column; then
+    the same over the steps that waited under CONTESTED_S for a CPU (``uncontested``)."""
     steps = [r for r in rows if r["step"] > 0]
+    out = _summary(steps, say)
+    quiet = [r for r in steps if r.get("rq_wait_s", 0.0) < CONTESTED_S]
+    if len(quiet) < len(steps):
+        say(f"uncontested steps only (under {CONTESTED_S:g} s CPU wait: {len(quiet)} of {len(steps)}):")
+        out["uncontested"] = _summary(quiet, say)
+    return out
+
+
+def _summary(steps: list[dict], say) -> dict:
     k = max(1, len(steps) // 5)
     say(f"{len(steps)} steps; first {k} vs last {k} steps (medians), slope per step x {len(steps)} steps:")
     out = {}
