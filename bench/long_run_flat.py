@@ -127,6 +127,27 @@ def runqueue_wait_s() -> float:
     return total / 1e9
 
 
+def machine_calibration():
+    """A function timing one fixed workload (ms, best of 3): the default model's LM head on 64 rows, fp32
+    (64 x 576) @ (576 x 49152), the shape of a decode step's largest matmul. Machine-speed changes that the
+    CPU-wait figure cannot see (other virtual machines on the host, memory bandwidth) move it; generation
+    seconds divided by it (``gen_per_calib``) stay flat if that is all that changed."""
+    import torch
+    g = torch.Generator().manual_seed(0)
+    a, b = torch.randn(64, 576, generator=g), torch.randn(576, 49152, generator=g)
+
+    def run() -> float:
+        best = float("inf")
+        for _ in range(3):
+            t = time.perf_counter()
+            torch.mm(a, b)
+            best = min(best, time.perf_counter() - t)
+        return 1e3 * best
+
+    run()
+    return run
+
+
 def generation_probe(engine, tok, task, cfg, reps: int) -> list[float]:
     """Seconds of ``reps`` identical rollouts: the first B training prompts x G, forced to max_new_tokens,
     fixed seeds. The same call at the start and end of a long process and in a fresh one separates growth
@@ -171,7 +192,7 @@ def slope(ys: list[float]) -> float:
 
 COLUMNS = [("step", "{:>4d}"), ("gen_s", "{:7.2f}"), ("gen_ms_tok", "{:9.1f}"), ("upd_s", "{:7.2f}"),
            ("step_s", "{:7.2f}"), ("len_mean", "{:8.1f}"), ("len_max", "{:7.0f}"), ("rows_run", "{:8.2f}"), ("upd_ms_row", "{:10.1f}"),
-           ("sys_s", "{:6.1f}"), ("minflt_k", "{:8.0f}"), ("rq_wait_s", "{:9.1f}"), ("rss_mib", "{:8.0f}"), ("peak_mib", "{:9.0f}"),
+           ("sys_s", "{:6.1f}"), ("minflt_k", "{:8.0f}"), ("rq_wait_s", "{:9.1f}"), ("calib_ms", "{:8.1f}"), ("rss_mib", "{:8.0f}"), ("peak_mib", "{:9.0f}"),
            ("heap_used_mib", "{:9.0f}"), ("heap_free_mib", "{:9.0f}"), ("py_objects", "{:10d}"),
            ("tensors", "{:8d}"), ("tensor_mib", "{:10.1f}"), ("row_rss_mib", "{:11.0f}")]
 
@@ -185,6 +206,8 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--types", action="store_true", help="print the object types that grew most each step")
     p.add_argument("--set", action="append", default=[], help="extra RunConfig override k=v (YAML value)")
     p.add_argument("--out", default=None, help="write the per-step rows as JSON here")
+    p.add_argument("--calibrate", action="store_true",
+                   help="after each step, time a fixed LM-head-shaped matmul: the machine's speed at that moment")
     p.add_argument("--probe", type=int, default=0,
                    help="generation probe reps before step 1, after the last step, and in a fresh process after")
     p.add_argument("--probe-only", action="store_true", help=argparse.SUPPRESS)
@@ -222,6 +245,8 @@ def main(argv: list[str] | None = None) -> dict:
     print(" ".join(f"{name:>{len(fmt.format(0)) if 'd' in fmt else len(fmt.format(0.0))}s}" for name, fmt in COLUMNS),
           flush=True)
 
+    calib = machine_calibration() if args.calibrate else None
+
     def record(row: dict) -> None:
         gc.collect()
         n_t, t_mib = tensor_census()
@@ -237,8 +262,11 @@ def main(argv: list[str] | None = None) -> dict:
              "sys_s": ru.ru_stime - last_ru[0].ru_stime, "rq_wait_s": (wait := runqueue_wait_s()) - last_wait[0], "minflt_k": (ru.ru_minflt - last_ru[0].ru_minflt) / 1e3,
              "len_mean": row.get("response_length_mean", 0.0), "len_max": T,
              "rss_mib": _status_mb("VmRSS") or 0.0, "peak_mib": _status_mb("VmHWM") or 0.0, **malloc_mib(),
+             "calib_ms": calib() if calib else None,
              "row_rss_mib": 1024 * row.get("memory/rss_gib", 0.0),  # the trainer's own figure (0: not logged)
              "py_objects": len(gc.get_objects()), "tensors": n_t, "tensor_mib": t_mib, "wall": time.time()}
+        if r["calib_ms"] and gen:
+            r["gen_per_calib"] = gen / (r["calib_ms"] / 1e3)  # generation in units of the fixed workload
         rows.append(r)
         print(" ".join(fmt.format(r.get(name) or 0) for name, fmt in COLUMNS), flush=True)
         if args.types:
@@ -283,7 +311,7 @@ def main(argv: list[str] | None = None) -> dict:
     return out
 
 
-SUMMARY = ("gen_s", "gen_ms_tok", "upd_s", "rows_run", "upd_ms_row", "step_s", "sys_s", "minflt_k", "rq_wait_s",
+SUMMARY = ("gen_s", "gen_ms_tok", "calib_ms", "gen_per_calib", "upd_s", "rows_run", "upd_ms_row", "step_s", "sys_s", "minflt_k", "rq_wait_s",
            "rss_mib", "peak_mib", "row_rss_mib", "heap_used_mib", "heap_free_mib", "py_objects", "tensors", "tensor_mib")
 
 
@@ -324,7 +352,7 @@ def _summary(steps: list[dict], say) -> dict:
 
 
 TABLE = (("len_mean", "length mean", "{:.1f}"), ("len_max", "max", "{:.0f}"), ("gen_s", "gen s", "{:.2f}"), ("upd_s", "update s", "{:.2f}"), ("rows_run", "rows run", "{:.2f}"),
-         ("upd_ms_row", "update ms/row", "{:.0f}"), ("step_s", "total s", "{:.2f}"), ("rq_wait_s", "CPU wait s", "{:.1f}"),
+         ("upd_ms_row", "update ms/row", "{:.0f}"), ("step_s", "total s", "{:.2f}"), ("rq_wait_s", "CPU wait s", "{:.1f}"), ("calib_ms", "calib ms", "{:.1f}"),
          ("rss_mib", "RSS MiB", "{:.0f}"), ("peak_mib", "step peak MiB", "{:.0f}"))
 
 
