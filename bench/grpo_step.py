@@ -9,6 +9,11 @@ rollout (TRL: num_iterations 1, steps_per_generation = gradient_accumulation_ste
 the same torch thread count, and completions forced to max_new_tokens on both sides
 (min_new_tokens = max_new_tokens: rftlib's sampling config is patched in its worker, TRL gets it
 through generation_kwargs), so both generate and train on exactly B*G*max_new_tokens completion tokens.
+Not the same update work, though: rftlib leaves out rows whose advantage is 0 (skip_zero_advantage_rows:
+their gradient is exactly 0), TRL runs every row, so rftlib's update seconds follow how many groups
+had a reward spread that step (24/64 rows at one step, 40/64 two steps later, as the policy learns).
+Each step's line says how many rows the update ran and its seconds per row: compare steps (and sides)
+per row, not per step (bench/long_run_flat.py: per row the update is flat over a 50-step run).
 
 Phases. rftlib: the ``timing/*`` keys its Trainer returns per step (generate, reward, reference,
 update). TRL: its own methods are wrapped: ``_generate`` (generation), ``_calculate_rewards``
@@ -143,6 +148,7 @@ def worker_rftlib(args) -> None:
 
     def update(ro, advantages, ref_lp, old_lp, lmask):  # (N, T) loss mask: the tokens trained on
         seen["fb_tokens"] = seen["f_tokens"] = 0.0
+        seen["fb_rows"] = 0
         seen["tokens"] = float(lmask.sum())
         seen["prompt_tokens"] = float(ro.prompt_mask.sum())
         seen["rows"] = int(ro.num_rows)
@@ -155,6 +161,8 @@ def worker_rftlib(args) -> None:
         n = float(rows["prompt_mask"].sum() + rows["completion_mask"].sum())
         key = "fb_tokens" if torch.is_grad_enabled() else "f_tokens"
         seen[key] = seen.get(key, 0.0) + n
+        if torch.is_grad_enabled():
+            seen["fb_rows"] = seen.get("fb_rows", 0) + int(rows["prompt_mask"].shape[0])
         return orig_logprobs(rows, **kw)
 
     tr._logprobs = logprobs
@@ -172,7 +180,7 @@ def worker_rftlib(args) -> None:
                "reference": row.get("timing/reference", 0.0), "update": row.get("timing/update", 0.0),
                "peak_mb": _status_mb("VmHWM"), "base_mb": base, "tokens": seen["tokens"],
                "prompt_tokens": seen["prompt_tokens"], "rows": seen["rows"], "params_changed": changed,
-               "fb_tokens": seen["fb_tokens"], "f_tokens": seen["f_tokens"]})
+               "fb_tokens": seen["fb_tokens"], "f_tokens": seen["f_tokens"], "fb_rows": seen["fb_rows"]})
 
 
 def torch_equal(a, b) -> bool:
@@ -265,7 +273,7 @@ def worker_trl(args) -> None:
                    "reference": acc["score"] - acc["generate"] - acc["reward"], "update": wall - acc["score"],
                    "peak_mb": _status_mb("VmHWM"), "base_mb": state["base"], "tokens": acc["tokens"],
                    "prompt_tokens": acc["prompt_tokens"], "rows": acc["rows"], "params_changed": changed,
-                   "fb_tokens": acc["tokens"] + acc["prompt_tokens"], "f_tokens": 0.0})
+                   "fb_tokens": acc["tokens"] + acc["prompt_tokens"], "f_tokens": 0.0, "fb_rows": acc["rows"]})
 
     trainer.add_callback(Driver())
     _emit({"ready": True, **_weights_info(trainer.model), "load_s": 0.0})
@@ -353,7 +361,8 @@ def run_steps(args) -> dict:
                 r = w.step()
                 r["warmup"] = i < args.warmup
                 steps[side].append(r)
-                print(f"  step {i} {side:6s} {r['wall']:7.2f} s  tokens {r['tokens']:.0f}  "
+                print(f"  step {i} {side:6s} {r['wall']:7.2f} s  tokens {r['tokens']:.0f}  update ran {r['fb_rows']}/"
+                      f"{r['rows']} rows ({1e3 * r['update'] / max(r['fb_rows'], 1):.0f} ms/row)  "
                       f"peak RSS {r['peak_mb']:.0f} MiB  LoRA tensors changed {r['params_changed']}{'  (warm-up)' if r['warmup'] else ''}", flush=True)
     finally:
         for w in workers.values():

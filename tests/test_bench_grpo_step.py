@@ -38,8 +38,10 @@ def test_both_sides_generate_and_train_on_the_same_forced_tokens():
         assert step["peak_mb"] >= step["base_mb"] > 0, (side, step)
         # the update's FLOP count is over the tokens it ran: at most every real token, forward + backward
         assert 0 <= step["fb_tokens"] <= step["tokens"] + step["prompt_tokens"], (side, step)
+        assert 0 <= step["fb_rows"] <= 4, (side, step)  # rows the update ran (rftlib skips zero-advantage rows)
     (trl_step,) = res["sides"]["trl"]["steps"]
     assert trl_step["fb_tokens"] == trl_step["tokens"] + trl_step["prompt_tokens"]  # TRL runs every row
+    assert trl_step["fb_rows"] == 4
     assert set(res["ratios"]) == {"wall", "generate", "reward", "reference", "update", "peak_mb"}
 
 

@@ -83,15 +83,18 @@ def planned_steps(rows: list[dict[str, Any]], cfg: RunConfig) -> int:
 
 
 def memory_text(row: dict[str, Any]) -> str:
-    """Peak memory of the run so far: process RSS here, and on a GPU the CUDA peak beside the
-    preflight's estimate (``memory/*`` keys of the row; empty when none were logged)."""
+    """Peak memory of the run so far: process RSS here (and the RSS the step left, rftlib.train.memory), and
+    on a GPU the CUDA peak beside the preflight's estimate (``memory/*`` keys of the row; empty when none
+    were logged)."""
     parts = []
     if isinstance(row.get("memory/cuda_peak_gib"), (int, float)):
         est = row.get("memory/preflight_gib")
         parts.append(f"GPU peak {row['memory/cuda_peak_gib']:.1f} GiB"
                      + (f" (preflight {est:.1f})" if isinstance(est, (int, float)) else ""))
     if isinstance(row.get("memory/peak_rss_gib"), (int, float)):
-        parts.append(f"RSS peak {row['memory/peak_rss_gib']:.2f} GiB")
+        now = row.get("memory/rss_gib")  # after the step: what a leak would raise; the peak only ever rises
+        parts.append(f"RSS peak {row['memory/peak_rss_gib']:.2f} GiB"
+                     + (f" ({now:.2f} after the step)" if isinstance(now, (int, float)) else ""))
     return ", ".join(parts)
 
 

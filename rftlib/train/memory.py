@@ -1,4 +1,13 @@
-"""Peak memory per step (host RSS, CUDA allocator peak) beside the memory estimate.
+"""Memory per step (host RSS now and the run's peak, CUDA allocator peak) beside the memory estimate.
+
+Two host figures, because they answer different questions: ``memory/peak_rss_gib`` is the process's
+high-water mark so far (getrusage's ru_maxrss: it can only rise, so a run whose later steps simply reach
+a new maximum once looks like one that grows), and ``memory/rss_gib`` is the resident size when the step's
+metrics are taken, its activations and logits freed: what a step leaves behind. Something that accumulates
+over a long run (kept tensors, rows, caches) raises ``memory/rss_gib`` step after step; the peak does not
+tell the two apart. The resident size includes memory the allocator keeps free for reuse (glibc held
+~1.6 GiB of it between steps of the default preset, bench/long_run_flat.py), so read its trend, not its
+level. The CUDA peak is already per step (reset after each read).
 
 The estimate is rftlib.models.memory's (the formulas the preflight shows), for the model actually
 loaded (its HF config) and this config's batch shapes, so a run's log shows how far the preflight was
@@ -21,6 +30,18 @@ def peak_rss_gib() -> float:
     """This process's peak resident memory so far (ru_maxrss: KiB on Linux, bytes on macOS)."""
     r = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return r / 2**30 if sys.platform == "darwin" else r / 2**20
+
+
+def rss_gib() -> float | None:
+    """This process's resident memory now, GiB (/proc/self/statm; None where there is no procfs).
+
+    Read from the kernel, not sampled: no reset of the peak counters (``clear_refs`` would also reset
+    ru_maxrss, which :func:`peak_rss_gib` and rftlib.report.validate read as the run's peak)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * resource.getpagesize() / 2**30
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def preflight_gib(cfg, hf_config, world_size: int, prompt_len: int, chunk_rows: int = 1024) -> float | None:
@@ -56,6 +77,8 @@ def free_bytes(device: torch.device) -> int:
 def step_memory(device: torch.device) -> dict[str, float]:
     """Memory metrics of the step just taken; resets the CUDA peak for the next one."""
     out = {"memory/peak_rss_gib": peak_rss_gib()}
+    if (now := rss_gib()) is not None:
+        out["memory/rss_gib"] = now
     if device.type == "cuda":
         out["memory/cuda_peak_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
         torch.cuda.reset_peak_memory_stats(device)
