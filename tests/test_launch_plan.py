@@ -53,7 +53,7 @@ def test_a28b_matches_seed003_allocation():
     for k, gpus in ((0, "0,1"), (1, "2,3")):
         eng = command(out, f"vllm_engine_{k}")
         assert f"CUDA_VISIBLE_DEVICES={gpus} " in eng
-        assert "-m vllm.entrypoints.openai.api_server --model openai/gpt-oss-20b" in eng
+        assert "-m vllm.entrypoints.cli.main serve openai/gpt-oss-20b" in eng
         assert "--tensor-parallel-size 2 " in eng and "--gpu-memory-utilization 0.85" in eng and "--enable-lora" in eng
         assert f"--port {8000 + k}" in eng
     assert "dry run on a machine without the GPUs" in out and "nothing was started" in out

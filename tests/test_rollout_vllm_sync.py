@@ -63,7 +63,7 @@ def test_resumed_attempt_resyncs_the_engine_before_its_first_rollout(tiny_cfg, t
 
     cfg = tiny_cfg(model=str(tiny_model_dir(128)), rollout_engine="vllm", vllm_kv_cache_gib=0.25,
                    vllm_max_model_len=256, device="cpu", torch_threads=1, lr=5e-2, warmup_ratio=0.0,
-                   num_steps=2, save_steps=2)
+                   num_steps=2, save_steps=2, vllm_dtype="float32")
     tr = Trainer(cfg, progress=False, task=task_with(cfg, digit_reward))
     try:
         tr.train()

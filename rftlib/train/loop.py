@@ -37,6 +37,7 @@ from rftlib.config import RunConfig, make_config
 from rftlib.eval import check_precision, eval_precision, evaluate, format_prompts, greedy_eval
 from rftlib.models.forward import completion_logprobs
 from rftlib.models.loading import causal_lm, compute_dtype, is_peft
+from rftlib.models.precision import describe as describe_precision
 from rftlib.monitor.health import run_verdicts
 from rftlib.monitor.metrics import read_metrics
 from rftlib.rewards.registry import Reward, as_reward
@@ -90,11 +91,16 @@ class Trainer:
         # forward passes in the weights' half dtype (trainable masters are float32), else bf16 autocast where the
         # hardware has native bf16 (auto)
         self.amp = compute_dtype(cfg.dtype, cfg.autocast)
+        # what this attempt computes in, trainer and engines, and (on a CPU) whether that is the GPU's bf16
+        self.precision = describe_precision(cfg.dtype, self.amp, None if self.engine.shares_trainer_module
+                                            else getattr(self.engine, "precision", None), self.dist.device.type)
+        if self.precision["note"] and self.dist.is_main and not self.engine.shares_trainer_module:
+            print(f"[rft] precision: {self.precision['note']}", flush=True)
         # an engine that is not the trainer's module samples from its own numerics: the old logprobs
         # come from the trainer, and truncated IS weights correct the loss for the mismatch
         self.on_policy = self.opt_steps_per_rollout == 1 and self.engine.shares_trainer_module
         # every eval in one declared precision (rftlib.eval), checked now: an engine that cannot switch refuses
-        self.eval_precision = eval_precision(cfg.eval_dtype, cfg.dtype)
+        self.eval_precision = eval_precision(cfg.eval_dtype, cfg.dtype, self.engine)
         check_precision(self.engine, self.eval_precision)
         self.step_num = 0
         self.eval_history: list[dict[str, Any]] = []
@@ -403,7 +409,9 @@ class Trainer:
         if not self.engine.shares_trainer_module:
             row.update({"sync/bytes": float(sync.get("bytes", 0)),
                         "sync/probe_max_diff": sync.get("probe_max_diff", 0.0),
-                        "sync/probe_baseline": sync.get("probe_baseline", 0.0)})
+                        "sync/probe_baseline": sync.get("probe_baseline", 0.0),
+                        "sync/probe_threshold": sync.get("probe_threshold", 0.0),
+                        "sync/probe_noise": sync.get("probe_noise") or 0.0})
         if self.memory_estimate is not None:
             row["memory/preflight_gib"] = self.memory_estimate
         self._group = self._sample_group(allr, G)
@@ -568,7 +576,7 @@ class Trainer:
                "baseline": base, "final": last, "gain": None if base is None or last is None else last - base,
                "best_step": best["step"] if best else None, "best": best[EVAL_KEY] if best else None,
                "skipped_steps": self.skipped_steps, "eval_mode": "greedy_pass@1", "eval_dataset": "heldout",
-               "eval_n": len(self.task.eval), "eval_precision": self.eval_precision, "world_size": self.dist.world_size, "backend": self.cfg.backend,
+               "eval_n": len(self.task.eval), "eval_precision": self.eval_precision, "precision": self.precision, "world_size": self.dist.world_size, "backend": self.cfg.backend,
                "device": str(self.dist.device)}
         if self.dist.is_main:
             write_json(self.run_dir / "summary.json", out)
