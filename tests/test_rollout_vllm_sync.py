@@ -101,7 +101,7 @@ def test_engine_that_ignores_adapters_is_refused_at_start_up(tiny_cfg, monkeypat
     from rftlib.train.loop import Trainer
 
     cfg = tiny_cfg(model=str(tiny_model_dir(128)), rollout_engine="vllm", vllm_kv_cache_gib=0.25,
-                   vllm_max_model_len=256, device="cpu", torch_threads=1, num_steps=1)
+                   vllm_max_model_len=256, device="cpu", torch_threads=1, num_steps=1, vllm_dtype="float32")
     tr = Trainer(cfg, progress=False)  # a working engine: the canary moved it, the first gap is the baseline
     try:
         base = tr.engine.initial_sync["probe_baseline"]
