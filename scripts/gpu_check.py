@@ -168,7 +168,7 @@ def stage_probe_noise(cpu: bool) -> dict:
             ref = score("eager", float32_compute(device))
             noise = float((trainer - ref).abs().max())
             gap = float((beh - trainer).abs().max())
-            threshold = sync_probe.first_sync_threshold(noise, 0.05)
+            threshold = sync_probe.sync_threshold(noise, 0.05)
             rows.append({"shape": shape, "init_std": init_std, "mean_logprob": round(float(beh.mean()), 3),
                          "engine_gap": round(gap, 4), "noise_bf16_vs_fp32": round(noise, 4),
                          "sdpa_vs_eager_bf16": round(float((trainer - sdpa).abs().max()), 4),

