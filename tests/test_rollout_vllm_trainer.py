@@ -31,7 +31,7 @@ FP32_TOL = 1e-3
 def _cfg(tiny_cfg, **kw):
     return tiny_cfg(**{"model": str(tiny_model_dir(128)), "rollout_engine": "vllm", "vllm_kv_cache_gib": 0.25,
                        "vllm_max_model_len": 256, "device": "cpu", "torch_threads": 1, "lr": 1e-2,
-                       "warmup_ratio": 0.0, **kw})
+                       "warmup_ratio": 0.0, "vllm_dtype": "float32", **kw})  # the engine in float32 (the premise below)
 
 
 def test_vllm_rollouts_train_with_tis_and_a_probed_sync_every_step(tiny_cfg, monkeypatch, task_with):

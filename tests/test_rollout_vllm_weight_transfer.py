@@ -31,7 +31,7 @@ def _cfg(tmp_path, **kw):
     return make_config("tiny", {"model": str(tiny_model_dir(128)), "runs_root": str(tmp_path / "runs"),
                                 "rollout_engine": "vllm", "vllm_placement": "server", "lora_rank": 0,
                                 "vllm_kv_cache_gib": 0.25, "vllm_max_model_len": 256, "device": "cpu",
-                                "torch_threads": 1, **kw})
+                                "torch_threads": 1, "vllm_dtype": "float32", **kw})
 
 
 def test_weight_chunks_split_by_size_and_round_trip():

@@ -8,8 +8,10 @@ import sys
 import time
 
 import pytest
+import torch
 
 from rftlib.cli import main
+from rftlib.models.loading import autocast_dtype
 from rftlib.smoke import SmokeLine, run_smoke, table, verdict
 
 
@@ -28,7 +30,13 @@ def test_rft_smoke_runs_the_cpu_forms_and_says_the_gpu_lines_did_not_run(tmp_pat
     gpu = [ln for ln in lines if " not run " in ln and not ln.startswith("[rft smoke]")]
     assert len(gpu) == 3 and all("no CUDA GPU" in ln for ln in gpu), out
     assert all("weights " in ln for ln in cpu)  # each line says whether its step moved the weights
-    assert "sync probe gap" in next(ln for ln in cpu if ln.startswith("vllm-cpu"))  # the probe ran after the sync
+    vline = next(ln for ln in cpu if ln.startswith("vllm-cpu"))
+    assert "sync probe gap" in vline  # the probe ran after the sync, against the threshold its noise gave
+    # the engine in the GPU's precision where this CPU has native bf16, else float32 and the reason
+    if autocast_dtype("auto") == torch.bfloat16:
+        assert "engine bfloat16, trainer float32 weights, bfloat16 autocast" in vline, vline
+    else:
+        assert "engine float32" in vline and "no native bf16" in vline, vline
     assert "[rft smoke] PASS; the GPU lines were not run" in out
     for line in ("single", "zero3", "vllm"):  # each line trained one step in its own attempt
         assert list(tmp_path.glob(f"attempt-*-smoke-{line}/logs/metrics.jsonl")), line

@@ -32,7 +32,9 @@ from rftlib.algo.logprobs import auto_chunk_size
 from rftlib.config import ConfigError, RunConfig
 from rftlib.preflight.memory import MODELS, estimate_for_config, estimate_rollout_memory, shape_name_for_model
 from rftlib.rollout.factory import engine_kind
-from rftlib.rollout.vllm import API_KEY_ENV, VLLMSettings, engine_gpu_memory, engine_max_len
+from rftlib.models.precision import describe as describe_precision
+from rftlib.rollout.vllm import (API_KEY_ENV, VLLMSettings, engine_dtype, engine_gpu_memory, engine_max_len,
+                                 trainer_compute)
 from rftlib.rollout.vllm_server import physical_gpus, server_command, server_env, visible_gpus
 from rftlib.train.backends import backend_class, machine_problems, sharding_of
 from rftlib.train.build import check_world
@@ -82,6 +84,7 @@ class LaunchPlan:
     zero_stage: int | None  # None unless backend deepspeed
     offload: dict[str, bool]
     engine_urls: list[str]  # the trainer's rollout engines (started here or given by vllm_urls)
+    precision: dict[str, str] = field(default_factory=dict)  # rftlib.models.precision.describe: trainer, engine, note
     processes: list[Process] = field(default_factory=list)
     visible_gpus: list[str] | None = None  # node 0's CUDA_VISIBLE_DEVICES when planned (None: unset, every GPU)
     checks: list[str] = field(default_factory=list)  # what check_plan found (notes and memory verdicts)
@@ -213,11 +216,16 @@ def make_plan(cfg: RunConfig, run_dir: str | Path, *, preset: str = "", resume: 
             env[API_KEY_ENV] = api_key  # the trainer sends it to the engines (rftlib.rollout.vllm_server)
         name = "trainer" + (f"_node{node}" if node else "")
         procs.insert(node, Process(name, "trainer", node, hosts[node], train, cmd, env, f"logs/{name}.log"))
+    weights = cfg.dtype if cfg.dtype != "auto" else ("bfloat16" if gpu else "float32")  # resolve_dtype's rule
+    precision = describe_precision(weights, trainer_compute(cfg, weights, on_gpu=gpu),
+                                   engine.dtype if engine else (None if engine_kind(cfg.rollout_engine).on_trainer_module
+                                                                else engine_dtype(cfg, weights, on_gpu=gpu)),
+                                   "cuda" if gpu else "cpu")
     return LaunchPlan(run_dir=run_dir, preset=preset, nnodes=cfg.nnodes, hosts=hosts, gpus_per_node=n_gpu,
                       train_ranks_per_node=ranks, backend=cfg.backend,
                       zero_stage=sharding_of(cfg).zero_stage or None,
                       offload={"params": cfg.offload_params, "optimizer": cfg.offload_optimizer},
-                      engine_urls=urls, processes=procs, visible_gpus=vis)
+                      engine_urls=urls, processes=procs, visible_gpus=vis, precision=precision)
 
 
 def _max_len(cfg: RunConfig) -> int:
@@ -381,6 +389,10 @@ def format_plan(plan: LaunchPlan) -> str:
              "GPU map (every node):", gpu_map(plan)]
     if plan.engine_urls:
         lines.append("rollout engines: " + ", ".join(plan.engine_urls))
+    if plan.precision:
+        p = plan.precision
+        lines.append(f"precision: trainer {p['trainer']}; rollouts {p['engine']}" +
+                     (f"\n  NOTE: {p['note']}" if p.get("note") else ""))
     for node in range(plan.nnodes):
         lines.append(f"commands on node {node} ({plan.hosts[node]}):")
         lines += [f"  [{p.name}] {p.shell()}" for p in plan.on_node(node)]

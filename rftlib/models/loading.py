@@ -206,8 +206,12 @@ def load_model_and_tokenizer(name: str, dtype: str = "float32", attn_implementat
     if isinstance(path, str):  # a hub id transformers downloads; say which when it cannot
         return _load_from_hub(path, torch_dtype, attn_implementation)
     tok = AutoTokenizer.from_pretrained(path, padding_side="left")
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, **_dequantize_kwargs(path),
-                                                 **_attn_kwargs(attn_implementation))
+    dequantize = _dequantize_kwargs(path)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, **dequantize, **_attn_kwargs(attn_implementation))
+    if dequantize:
+        # transformers 5.19 dequantises MXFP4 experts to bfloat16 whatever dtype was asked (5.23 honoured it);
+        # FP4 x 2^k is exact in bf16 and fp32, so the cast to the requested dtype is exact
+        model = model.to(torch_dtype)
     return _finish(name, model, tok)
 
 
@@ -215,8 +219,11 @@ def _load_from_hub(repo_id: str, torch_dtype, attn_implementation: str | None = 
     """``from_pretrained`` on a hub id (downloads what transformers needs into the HF cache)."""
     try:
         tok = AutoTokenizer.from_pretrained(repo_id, padding_side="left")
-        model = AutoModelForCausalLM.from_pretrained(repo_id, dtype=torch_dtype, **_dequantize_kwargs(repo_id),
+        dequantize = _dequantize_kwargs(repo_id)
+        model = AutoModelForCausalLM.from_pretrained(repo_id, dtype=torch_dtype, **dequantize,
                                                      **_attn_kwargs(attn_implementation))
+        if dequantize:  # as load_model_and_tokenizer: bf16 experts on transformers 5.19, cast exactly
+            model = model.to(torch_dtype)
     except OSError as e:
         raise FileNotFoundError(f"model '{repo_id}': could not load it from the Hugging Face hub ({e}); "
                                 "check the id, your network and access to the repository (gated models "

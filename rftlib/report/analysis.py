@@ -40,6 +40,10 @@ def header(a: Attempt) -> Html:
         rows.append(("format compliance", format_html(a)))
     if a.config.get("init_adapter"):
         rows.append(("started from", parent_html(a)))
+    if a.summary and a.summary.get("precision"):  # what trainer and engines computed in; why, when not the GPU's
+        p = a.summary["precision"]
+        rows.append(("precision", esc(f"trainer: {p.get('trainer')}; rollouts: {p.get('engine')}") +
+                     (f"<br><small><b>{esc(p['note'])}</b></small>" if p.get("note") else "")))
     if a.summary and a.summary.get("train_seconds") is not None:
         t = float(a.summary["train_seconds"])
         rows.insert(5, ("train time", esc((f"{t / 60:.1f} min" if t >= 60 else f"{t:.0f} s") +

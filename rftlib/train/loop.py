@@ -39,6 +39,7 @@ from rftlib.eval import (check_precision, eval_precision, evaluate, examples_dig
                          scored_on)
 from rftlib.models.forward import completion_logprobs
 from rftlib.models.loading import causal_lm, compute_dtype, is_peft
+from rftlib.models.precision import describe as describe_precision
 from rftlib.monitor.health import run_verdicts
 from rftlib.monitor.metrics import read_metrics
 from rftlib.rewards.registry import Reward, as_reward
@@ -94,11 +95,16 @@ class Trainer:
         # forward passes in the weights' half dtype (trainable masters are float32), else bf16 autocast where the
         # hardware has native bf16 (auto)
         self.amp = compute_dtype(cfg.dtype, cfg.autocast)
+        # what this attempt computes in, trainer and engines, and (on a CPU) whether that is the GPU's bf16
+        self.precision = describe_precision(cfg.dtype, self.amp, None if self.engine.shares_trainer_module
+                                            else getattr(self.engine, "precision", None), self.dist.device.type)
+        if self.precision["note"] and self.dist.is_main and not self.engine.shares_trainer_module:
+            print(f"[rft] precision: {self.precision['note']}", flush=True)
         # an engine that is not the trainer's module samples from its own numerics: the old logprobs
         # come from the trainer, and truncated IS weights correct the loss for the mismatch
         self.on_policy = self.opt_steps_per_rollout == 1 and self.engine.shares_trainer_module
         # every eval in one declared precision (rftlib.eval), checked now: an engine that cannot switch refuses
-        self.eval_precision = eval_precision(cfg.eval_dtype, cfg.dtype)
+        self.eval_precision = eval_precision(cfg.eval_dtype, cfg.dtype, self.engine)
         check_precision(self.engine, self.eval_precision)
         self.step_num = 0
         self.eval_history: list[dict[str, Any]] = []
@@ -113,7 +119,8 @@ class Trainer:
             self.engine.initial_sync = sync = self._sync_engine(verify=True)
             if D.is_main:
                 print(f"[rft] engine synced at step {self.step_num}{' (resumed)' if resume else ''}: probe gap "
-                      f"{sync['probe_max_diff']:.3g} (the baseline later syncs are judged by)", flush=True)
+                      f"{sync['probe_max_diff']:.3g} <= {sync['probe_threshold']:.3g} (4 x this precision's own noise "
+                      f"{sync['probe_noise']:.3g}, at least vllm_sync_probe_tol)", flush=True)
 
     @property
     def optimizer(self):
@@ -437,7 +444,9 @@ class Trainer:
         if not self.engine.shares_trainer_module:
             row.update({"sync/bytes": float(sync.get("bytes", 0)),
                         "sync/probe_max_diff": sync.get("probe_max_diff", 0.0),
-                        "sync/probe_baseline": sync.get("probe_baseline", 0.0)})
+                        "sync/probe_baseline": sync.get("probe_baseline", 0.0),
+                        "sync/probe_threshold": sync.get("probe_threshold", 0.0),
+                        "sync/probe_noise": sync.get("probe_noise", 0.0)})
         if self.memory_estimate is not None:
             row["memory/preflight_gib"] = self.memory_estimate
         self._group = self._sample_group(allr, G)
@@ -620,7 +629,7 @@ class Trainer:
                "final_note": note, "gain": None if base is None or last is None else last - base,
                "best_step": best["step"] if best else None, "best": best[EVAL_KEY] if best else None,
                "skipped_steps": self.skipped_steps, "eval_mode": "greedy_pass@1", "eval_dataset": "heldout",
-               "eval_n": len(self.task.eval), "eval_precision": self.eval_precision, "world_size": self.dist.world_size, "backend": self.cfg.backend,
+               "eval_n": len(self.task.eval), "eval_precision": self.eval_precision, "precision": self.precision, "world_size": self.dist.world_size, "backend": self.cfg.backend,
                "device": str(self.dist.device)}
         if self.dist.is_main:
             write_json(self.run_dir / "summary.json", out)

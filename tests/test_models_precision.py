@@ -1,0 +1,95 @@
+"""Precision: the float32 reference forward, the probe's threshold derived from measured noise, and what an
+attempt says about the precision it ran in."""
+
+import pytest
+import torch
+
+from rftlib.models.forward import completion_logprobs
+from rftlib.models.precision import describe, float32_compute
+from rftlib.models.tiny import build_tiny_model
+from rftlib.rollout.sync_probe import MARGIN, sync_threshold
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    from transformers import AutoModelForCausalLM
+
+    d = build_tiny_model(tmp_path_factory.mktemp("tiny"), hidden=64, layers=2)
+    model = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32).eval()
+    with torch.no_grad():  # weights of a trained model's scale, so bf16 rounding shows in the log-probs
+        for p in model.parameters():
+            p.mul_(8.0 if p.dim() == 2 else 1.0)
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(3, 360, (3, 14), generator=g)  # the tiny tokenizer's 363 ids  # (N, P+T)
+    rows = dict(prompt_ids=ids[:, :8], prompt_mask=torch.ones(3, 8), completion_ids=ids[:, 8:],
+                completion_mask=torch.ones(3, 6))
+    return model, rows
+
+
+def _lp(model, rows):
+    with torch.no_grad():
+        return completion_logprobs(model, **rows, with_entropy=False)[0]  # (N, T)
+
+
+def test_float32_compute_runs_bf16_weights_in_float32(tiny):
+    """bf16 weights under float32_compute give the float32 forward of those (rounded) weights: every op upcast,
+    no cast back to bf16 inside the model (RMSNorm's .to(input_dtype), the bf16 attention mask) survives."""
+    model, rows = tiny
+    half = type(model)(model.config).eval()
+    half.load_state_dict(model.state_dict())
+    half = half.to(torch.bfloat16)
+    exact = type(model)(model.config).eval()
+    exact.load_state_dict({k: v.float() for k, v in half.state_dict().items()})  # the same rounded values, float32
+    exact_buffers = dict(exact.named_buffers())
+    for name, buf in half.named_buffers():  # rotary inv_freq too (not in the state dict), as the bf16 model holds it
+        exact_buffers[name].copy_(buf.float())
+    want = _lp(exact, rows)
+    with float32_compute("cpu"):
+        got = _lp(half, rows)
+    plain = _lp(half, rows)  # the bf16 forward, for scale
+    bf16_gap = float((plain.float() - want).abs().max())
+    print(f"bf16 weights: float32_compute vs float32 copy {float((got - want).abs().max()):.2g}, "
+          f"plain bf16 forward {bf16_gap:.2g}")
+    assert got.dtype == torch.float32
+    # float32 vs float32 through the same kernels: rounding of order 1e-6 x the logits' scale
+    assert torch.allclose(got, want, atol=1e-4, rtol=0)
+    assert bf16_gap > 100 * float((got - want).abs().max())  # the check could see a bf16 leak
+
+
+def test_float32_compute_keeps_float32_through_casts_and_dtypes():
+    """What model code does that would round to a half dtype inside the block (an explicit cast, a tensor made
+    with a half dtype, a half weight) stays float32, so the reference really is float32 arithmetic."""
+    x = torch.tensor([1.0 + 2**-12, 3.0])  # 1 + 2^-12 is not a bf16 value (8 mantissa bits)
+    w = torch.tensor([2.0, 1.0], dtype=torch.bfloat16)
+    with float32_compute("cpu"):
+        casts = [x.to(torch.bfloat16), x.bfloat16(), x.half(), x.to(dtype=torch.float16), x.type(torch.bfloat16)]
+        made = torch.full((2,), 1.0 + 2**-12, dtype=torch.bfloat16)
+        prod = x * w
+    assert all(c.dtype == torch.float32 and torch.equal(c, x) for c in casts)
+    assert made.dtype == torch.float32 and made[0] == 1.0 + 2**-12
+    assert prod.dtype == torch.float32 and torch.equal(prod, x * w.float())
+
+
+def test_float32_compute_undoes_autocast(tiny):
+    model, rows = tiny
+    ref = _lp(model, rows)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        amp = _lp(model, rows)
+        with float32_compute("cpu"):
+            inner = _lp(model, rows)
+    assert torch.equal(inner, ref)
+    assert float((amp - ref).abs().max()) > 1e-3
+
+
+def test_the_sync_threshold_comes_from_the_measured_noise():
+    assert sync_threshold(1e-7, 0.05) == 0.05  # float32: the configured floor
+    assert sync_threshold(0.15, 0.05) == pytest.approx(MARGIN * 0.15)  # bf16: 0.6, not 0.05
+
+
+def test_describe_says_when_a_cpu_run_is_not_in_the_gpus_precision():
+    cpu32 = describe("float32", None, "float32", "cpu")
+    assert "no native bf16" in cpu32["note"] and "engines run float32" in cpu32["note"]
+    assert describe("float32", torch.bfloat16, "bfloat16", "cpu") == {
+        "trainer": "float32 weights, bfloat16 autocast", "engine": "bfloat16", "note": ""}
+    assert "vllm_dtype" in describe("float32", torch.bfloat16, "float32", "cpu")["note"]
+    assert describe("bfloat16", torch.bfloat16, "bfloat16", "cuda")["note"] == ""
