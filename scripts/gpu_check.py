@@ -33,6 +33,7 @@ STAGES: list[tuple[str, int]] = [
     ("seed002_fp16_lora", 90),
     ("seed000_full_step", 150),
     ("mxfp4_lora_step", 60),
+    ("gptoss_nograd", 90),
     ("smoke_single", 90),
 ]
 
@@ -279,6 +280,73 @@ def stage_mxfp4_lora_step(cpu: bool) -> dict:
                                      "dtype": "float32" if cpu else "bfloat16", "max_new_tokens": 16,
                                      "lora_target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"], "beta": 0.0,
                                      "lr": 1e-2, "warmup_ratio": 0.0}, 1)
+
+
+GPTOSS_20B_ATTN = dict(hidden=2880, heads=64, kv_heads=8, head_dim=64, sliding_window=128, intermediate=2880,
+                       experts=32, experts_per_tok=4)  # gpt-oss-20b's config.json (docs/reference-setups.md, seed 003)
+
+
+def stage_gptoss_nograd(cpu: bool) -> dict:
+    """The reference / old-logprob pass of seed 003 (gpt-oss-20b, T ~ 4,450: prompt + 4,096 completion tokens) at
+    its attention dims, 2 layers (one sliding-window, one full) with random weights: peak memory of one no-grad
+    forward at 1 and 8 rows, under flex attention (what rftlib picks for gpt-oss on CUDA) and eager (the model's
+    default, whose (heads, T, T) scores the preflight counts), against rftlib.models.memory.nograd_row_bytes.
+    Passes when no measured peak exceeds 1.25 x the estimate (the preflight must not under-count); the CPU form
+    runs the eager forward at toy sizes and checks only that it runs and is estimated."""
+    import torch
+    from transformers import AutoModelForCausalLM, GptOssConfig
+
+    from rftlib.models.memory import estimator_attention, nograd_row_bytes, pick_attention, shape_from_hf_config
+
+    dims = dict(hidden=64, heads=4, kv_heads=2, head_dim=16, sliding_window=16, intermediate=64, experts=4,
+                experts_per_tok=2) if cpu else GPTOSS_20B_ATTN
+    T, rows_list = (128, (1, 2)) if cpu else (4450, (1, 8))
+    device = "cpu" if cpu else "cuda"
+    dtype = torch.float32 if cpu else torch.bfloat16
+    c = GptOssConfig(vocab_size=512, hidden_size=dims["hidden"], intermediate_size=dims["intermediate"],
+                     num_hidden_layers=2, num_attention_heads=dims["heads"], num_key_value_heads=dims["kv_heads"],
+                     head_dim=dims["head_dim"], num_local_experts=dims["experts"],
+                     num_experts_per_tok=dims["experts_per_tok"], sliding_window=dims["sliding_window"],
+                     max_position_embeddings=131072, tie_word_embeddings=False)
+    auto = pick_attention("auto", default="eager", flex=True, device_type=device)
+    attns = ["eager"] if cpu else [auto, "eager"]
+    b = 4 if dtype == torch.float32 else 2
+    out_rows, ok = [], True
+    for attn in attns:
+        torch.manual_seed(0)
+        with torch.device(device):
+            model = AutoModelForCausalLM.from_config(c, dtype=dtype, attn_implementation=attn).eval()
+        shape = shape_from_hf_config(model.config, "gpt-oss-20b-attn-2-layers")
+        for rows in rows_list:
+            ids = torch.randint(0, c.vocab_size, (rows, T), device=device)
+            mask = torch.ones_like(ids)
+            est = rows * nograd_row_bytes(shape, T, b, estimator_attention(attn))
+            row = {"attention": attn, "rows": rows, "T": T, "estimate_gib": round(est / 2**30, 2)}
+            try:
+                with torch.no_grad():
+                    model.model(input_ids=ids, attention_mask=mask)  # warm-up: flex compiles its kernel here
+                    if not cpu:
+                        torch.cuda.synchronize()
+                        torch.cuda.reset_peak_memory_stats()
+                        base = torch.cuda.memory_allocated()
+                    t0 = time.time()
+                    model.model(input_ids=ids, attention_mask=mask)  # the transformer body: the logits are chunked apart
+                    if not cpu:
+                        torch.cuda.synchronize()
+                        peak = torch.cuda.max_memory_allocated() - base
+                        row.update(peak_gib=round(peak / 2**30, 2), peak_over_estimate=round(peak / est, 2))
+                        ok &= peak <= 1.25 * est
+                    row["forward_s"] = round(time.time() - t0, 2)
+            except torch.OutOfMemoryError as e:
+                row["error"] = f"out of memory: {str(e).splitlines()[0][:160]}"
+                ok = False
+            out_rows.append(row)
+            print(json.dumps(row), flush=True)
+            del ids, mask
+            if not cpu:
+                torch.cuda.empty_cache()
+        del model
+    return {"status": "pass" if ok else "fail", "auto_attention": auto, "rows": out_rows}
 
 
 def stage_smoke_single(cpu: bool) -> dict:

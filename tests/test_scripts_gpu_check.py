@@ -24,6 +24,8 @@ def test_the_gpu_check_cpu_form_runs_every_stage(tmp_path):
     assert all(r["passes"] and r["threshold"] >= 0.05 for r in by["probe_noise"]["rows"])
     for stage in ("seed002_fp16_lora", "seed000_full_step", "mxfp4_lora_step"):  # each trained
         assert by[stage]["weights_moved"] and max(by[stage]["advantage_std"]) > 0, by[stage]
+    nograd = by["gptoss_nograd"]["rows"]  # the eager forward ran at both row counts and was estimated
+    assert [r["rows"] for r in nograd] == [1, 2] and all(r["estimate_gib"] >= 0 and "forward_s" in r for r in nograd)
 
 
 def test_a_stage_that_hangs_is_killed_with_its_process_group(tmp_path, monkeypatch):
