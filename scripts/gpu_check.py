@@ -314,8 +314,11 @@ def stage_gptoss_nograd(cpu: bool) -> dict:
     out_rows, ok = [], True
     for attn in attns:
         torch.manual_seed(0)
+        t0 = time.time()
         with torch.device(device):
             model = AutoModelForCausalLM.from_config(c, dtype=dtype, attn_implementation=attn).eval()
+        # progress on stdout (the stage's log): the first GPU run timed out at 90 s with nothing printed
+        print(f"[gptoss_nograd] {attn}: model built in {time.time() - t0:.1f} s", flush=True)
         shape = shape_from_hf_config(model.config, "gpt-oss-20b-attn-2-layers")
         for rows in rows_list:
             ids = torch.randint(0, c.vocab_size, (rows, T), device=device)
@@ -324,7 +327,10 @@ def stage_gptoss_nograd(cpu: bool) -> dict:
             row = {"attention": attn, "rows": rows, "T": T, "estimate_gib": round(est / 2**30, 2)}
             try:
                 with torch.no_grad():
+                    t0 = time.time()
                     model.model(input_ids=ids, attention_mask=mask)  # warm-up: flex compiles its kernel here
+                    row["warmup_s"] = round(time.time() - t0, 2)
+                    print(f"[gptoss_nograd] {attn}, {rows} row(s): warm-up forward {row['warmup_s']} s", flush=True)
                     if not cpu:
                         torch.cuda.synchronize()
                         torch.cuda.reset_peak_memory_stats()
