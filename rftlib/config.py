@@ -341,8 +341,8 @@ class RunConfig:
     """colocated on GPU: free the engine's memory (sleep) during the update, wake after (TRL colocate)"""
     vllm_sync_probe_tol: float = 0.05
     """the float32 floor of the sync probe's threshold: max |engine - trainer| log-prob on its fixed prompts
-    after a weight sync; the first sync accepts max(this, 4 x the trainer's measured gap between its compute
-    precision and float32), later ones a clear departure from the first gap (rftlib.rollout.sync_probe)"""
+    after a weight sync; every sync accepts max(this, 4 x the gap the trainer measures at that sync between its
+    forward in the engine's precision and in float32) (rftlib.rollout.sync_probe)"""
     vllm_dtype: str = "auto"
     """the dtype vLLM engines serve in: auto (the trainer's compute precision: bfloat16 on GPUs and on CPUs
     with native bf16 under autocast, as seed 003's engines run; else the weights' float32) | float32 |

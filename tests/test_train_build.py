@@ -326,9 +326,10 @@ def test_offload_optimizer_is_refused_before_the_model_loads(tiny_cfg, monkeypat
 
     monkeypatch.setattr(dsb, "cpu_adam_probe", lambda: NO_NINJA, raising=False)
     monkeypatch.setattr(build_mod, "build_policy", lambda *a, **k: pytest.fail("loaded the model before refusing"))
+    # joins no process group: asked of init_dist itself, since an earlier test of the suite may have left one open
+    monkeypatch.setattr(build_mod, "init_dist", lambda *a, **k: pytest.fail("joined a process group before refusing"))
     cfg = tiny_cfg(backend="deepspeed", zero_stage=2, offload_optimizer=True)
     with pytest.raises(ConfigError, match=r"cannot run the config's backend: offload_optimizer builds DeepSpeed's "
                                           r"CPU Adam .* lacks ninja"):
         build(cfg)
-    assert not torch.distributed.is_initialized()
     assert build_mod.machine_problems(tiny_cfg(backend="deepspeed", zero_stage=2)) == []  # no offload: no build

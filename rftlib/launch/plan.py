@@ -84,10 +84,10 @@ class LaunchPlan:
     zero_stage: int | None  # None unless backend deepspeed
     offload: dict[str, bool]
     engine_urls: list[str]  # the trainer's rollout engines (started here or given by vllm_urls)
-    precision: dict[str, str] = field(default_factory=dict)  # rftlib.models.precision.describe: trainer, engine, note
     processes: list[Process] = field(default_factory=list)
     visible_gpus: list[str] | None = None  # node 0's CUDA_VISIBLE_DEVICES when planned (None: unset, every GPU)
     checks: list[str] = field(default_factory=list)  # what check_plan found (notes and memory verdicts)
+    precision: dict[str, str] = field(default_factory=dict)  # last, so positional plans keep their order; rftlib.models.precision.describe: trainer, engine, note
 
     @property
     def world_size(self) -> int:

@@ -214,8 +214,8 @@ def truncation(metrics: list[dict], c: dict) -> Verdict:
         return _na(name, "truncated", 0, 1)
     last = [v for _, v in s[-w:]]
     now = fmean(last)
-    action = "increase generate_max_len (the model may be solving but not reaching the answer), " \
-             "or add a length penalty (seed 003 §6, §12)"
+    action = "increase max_new_tokens (seed 003's --generate_max_len: the model may be solving but not reaching " \
+             "the answer), or add a length penalty (seed 003 §6, §12)"
     if len(last) >= w and min(last) > c["truncation_fail"]:
         severe = min(last) > c["truncation_severe"]
         what = "model rambling (seed 003 §7 Tier 3)" if severe else "sustained high truncation"

@@ -28,8 +28,13 @@ def _vllm_version(name: str) -> str:
     return _version(name)
 
 
-if __name__ == "__main__":
+def main() -> None:
+    """vLLM's CLI main() with the "vllm" version lookup answered first (it must be patched before vLLM imports)."""
     metadata.version = _vllm_version
-    from vllm.entrypoints.cli.main import main
+    from vllm.entrypoints.cli.main import main as vllm_main
 
+    vllm_main()
+
+
+if __name__ == "__main__":
     main()
