@@ -38,6 +38,8 @@ import argparse
 import importlib
 import sys
 
+from rftlib.config import ConfigError  # torch-free (tests/test_config_light.py)
+
 VERBS: dict[str, tuple[str, str]] = {
     "demo": ("rftlib.cli.demo", "the embedded default run (README's first command)"),
     "train": ("rftlib.cli.train", "one attempt through notebooks/train.ipynb"),
@@ -80,9 +82,6 @@ def main(argv: list[str] | None = None) -> int:
     if module is not None:
         module.add_arguments(parsers[verb])
     args = p.parse_args(argv)
-
-    from rftlib.config import ConfigError  # torch-free (tests/test_config_light.py)
-
     try:
         return module.run(args)
     except (ConfigError, FileNotFoundError, ValueError) as e:

@@ -5,7 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from rftlib.ab import parse_vary, run_ab
 from rftlib.cli.common import parse_sets, run_notebook
+from rftlib.report.compare import load_all, summary_text
+from rftlib.report.publish import write_compare
+from rftlib.workbench import result_text
 
 
 def add_arguments(ab) -> None:
@@ -18,11 +22,6 @@ def add_arguments(ab) -> None:
 
 def run(args) -> int:
     """One attempt per variant (same preset, same seed), then the compare notebook over them."""
-    from rftlib.ab import parse_vary, run_ab
-    from rftlib.report.compare import load_all, summary_text
-    from rftlib.report.publish import write_compare
-    from rftlib.workbench import result_text
-
     def train(params: dict[str, Any]) -> Path:
         run_dir, summary = run_notebook(params)
         print(f"[rft ab] {run_dir}: " + result_text(summary), flush=True)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from rftlib.launch.status import attach
+
 
 def add_arguments(at) -> None:
     at.add_argument("run_dir")
@@ -9,7 +11,5 @@ def add_arguments(at) -> None:
 
 
 def run(args) -> int:
-    from rftlib.launch.status import attach
-
     st = attach(args.run_dir, timeout=args.timeout)
     return 1 if st.get("state") in ("crashed", "killed") else 0

@@ -1,7 +1,7 @@
 """What several verbs share: ``--set`` parsing, running train.ipynb under papermill, the report line.
 
-Light at import (the heavy pieces, papermill and the notebook parameters' module, are imported in the
-functions that run a notebook), so a verb that imports this module stays as quick as its own imports.
+It imports papermill (through rftlib.report.publish): the verbs that answer at once (status, note, stop,
+attach, index) do not import it.
 """
 
 from __future__ import annotations
@@ -16,6 +16,9 @@ from typing import Any
 
 from rftlib.attempts import claim_attempt_dir, run_dir_path, runs_root as resolve_runs
 from rftlib.config import make_config, value_from_text
+from rftlib.report import publish
+from rftlib.report.index import reports_dir_for
+from rftlib.report.templates import NOTEBOOK_PARAMS
 
 REPO = Path(__file__).resolve().parent.parent.parent
 TRAIN_NB = REPO / "notebooks" / "train.ipynb"
@@ -42,15 +45,11 @@ def config_overrides(params: dict[str, Any]) -> dict[str, Any]:
     """The RunConfig fields among ``--set`` values: train.ipynb's own parameters (NOTEBOOK_PARAMS: preset,
     skip_preflight, nproc, ...) go to the notebook, not the config, so ``--set skip_preflight=True`` (the LR
     preflight's advice) works from the shell as it does in the notebook and with papermill's ``-p``."""
-    from rftlib.report.templates import NOTEBOOK_PARAMS
-
     return {k: v for k, v in params.items() if k not in NOTEBOOK_PARAMS}
 
 
 def run_notebook(parameters: dict[str, Any], *, runs_root: str | None = None) -> tuple[Path, dict]:
     """Execute notebooks/train.ipynb with papermill into the attempt's run directory."""
-    from rftlib.report import publish
-
     params = dict(parameters)
     params.setdefault("live_view", False)
     if params.get("resume"):
@@ -93,7 +92,5 @@ def headless_env():
 
 def report_line(run_dir: Path) -> str:
     """``[rft] report: <html>`` when the attempt has a report, else ""."""
-    from rftlib.report.index import reports_dir_for
-
     html = reports_dir_for(run_dir.resolve().parent) / f"{run_dir.name}.html"
     return f"[rft] report: {html}" if html.exists() else ""

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from rftlib.report.compare import load_all, summary_text
+from rftlib.report.publish import write_compare
+
 
 def add_arguments(c) -> None:
     c.add_argument("run_dirs", nargs="+")
@@ -9,9 +12,6 @@ def add_arguments(c) -> None:
 
 
 def run(args) -> int:
-    from rftlib.report.compare import load_all, summary_text
-    from rftlib.report.publish import write_compare
-
     print(summary_text(load_all(args.run_dirs)))
     print(f"[rft] comparison: {write_compare(args.run_dirs, args.out)}")
     return 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 
 from rftlib.cli.common import parse_sets, run_notebook
+from rftlib.workbench import result_text
 
 DEMO_GOAL_POINTS = 15.0  # the demo's goal: +15 points of held-out accuracy ...
 DEMO_GOAL_MINUTES = 10.0  # ... within 10 minutes of training on the 2-core machine
@@ -15,8 +16,6 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
-    from rftlib.workbench import result_text
-
     t = time.time()
     print("[rft demo] GRPO on SmolLM2-135M-Instruct (embedded), arithmetic task, preset params/default.yaml,"
           " via papermill notebooks/train.ipynb", flush=True)

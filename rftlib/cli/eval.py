@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from rftlib.report.checkpoints import eval_checkpoints
+
 
 def add_arguments(e) -> None:
     e.add_argument("run_dir")
@@ -12,8 +14,6 @@ def add_arguments(e) -> None:
 
 
 def run(args) -> int:
-    from rftlib.report.checkpoints import eval_checkpoints
-
     res = eval_checkpoints(args.run_dir, limit=args.limit, max_new_tokens=args.max_new_tokens,
                            batch_size=args.batch_size, recompute=args.recompute)
     for s, d in res.items():

@@ -6,6 +6,8 @@ from __future__ import annotations
 import sys
 
 from rftlib.cli.common import add_preset_and_sets, parse_sets
+from rftlib.launch.plan import LaunchError
+from rftlib.launch.supervise import launch
 
 
 def add_arguments(la) -> None:
@@ -16,9 +18,6 @@ def add_arguments(la) -> None:
 
 
 def run(args) -> int:
-    from rftlib.launch.plan import LaunchError
-    from rftlib.launch.supervise import launch
-
     try:
         launch(args.preset, parse_sets(args.set), resume=args.resume, dry_run=args.dry_run,
                machine_gpus=args.machine_gpus)

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from rftlib.cli.common import add_preset_and_sets, parse_sets
 from rftlib.config import make_config
+from rftlib.preflight.memory import memory_preflight_text
+from rftlib.train.loop import lr_schedule_preview
+from rftlib.workbench import lr_preflight
 
 
 def add_arguments(f) -> None:
@@ -11,10 +14,6 @@ def add_arguments(f) -> None:
 
 
 def run(args) -> int:
-    from rftlib.preflight.memory import memory_preflight_text
-    from rftlib.train.loop import lr_schedule_preview
-    from rftlib.workbench import lr_preflight
-
     cfg = make_config(args.preset, parse_sets(args.set))
     lrs = lr_schedule_preview(cfg)
     print(f"{len(lrs)} optimizer steps; lr {cfg.lr:g}, warmup_ratio {cfg.warmup_ratio}, min_lr_ratio {cfg.min_lr_ratio}")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from rftlib.report.publish import write_report
+
 
 def add_arguments(rp) -> None:
     rp.add_argument("run_dir", nargs="+")
@@ -10,8 +12,6 @@ def add_arguments(rp) -> None:
 
 
 def run(args) -> int:
-    from rftlib.report.publish import write_report
-
     for run_dir in args.run_dir:
         print(f"[rft] report: {write_report(run_dir, args.out, baseline_attempt=args.baseline)}")
     return 0

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import sys
 
+from papermill.exceptions import PapermillExecutionError
+
 from rftlib.attempts import AttemptLockedError, ensure_unlocked, run_dir_path
 from rftlib.cli.common import report_line, run_notebook
+from rftlib.workbench import result_text
 
 
 def add_arguments(r) -> None:
@@ -14,9 +17,6 @@ def add_arguments(r) -> None:
 
 
 def run(args) -> int:
-    from papermill.exceptions import PapermillExecutionError
-
-    from rftlib.workbench import result_text
 
     try:
         ensure_unlocked(run_dir_path(args.run_dir))  # say so before a kernel starts

@@ -9,6 +9,8 @@ import sys
 from rftlib.attempts import claim_attempt_dir, runs_root as resolve_runs
 from rftlib.cli.common import REPO, add_preset_and_sets, headless_env, parse_sets, report_line
 from rftlib.config import make_config
+from rftlib.report import publish
+from rftlib.sft import check_sft_data, sft_result_text
 
 
 def add_arguments(sf) -> None:
@@ -17,9 +19,6 @@ def add_arguments(sf) -> None:
 
 def run(args) -> int:
     """notebooks/sft.ipynb under papermill into a new attempt directory; prints before/after and the next step."""
-    from rftlib.report import publish
-    from rftlib.sft import check_sft_data, sft_result_text
-
     sets = parse_sets(args.set)
     cfg = make_config(args.preset, sets)
     check_sft_data(cfg)  # fails fast (the file, held-out problems, prompt forms), before a kernel starts

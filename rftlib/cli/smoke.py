@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from rftlib.smoke import LINES, run_smoke, table, verdict
+
 
 def add_arguments(sm) -> None:
     sm.add_argument("--model", default="smollm2-135m", help="the model every line trains (tiny: the test's quick form)")
@@ -12,8 +14,6 @@ def add_arguments(sm) -> None:
 
 def run(args) -> int:
     """One step per set-up (bf16 single GPU, ZeRO-3 one rank, TP-1 vLLM server + LoRA sync + probe), then the table."""
-    from rftlib.smoke import LINES, run_smoke, table, verdict
-
     lines = tuple(x.strip() for x in args.lines.split(",") if x.strip())
     if bad := [x for x in lines if x not in LINES]:
         raise ValueError(f"--lines {','.join(bad)}: choose from {','.join(LINES)}")

@@ -7,8 +7,16 @@ import sys
 import time
 from pathlib import Path
 
+from papermill.exceptions import PapermillExecutionError
+
+from rftlib.attempts import create_attempt, write_json
 from rftlib.cli.common import add_preset_and_sets, config_overrides, parse_sets, report_line, run_notebook
 from rftlib.config import ConfigError, make_config
+from rftlib.report.live import TextView
+from rftlib.train.dist import exit_rank, init_dist, shutdown_dist
+from rftlib.train.launch import run_ranks
+from rftlib.train.loop import Trainer, resume_config
+from rftlib.workbench import result_text
 
 
 def add_arguments(t) -> None:
@@ -25,12 +33,6 @@ def _under_torchrun() -> bool:
 
 def run_rank(args) -> int:
     """This process is one rank of a torchrun job: train in-process (no notebook); rank 0 reports."""
-    from rftlib.attempts import write_json
-    from rftlib.report.live import TextView
-    from rftlib.train.dist import init_dist, shutdown_dist
-    from rftlib.train.loop import Trainer, resume_config
-    from rftlib.workbench import result_text
-
     if args.run_dir:  # launched by rft train --nproc / the notebook: the attempt and its config exist
         cfg = resume_config(args.run_dir)
     else:  # torchrun -m rftlib.cli train -p PRESET --set ...: rank 0 creates the attempt
@@ -56,21 +58,13 @@ def run_rank(args) -> int:
 
 def run(args) -> int:
     if _under_torchrun():
-        from rftlib.train.dist import exit_rank
-
         exit_rank(run_rank(args))  # a rank process: skip the teardown that can abort (see exit_rank)
     if args.nproc > 1 or args.run_dir:
-        from rftlib.attempts import create_attempt
-        from rftlib.train.launch import run_ranks
-
         if args.run_dir:
             run_dir = Path(args.run_dir)
         else:
             run_dir = create_attempt(make_config(args.preset, config_overrides(parse_sets(args.set))))
         return run_ranks(run_dir, args.nproc, resume=args.resume)
-    from papermill.exceptions import PapermillExecutionError
-
-    from rftlib.workbench import result_text
 
     params = {"preset": args.preset, **parse_sets(args.set)}
     try:

@@ -8,6 +8,8 @@ from pathlib import Path
 from rftlib.attempts import claim_attempt_dir, runs_root as resolve_runs
 from rftlib.cli.common import headless_env, parse_sets
 from rftlib.config import make_config
+from rftlib.report import publish, register_tasks
+from rftlib.report.index import reports_dir_for, write_index
 
 
 def add_arguments(v) -> None:
@@ -21,9 +23,6 @@ def add_arguments(v) -> None:
 
 def run(args) -> int:
     """notebooks/validate.ipynb under papermill; the executed notebook lands in the attempt's run dir."""
-    from rftlib.report import publish, register_tasks
-    from rftlib.report.index import reports_dir_for, write_index
-
     register_tasks()
     sets = parse_sets(args.set)
     cfg = make_config(args.preset, sets)  # fails fast, before a kernel starts
