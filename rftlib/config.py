@@ -27,8 +27,8 @@ import yaml
 
 # every registry below is torch-free: a name and what it declares are read without importing the tensor code,
 # the engines or the backends (tests/test_config_light.py runs `import rftlib.config` and checks)
-from rftlib.algo.catalog import ADVANTAGES, AGGREGATIONS, KL_ESTIMATORS, KL_NOT_IN_LOSS, REWARD_SCALES, SEQ_NORMS, \
-    takes_scale_rewards
+from rftlib.algo.catalog import (ADVANTAGES, AGGREGATIONS, KL_ESTIMATORS, KL_NOT_IN_LOSS, REWARD_SCALES, SEQ_NORMS,
+                                 takes_scale_rewards)
 from rftlib.algo.loss_spec import AUTO, POLICY_LOSSES, loss_spec
 from rftlib.algo.schedule import lr_at, warmup_steps_for
 from rftlib.data.base import registered_rewards, registered_tasks
