@@ -29,8 +29,6 @@ def _grouped(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
     return rewards.view(-1, group_size)  # (B, G)
 
 
-
-
 def scale_group(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
     """Each group's sample std (Bessel, divide by G-1), repeated over its rows. (N,) -> (N,)."""
     grouped = _grouped(rewards, group_size)  # (B, G)

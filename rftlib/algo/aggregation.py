@@ -53,8 +53,6 @@ def token_mean(loss_mat, mask, *, num_seqs, num_tokens, norm_const):
     return _row_sums(loss_mat, mask).sum() / num_tokens
 
 
-
-
 def batch_totals(mask: torch.Tensor, *, seq_norm: str = "nonempty") -> tuple[torch.Tensor, torch.Tensor]:
     """(num_seqs, num_tokens) of an (N, T) loss mask, 0-dim float tensors: the rows the seq-mean modes
     divide by (``seq_norm`` in SEQ_NORMS) and the valid tokens. Not clamped and not reduced over

@@ -34,7 +34,6 @@ K3_LOG_RATIO_CLAMP = 20.0  # e^20 ~ 5e8: far beyond any useful ratio, far below 
 K3_VALUE_CLAMP = 10.0  # k3 capped here, as verl's low_var_kl does: bounds its gradient (see kl_k3)
 
 
-
 def kl_k1(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
     """k1 = logp - ref_logp (the naive log-ratio). (N, T) -> (N, T). For the reward, not the loss."""
     return logprobs - ref_logprobs  # (N, T)
