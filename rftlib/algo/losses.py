@@ -4,7 +4,8 @@ Dimensions: N completions (rows), T completion tokens. Inputs are log-probabilit
 tokens, (N, T); advantages are one per completion, (N,), broadcast over its tokens; ``mask`` is the
 (N, T) float {0, 1} completion mask. Every loss here is a *loss* (minimised): the negated surrogate.
 
-A policy loss is registered in POLICY_LOSSES (``register_loss``, rftlib.algo.loss_spec) with the signature
+A policy loss is registered in POLICY_LOSSES (``register_loss``; the built-in ones here are declared by name
+in rftlib.algo.loss_spec, which the config reads without importing this module) with the signature
     fn(logprobs, old_logprobs, advantages, mask, *, clip_low, clip_high, dual_clip, log_ratio_clamp)
         -> (loss_mat (N, T), metrics dict of detached 0-dim tensors)
 so that ``grpo_loss`` can call any of them without knowing its name, and with its LossSpec: the
