@@ -11,10 +11,10 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
-from rftlib.attempts import create_attempt
 from rftlib.cli import VERBS
-from rftlib.config import make_config
+from rftlib.config import make_config, to_dict
 
 REPO = Path(__file__).resolve().parent.parent
 HEAVY = ("torch", "transformers", "peft", "papermill", "deepspeed", "vllm", "nbconvert", "ipywidgets", "matplotlib")
@@ -44,7 +44,14 @@ def rft_light(*args: str, env: dict | None = None) -> subprocess.CompletedProces
 
 @pytest.fixture
 def attempt(tmp_path):
-    return create_attempt(make_config("tiny", {"runs_root": str(tmp_path / "runs")}))
+    """An attempt directory as rftlib.attempts.create_attempt writes it (config.yaml: the resolved config and
+    its provenance), the provenance left empty: recording it imports torch, and this file runs without it."""
+    run_dir = tmp_path / "runs" / "attempt-01-tiny"
+    run_dir.mkdir(parents=True)
+    cfg = make_config("tiny", {"runs_root": str(tmp_path / "runs")})
+    doc = {"attempt_id": run_dir.name, "config": to_dict(cfg), "provenance": {}}
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
+    return run_dir
 
 
 def test_help_lists_every_verb_and_imports_none_of_them():
@@ -70,7 +77,7 @@ def test_note_answers_without_heavy_imports(attempt, tmp_path):
 
 
 def test_a_verb_flag_error_and_python_m_still_work():
-    """The verb's own parser is built when the verb is chosen: its flags and errors are as before."""
-    p = subprocess.run([sys.executable, "-m", "rftlib.cli", "resume", "somewhere"], cwd=REPO, capture_output=True,
+    """The verb's own parser is built when the verb is chosen: its arguments and errors are as before."""
+    p = subprocess.run([sys.executable, "-m", "rftlib.cli", "note", "somewhere"], cwd=REPO, capture_output=True,
                        text=True, env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=120)
-    assert p.returncode == 2 and "--additional-steps" in p.stderr
+    assert p.returncode == 2 and "the following arguments are required: text" in p.stderr
