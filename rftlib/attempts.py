@@ -33,7 +33,6 @@ from importlib import metadata
 from pathlib import Path
 from typing import IO, Any
 
-import torch
 import yaml
 
 from rftlib.config import RunConfig, to_dict
@@ -208,6 +207,8 @@ def _git(*args: str) -> str | None:
 
 
 def provenance() -> dict[str, Any]:
+    import torch  # the machine's threads and GPU, when an attempt is created (reading one needs no torch)
+
     sha = (_git("rev-parse", "HEAD") or "").strip() or None
     status = _git("status", "--porcelain", "--untracked-files=no")
     versions = {}

@@ -25,18 +25,18 @@ from typing import Any
 
 import yaml
 
-from rftlib.algo.advantages import ADVANTAGES, REWARD_SCALES, takes_scale_rewards
-from rftlib.algo.aggregation import AGGREGATIONS, SEQ_NORMS
-from rftlib.algo.kl import KL_ESTIMATORS, KL_NOT_IN_LOSS
-from rftlib.algo.loss_spec import AUTO
-from rftlib.algo.losses import POLICY_LOSSES  # importing the losses registers them
+# every registry below is torch-free: a name and what it declares are read without importing the tensor code,
+# the engines or the backends (tests/test_config_light.py runs `import rftlib.config` and checks)
+from rftlib.algo.catalog import (ADVANTAGES, AGGREGATIONS, KL_ESTIMATORS, KL_NOT_IN_LOSS, REWARD_SCALES, SEQ_NORMS,
+                                 takes_scale_rewards)
+from rftlib.algo.loss_spec import AUTO, POLICY_LOSSES, loss_spec
 from rftlib.algo.schedule import lr_at, warmup_steps_for
 from rftlib.data.base import registered_rewards, registered_tasks
 from rftlib.monitor.trackers import TRACKERS
 from rftlib.rewards.math import MODES
 from rftlib.rewards.registry import TASK_REWARD
-from rftlib.rollout.factory import ENGINES, engine_kind
-from rftlib.train.backends import BACKEND_MODULES, BACKENDS, backend_class
+from rftlib.rollout.kinds import ENGINES, engine_kind
+from rftlib.train.backends import BACKENDS, check_config as backend_rules
 
 PARAMS_DIR = Path(__file__).resolve().parent.parent / "params"
 
@@ -787,10 +787,9 @@ def _validate_scale(cfg: RunConfig, bad) -> None:
     each one's own rules (Backend.check_config, EngineKind.check_config): no backend or engine is named here."""
     if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", cfg.device):
         bad(f"device='{cfg.device}': choose auto, cpu, cuda or cuda:N")
-    backends = sorted(set(BACKENDS.names()) | set(BACKEND_MODULES))
-    if cfg.backend not in backends:
-        bad(f"backend='{cfg.backend}': choose {', '.join(backends)}")
-    for problem in backend_class(cfg.backend).check_config(cfg):
+    if cfg.backend not in BACKENDS:
+        bad(f"backend='{cfg.backend}': choose {', '.join(BACKENDS.names())}")
+    for problem in backend_rules(cfg.backend, cfg):
         bad(problem)
     if cfg.zero3_gather_for_generation not in ("auto", "on", "off"):
         bad(f"zero3_gather_for_generation='{cfg.zero3_gather_for_generation}': choose auto, on or off")
@@ -887,13 +886,13 @@ def _validate_policy_loss(cfg: RunConfig, bad) -> str:
     settings, its dual clip and its aggregations. Returns the aggregation the loss will run."""
     values = {f.name: getattr(cfg, f.name) for f in fields(cfg)}
     for name in POLICY_LOSSES.names():
-        spec = POLICY_LOSSES.get(name)
+        spec = loss_spec(name)
         for f in spec.clip_fields:
             if f not in values:
                 bad(f"policy_loss '{name}' takes its clip from '{f}', which is not a RunConfig field")
         for msg in spec.validate(values):
             bad(msg)
-    spec = POLICY_LOSSES.get(cfg.policy_loss)
+    spec = loss_spec(cfg.policy_loss)
     if cfg.dual_clip is not None and not spec.dual_clip:
         bad(f"dual_clip={cfg.dual_clip} with policy_loss {cfg.policy_loss}: dual clip is a token-level PPO device "
             "this loss does not take; set dual_clip null")

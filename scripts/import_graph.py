@@ -80,6 +80,22 @@ EXCEPTIONS: dict[tuple[str, str], str] = {
                                              "must not load the trainer's stack that import_vllm's module brings",
     ("rftlib/rewards/sandbox/seccomp.py", "pyseccomp"): "a required package over a system library "
                                                         "(libseccomp) that may be missing: _pyseccomp() says what to install",
+    # declare light, build heavy (issue 31): what rft status / note / stop and `import rftlib.config` load must
+    # not pull torch or papermill in; the heavy part is imported where a run starts or ends
+    # (tests/test_config_light.py and tests/test_cli_light.py refuse a heavy import on those paths)
+    ("rftlib/attempts.py", "torch"): "provenance() (creating an attempt) records torch's threads and GPU; "
+                                     "reading attempts (rft status, note, index) needs no torch",
+    ("rftlib/monitor/trackers.py", "torch"): "TensorBoard's SummaryWriter, when a run starts: the config checks "
+                                             "report_to against TRACKERS, and reports read trackers.json",
+    ("rftlib/train/backends/__init__.py", "torch"): "join_group's torch.distributed: the config reads BACKENDS "
+                                                    "and each backend's declared check_config",
+    ("rftlib/launch/supervise.py", "rftlib"): "the plan, the ranks' env, resume_config and the report, where a "
+                                              "launch starts or ends: rft status and rft stop read this module's "
+                                              "file helpers",
+    ("rftlib/launch/status.py", "rftlib"): "rft attach's config and status line (torch, ipywidgets); rft status "
+                                           "reads files only",
+    ("rftlib/cli/note.py", "rftlib"): "rebuilding an existing HTML report (papermill, nbconvert); a note and "
+                                      "the index need neither",
 }
 """(file, top-level package or "*") -> why its imports inside functions are allowed (for an optional package:
 why this file imports it, inside a function, besides its one module)."""

@@ -7,13 +7,9 @@ with the other completions of the same prompt; that group baseline replaces PPO'
 
 from __future__ import annotations
 
-import inspect
-
 import torch
 
-from rftlib.algo.registry import Registry
-
-ADVANTAGES = Registry("advantage estimator")
+from rftlib.algo.catalog import ADVANTAGES, REWARD_SCALES, takes_scale_rewards  # noqa: F401 (declared there)
 
 
 def _grouped(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
@@ -33,17 +29,12 @@ def _grouped(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
     return rewards.view(-1, group_size)  # (B, G)
 
 
-REWARD_SCALES = Registry("reward scaling")
-
-
-@REWARD_SCALES.register("group")
 def scale_group(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
     """Each group's sample std (Bessel, divide by G-1), repeated over its rows. (N,) -> (N,)."""
     grouped = _grouped(rewards, group_size)  # (B, G)
     return grouped.std(dim=1, correction=1, keepdim=True).expand_as(grouped).reshape(-1)  # (N,)
 
 
-@REWARD_SCALES.register("batch")
 def scale_batch(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
     """The sample std of all N rewards of the batch, at every row (TRL's scale_rewards="batch",
     after "Tricks or Traps? A Deep Dive into RL for LLM Reasoning", Liu et al. 2025). (N,) -> (N,)."""
@@ -51,7 +42,6 @@ def scale_batch(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
     return flat.std(correction=1).expand_as(flat)  # (N,)
 
 
-@REWARD_SCALES.register("none")
 def scale_none(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
     """No scaling (Dr-GRPO): ones. (N,) -> (N,)."""
     return torch.ones_like(_grouped(rewards, group_size).reshape(-1))  # (N,)
@@ -67,7 +57,6 @@ def _group_centred(rewards: torch.Tensor, group_size: int, eps: float, scale_rew
     return centred / (scale_fn(rewards, group_size) + eps)  # (N,)
 
 
-@ADVANTAGES.register("grpo")
 def grpo_advantages(rewards: torch.Tensor, group_size: int, eps: float = 1e-6,
                     scale_rewards: str = "group") -> torch.Tensor:
     """GRPO outcome advantage (DeepSeekMath, Shao et al. 2024, sec. 4.1.2): (r - mean_g) / (std_g + eps).
@@ -88,7 +77,6 @@ def grpo_advantages(rewards: torch.Tensor, group_size: int, eps: float = 1e-6,
     return _group_centred(rewards, group_size, eps, scale_rewards)  # (N,)
 
 
-@ADVANTAGES.register("dr_grpo")
 def dr_grpo_advantages(rewards: torch.Tensor, group_size: int, eps: float = 1e-6,
                        scale_rewards: str = "none") -> torch.Tensor:
     """Dr-GRPO advantage ("Understanding R1-Zero-Like Training", Liu et al. 2025): r - mean_g.
@@ -103,7 +91,6 @@ def dr_grpo_advantages(rewards: torch.Tensor, group_size: int, eps: float = 1e-6
     return _group_centred(rewards, group_size, eps, scale_rewards)  # (N,)
 
 
-@ADVANTAGES.register("rloo")
 def rloo_advantages(rewards: torch.Tensor, group_size: int, eps: float = 1e-6) -> torch.Tensor:
     """RLOO, REINFORCE Leave-One-Out (Kool et al. 2019; Ahmadian et al. 2024, arXiv:2402.14740, eq. 6).
 
@@ -122,7 +109,6 @@ def rloo_advantages(rewards: torch.Tensor, group_size: int, eps: float = 1e-6) -
     return (grouped - others).reshape(-1)  # (N,)
 
 
-@ADVANTAGES.register("reinforce_pp_baseline")
 def reinforce_pp_baseline_advantages(rewards: torch.Tensor, group_size: int, eps: float = 1e-6) -> torch.Tensor:
     """REINFORCE++-baseline (Hu et al. 2025, "REINFORCE++", arXiv:2501.03262, sec. 3): the group mean
     as baseline, then normalisation over the whole batch:
@@ -159,11 +145,6 @@ def compute_advantages(name: str, rewards: torch.Tensor, group_size: int, eps: f
         raise ValueError(f"advantage estimator '{name}' has its own scaling; scale_rewards applies to "
                          f"{', '.join(n for n in ADVANTAGES.names() if takes_scale_rewards(n))}")
     return estimator(rewards, group_size, eps=eps, scale_rewards=scale_rewards)
-
-
-def takes_scale_rewards(name: str) -> bool:
-    """Whether the estimator ``name`` has a ``scale_rewards`` argument."""
-    return "scale_rewards" in inspect.signature(ADVANTAGES.get(name)).parameters
 
 
 def advantage_stats(adv: torch.Tensor) -> dict[str, torch.Tensor]:

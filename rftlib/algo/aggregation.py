@@ -29,9 +29,7 @@ from __future__ import annotations
 
 import torch
 
-from rftlib.algo.registry import Registry
-
-AGGREGATIONS = Registry("loss aggregation")
+from rftlib.algo.catalog import AGGREGATIONS, SEQ_NORMS  # noqa: F401 (declared there)
 
 
 def _row_sums(loss_mat: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -39,26 +37,20 @@ def _row_sums(loss_mat: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return torch.where(mask > 0, loss_mat, 0.0).sum(dim=-1)  # (N,)
 
 
-@AGGREGATIONS.register("seq-mean-token-mean")
 def seq_mean_token_mean(loss_mat, mask, *, num_seqs, num_tokens, norm_const):
     """sum_i [ sum_t (loss*mask)_it / max(len_i, 1) ] / num_seqs. A fully masked row adds 0."""
     seq_len = mask.sum(dim=-1).clamp(min=1.0)  # (N,)
     return (_row_sums(loss_mat, mask) / seq_len).sum() / num_seqs
 
 
-@AGGREGATIONS.register("seq-mean-token-sum-norm")
 def seq_mean_token_sum_norm(loss_mat, mask, *, num_seqs, num_tokens, norm_const):
     """sum_i [ sum_t (loss*mask)_it / norm_const ] / num_seqs, norm_const a constant, not len_i."""
     return (_row_sums(loss_mat, mask) / norm_const).sum() / num_seqs
 
 
-@AGGREGATIONS.register("token-mean")
 def token_mean(loss_mat, mask, *, num_seqs, num_tokens, norm_const):
     """sum_it (loss*mask)_it / num_tokens: every valid token of the batch weighs the same."""
     return _row_sums(loss_mat, mask).sum() / num_tokens
-
-
-SEQ_NORMS = ("nonempty", "all")  # which rows num_seqs counts; see the module docstring
 
 
 def batch_totals(mask: torch.Tensor, *, seq_norm: str = "nonempty") -> tuple[torch.Tensor, torch.Tensor]:

@@ -28,34 +28,22 @@ from __future__ import annotations
 
 import torch
 
-from rftlib.algo.registry import Registry
-
-KL_ESTIMATORS = Registry("kl estimator")
+from rftlib.algo.catalog import KL_ESTIMATORS, KL_NOT_IN_LOSS  # noqa: F401 (declared there)
 
 K3_LOG_RATIO_CLAMP = 20.0  # e^20 ~ 5e8: far beyond any useful ratio, far below float32 overflow (e^88)
 K3_VALUE_CLAMP = 10.0  # k3 capped here, as verl's low_var_kl does: bounds its gradient (see kl_k3)
 
-# estimators whose gradient as a loss term is not a KL gradient: name -> what to use instead
-KL_NOT_IN_LOSS = {
-    "k1": "k1 = log pi - log pi_ref has zero expected gradient as a loss term on tokens sampled from pi "
-          "(E_pi[grad log pi] = 0), so it regularises nothing; use kl_estimator k3+ (k3's value, k2's gradient "
-          "= the reverse KL's) or k2 in the loss, or keep k1 and set kl_in_reward: true (verl/OpenRLHF style)",
-}
 
-
-@KL_ESTIMATORS.register("k1")
 def kl_k1(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
     """k1 = logp - ref_logp (the naive log-ratio). (N, T) -> (N, T). For the reward, not the loss."""
     return logprobs - ref_logprobs  # (N, T)
 
 
-@KL_ESTIMATORS.register("k2")
 def kl_k2(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
     """k2 = (logp - ref_logp)^2 / 2. (N, T) -> (N, T). Its gradient is the reverse KL's."""
     return 0.5 * (logprobs - ref_logprobs).square()  # (N, T)
 
 
-@KL_ESTIMATORS.register("k3")
 def kl_k3(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
     """k3 = exp(ref_logp - logp) - (ref_logp - logp) - 1, capped at 10. (N, T) -> (N, T).
 
@@ -76,7 +64,6 @@ def kl_k3(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
     return (torch.expm1(d) - d).clamp(max=K3_VALUE_CLAMP)  # (N, T)
 
 
-@KL_ESTIMATORS.register("k3+")
 def kl_k3_plus(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
     """k3's value with k2's gradient: k2 - sg(k2) + sg(k3). (N, T) -> (N, T).
 

@@ -4,7 +4,8 @@ Dimensions: N completions (rows), T completion tokens. Inputs are log-probabilit
 tokens, (N, T); advantages are one per completion, (N,), broadcast over its tokens; ``mask`` is the
 (N, T) float {0, 1} completion mask. Every loss here is a *loss* (minimised): the negated surrogate.
 
-A policy loss is registered in POLICY_LOSSES (``register_loss``, rftlib.algo.loss_spec) with the signature
+A policy loss is registered in POLICY_LOSSES (``register_loss``; the built-in ones here are declared by name
+in rftlib.algo.loss_spec, which the config reads without importing this module) with the signature
     fn(logprobs, old_logprobs, advantages, mask, *, clip_low, clip_high, dual_clip, log_ratio_clamp)
         -> (loss_mat (N, T), metrics dict of detached 0-dim tensors)
 so that ``grpo_loss`` can call any of them without knowing its name, and with its LossSpec: the
@@ -18,9 +19,7 @@ import torch
 
 from rftlib.algo.aggregation import aggregate, masked_max, masked_mean, masked_min, masked_quantile
 from rftlib.algo.kl import kl_penalty
-from rftlib.algo.loss_spec import POLICY_LOSSES, register_loss
-
-SEQUENCE_LEVEL = ("seq-mean-token-mean",)  # the mean over completions of a per-completion quantity
+from rftlib.algo.loss_spec import POLICY_LOSSES, SEQUENCE_LEVEL  # noqa: F401 (the losses are declared there)
 
 
 def _check_shapes(logprobs, old_logprobs, advantages, mask) -> None:
@@ -51,17 +50,7 @@ def _ratio_metrics(clip_active, log_ratio_raw, log_ratio, mask) -> dict[str, tor
         }
 
 
-def _ppo_clip_settings(v) -> list[str]:
-    out = []
-    if not 0 < v["eps_clip"] < 1:
-        out.append(f"eps_clip={v['eps_clip']}: must be in (0, 1) (seed 003 uses 0.1-0.2)")
-    if v["eps_clip_high"] is not None and v["eps_clip_high"] <= 0:
-        out.append(f"eps_clip_high={v['eps_clip_high']}: must be > 0 (DAPO's clip-higher uses 0.28)")
-    return out
-
-
 # a per-token surrogate: every aggregation is a weighting of its tokens (GRPO, Dr-GRPO and DAPO use one each)
-@register_loss("ppo_clip", clip_fields=("eps_clip", "eps_clip_high"), dual_clip=True, validate=_ppo_clip_settings)
 def ppo_clip(
     logprobs: torch.Tensor,
     old_logprobs: torch.Tensor,
@@ -130,15 +119,6 @@ def _seq_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return torch.where(mask > 0, x, 0.0).sum(dim=-1) / mask.sum(dim=-1).clamp(min=1.0)  # (N,)
 
 
-def _gspo_settings(v) -> list[str]:
-    return [f"{k}={v[k]}: must be in (0, 1) (GSPO's sequence-ratio range, paper: 3e-4 / 4e-4)"
-            for k in ("gspo_eps_clip", "gspo_eps_clip_high") if not 0 < v[k] < 1]
-
-
-@register_loss("gspo", clip_fields=("gspo_eps_clip", "gspo_eps_clip_high"), aggregations=SEQUENCE_LEVEL,
-               validate=_gspo_settings,
-               why="GSPO's objective is the mean over completions of a length-normalised sequence ratio "
-                   "(Zheng et al. 2025, eq. 5 and 13); another mode weights each completion by its length")
 def gspo(
     logprobs: torch.Tensor,
     old_logprobs: torch.Tensor,
@@ -193,20 +173,6 @@ def gspo(
     return loss_mat, {k: v.detach() for k, v in metrics.items()}
 
 
-def _cispo_settings(v) -> list[str]:
-    out = []
-    if not 0 <= v["cispo_eps_clip"] <= 1:
-        out.append(f"cispo_eps_clip={v['cispo_eps_clip']}: must be in [0, 1] "
-                   "(1: no floor on the IS weight, as MiniMax-M1)")
-    if not v["cispo_eps_clip_high"] > 0:
-        out.append(f"cispo_eps_clip_high={v['cispo_eps_clip_high']}: must be > 0 (the IS-weight ceiling is 1 + this)")
-    return out
-
-
-@register_loss("cispo", clip_fields=("cispo_eps_clip", "cispo_eps_clip_high"),
-               aggregations=("token-mean", "seq-mean-token-sum-norm"), validate=_cispo_settings,
-               why="CISPO normalises by the batch's token count (MiniMax-M1, eq. 4: 1 / sum_i |o_i|), every token "
-                   "weighted the same; seq-mean-token-mean weighs a short completion's tokens more")
 def cispo(
     logprobs: torch.Tensor,
     old_logprobs: torch.Tensor,
@@ -247,16 +213,6 @@ def cispo(
     return loss_mat, metrics
 
 
-def _gmpo_settings(v) -> list[str]:
-    if not v["gmpo_eps_clip"] > 0:
-        return [f"gmpo_eps_clip={v['gmpo_eps_clip']}: must be > 0 (a log-ratio bound; GMPO's paper uses 0.4)"]
-    return []
-
-
-@register_loss("gmpo", clip_fields=("gmpo_eps_clip", "gmpo_eps_clip"), aggregations=SEQUENCE_LEVEL,
-               validate=_gmpo_settings,
-               why="GMPO's loss is one number per completion, the geometric mean of its token ratios (Zhao et al. "
-                   "2025, eq. 4), written at each of its tokens; another mode weights each completion by its length")
 def gmpo(
     logprobs: torch.Tensor,
     old_logprobs: torch.Tensor,

@@ -9,7 +9,8 @@
     jsonl         line-numbered jsonl loading
 
 How to add a task (one place): a builder in its own module, ``@TASKS.register("name")`` on a function
-returning ``Task(name, train, eval, reward=..., probes=...)``, and its module named in
-``BUILTIN_TASK_MODULES`` (rftlib.data.base). Its reward is any function (text, example, truncated)
--> (float, diagnostics), best a registered one (rftlib.rewards.registry) so a config can weigh it.
+returning ``Task(name, train, eval, reward=..., probes=...)``; a built-in one is declared instead, by
+its builder's ``"module:attr"``, at the end of rftlib.data.base (imported when a config names it). Its
+reward is any function (text, example, truncated) -> (float, diagnostics), best a registered one
+(rftlib.rewards.registry) so a config can weigh it.
 """

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import random
 
-from rftlib.data.base import TASKS, Example, Task, append_instruction
+from rftlib.data.base import Example, Task, append_instruction
 from rftlib.rewards.math import math_task_reward
 
 
@@ -26,7 +26,6 @@ def all_problems() -> list[Example]:
     return out
 
 
-@TASKS.register("arithmetic")
 def arithmetic_task(eval_size: int = 100, seed: int = 1234, reward_mode: str = "exact", instruction: str = "") -> Task:
     """Training pool and held-out set, disjoint by construction (a split of one shuffled list).
 

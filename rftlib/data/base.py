@@ -3,16 +3,16 @@
 A task is what one attempt trains on. The trainer sees only this interface, so a new task
 (a dataset from disk, a code problem set) plugs in by registering a builder.
 
-Import order, without a loop: this module imports no task builder; each builder module imports
-this one and registers itself on ``TASKS``; ``registered_tasks()`` imports the built-in builder
-modules by name (``BUILTIN_TASK_MODULES``) the first time the whole registry is asked for.
+Import order, without a loop: this module imports no task builder; the built-in tasks are declared
+at its end by their builder's ``"module:attr"`` (one line each), and ``TASKS.get(name)`` imports that
+builder's module alone when a config or a run asks for it. A task defined elsewhere (a notebook's, a
+test's) registers itself: ``@TASKS.register("name")`` on its builder.
 ``rftlib.data.tasks`` re-exports all of it for older imports.
 """
 
 from __future__ import annotations
 
 import hashlib
-import importlib
 import inspect
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -179,22 +179,17 @@ def held_out_leaks(task: Task, texts: list[str]) -> list[Leak]:
 
 
 TASKS = Registry("task")
-
-BUILTIN_TASK_MODULES = ("arithmetic", "benchmarks", "code_problems", "code_basics", "curriculum", "prepare")
-"""modules of rftlib.data that register the built-in tasks"""
+"""name -> builder(**task_args) -> Task; the built-in ones declared at the end of this module"""
 
 
 def registered_tasks() -> Registry:
-    """The task registry with every built-in builder module imported."""
-    for mod in BUILTIN_TASK_MODULES:
-        importlib.import_module(f"rftlib.data.{mod}")
+    """The task registry: every built-in task declared, a notebook's or a test's registered (nothing imported)."""
     return TASKS
 
 
 def registered_rewards() -> Registry:
-    """The reward registry (rftlib.rewards.registry) with every built-in reward registered: those of
-    rftlib.rewards, and those that live beside their task (``code_tests``)."""
-    registered_tasks()
+    """The reward registry (rftlib.rewards.registry): those of rftlib.rewards, and those that live beside their
+    task (``code_tests``, declared below)."""
     return REWARDS
 
 
@@ -206,3 +201,13 @@ def build_task(name: str, **kwargs: Any) -> Task:
     if not any(p.kind is p.VAR_KEYWORD for p in params.values()):
         kwargs = {k: v for k, v in kwargs.items() if k in params}
     return builder(**kwargs)
+
+
+# ---- the built-in tasks, declared once: their builders' "module:attr" (imported on first use) --------------
+for _name, _target in (("arithmetic", "arithmetic:arithmetic_task"), ("gsm8k", "benchmarks:gsm8k_task"),
+                       ("code_basics", "code_basics:code_basics_task"),
+                       ("code_problems", "code_problems:code_problems_task"), ("mixed", "curriculum:mixed_task"),
+                       ("prepared", "prepare:prepared_task")):
+    TASKS.declare(_name, f"rftlib.data.{_target}")
+# the code task's reward with its batch form (a sandbox map), where the task lives
+REWARDS.declare("code_tests", "rftlib.data.code_problems:CODE_TESTS")

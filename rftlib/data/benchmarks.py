@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from rftlib.data.base import TASKS, Example, Task
+from rftlib.data.base import Example, Task
 from rftlib.data.jsonl import FETCH_HINT, DataError, datasets_dir, read_json, read_jsonl, write_jsonl
 from rftlib.rewards.code import CodeProblem
 from rftlib.rewards.math import math_task_reward, parse_gold
@@ -449,7 +449,6 @@ def with_instruction(examples: list[Example], instruction: str) -> list[Example]
     return [Example(id=e.id, prompt=f"{e.prompt}\n{instruction}", answer=e.answer, meta=e.meta) for e in examples]
 
 
-@TASKS.register("gsm8k")
 def gsm8k_task(train: str = "gsm_style", train_size: int = 5000, eval_size: int | None = 200,
                probe_size: int = 50, seed: int = 1234, source: str = "auto", reward_mode: str = "exact") -> Task:
     """GSM8K: eval on GSM8K test (``eval_size`` problems drawn with the fixed ``seed``, None:

@@ -25,7 +25,7 @@ import random
 import zlib
 from typing import Callable
 
-from rftlib.data.base import TASKS, Example, Task
+from rftlib.data.base import Example, Task
 from rftlib.data.code_problems import N_EXAMPLES_SHOWN, code_prompt, code_task_reward
 from rftlib.rewards.code import CodeProblem
 
@@ -210,7 +210,6 @@ def split_keys(held_out_per_family: int, seed: int = 1234,
     return train, held
 
 
-@TASKS.register("code_basics")
 def code_basics_task(held_out_per_family: int = 12, seed: int = 1234, families: list | None = None,
                      max_difficulty: int = 5) -> Task:
     """Train on every instance not held out; evaluate on ``held_out_per_family`` instances of

@@ -25,11 +25,11 @@ import random
 from pathlib import Path
 from typing import Any, Callable
 
-from rftlib.data.base import TASKS, Example, Task
+from rftlib.data.base import Example, Task
 from rftlib.data.benchmarks import CODE_INSTRUCTION
 from rftlib.data.jsonl import REPO_ROOT, DataError, iter_jsonl
 from rftlib.rewards.code import CodeProblem, batch_code_reward, code_reward
-from rftlib.rewards.registry import register_reward
+from rftlib.rewards.registry import Reward
 
 PROBLEMS_FILE = REPO_ROOT / "data" / "code_problems.jsonl"
 REQUIRED = ("id", "difficulty", "type", "signature", "description", "tests", "reference")
@@ -303,12 +303,12 @@ def code_task_batch_reward(completions: list[str], examples: list[Example],
     return [_task_result(r, t) for r, t in zip(rs, truncated)]
 
 
-# the batch form is declared with the registration: the trainer's as_reward(task.reward) finds the registered
-# Reward (row function + batch form); a wrapper that replaces the reward (a test's) is scored row by row
-register_reward("code_tests", code_task_reward, batch=code_task_batch_reward)  # the reward seam: rftlib.rewards.registry
+# the batch form is declared with the reward: the trainer's as_reward(task.reward) finds the registered
+# Reward (row function + batch form); a wrapper that replaces the reward (a test's) is scored row by row.
+# Registered as "code_tests" by its declaration in rftlib.data.base (REWARDS.declare)
+CODE_TESTS = Reward("code_tests", code_task_reward, batch=code_task_batch_reward)
 
 
-@TASKS.register("code_problems")
 def code_problems_task(train_size: int = 2000, seed: int = 1234, max_difficulty: int = 10,
                        probe_size: int = 30) -> Task:
     """Train on ``train_size`` procedural problems, evaluate on our 30-problem set (difficulty

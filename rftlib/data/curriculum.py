@@ -25,7 +25,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from rftlib.data.base import TASKS, Example, Sampler, Task, build_task
+from rftlib.data.base import Example, Sampler, Task, build_task
 
 
 @dataclass(frozen=True)
@@ -311,7 +311,6 @@ def mix_tasks(tasks: dict[str, Task], weights: dict[str, float] | None = None, n
                      probes=probes, health_skip=skip, weights={t: weights.get(t, 0.0) for t in tasks})
 
 
-@TASKS.register("mixed")
 def mixed_task(tasks: dict[str, float], task_args: dict[str, dict] | None = None) -> MixedTask:
     """Registered builder: ``tasks`` maps registered task names to weights, ``task_args`` their
     builders' keyword arguments, e.g. tasks={"arithmetic": 0.7, "code_problems": 0.3}."""

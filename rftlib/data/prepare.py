@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable
 
-from rftlib.data.base import TASKS, Example, Task, append_instruction, problem_hash  # noqa: F401 (problem_hash: re-export)
+from rftlib.data.base import Example, Task, append_instruction, problem_hash  # noqa: F401 (problem_hash: re-export)
 from rftlib.data.benchmarks import MATH_INSTRUCTION, gsm8k_solution_to_boxed, to_numina  # noqa: F401 (re-export)
 from rftlib.data.jsonl import DataError, iter_jsonl, read_jsonl, read_table, write_jsonl
 from rftlib.rewards.math import answers_match, math_task_reward, normalize_answer, parse_gold
@@ -308,7 +308,6 @@ def rl_label(row: dict, where: str) -> str:
     return str(v)
 
 
-@TASKS.register("prepared")
 def prepared_task(data_dir: str, eval_file: str = FILES["eval"], instruction: str | None = None,
                   reward_mode: str = "exact") -> Task:
     """Train on ``<data_dir>/sft_rl_pool.jsonl``, evaluate on ``eval_file``; the probe files

@@ -5,8 +5,8 @@
 reward lives with the rewards, in :mod:`rftlib.rewards.math`.
 """
 
-from rftlib.data.base import BUILTIN_TASK_MODULES, TASKS, Example, Task, build_task, registered_tasks
+from rftlib.data.base import TASKS, Example, Task, build_task, registered_tasks
 from rftlib.rewards.math import math_em_reward, math_task_reward
 
-__all__ = ["BUILTIN_TASK_MODULES", "TASKS", "Example", "Task", "build_task", "math_em_reward", "math_task_reward",
+__all__ = ["TASKS", "Example", "Task", "build_task", "math_em_reward", "math_task_reward",
            "registered_tasks"]

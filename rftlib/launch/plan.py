@@ -31,7 +31,7 @@ import torch
 from rftlib.algo.logprobs import auto_chunk_size
 from rftlib.config import ConfigError, RunConfig
 from rftlib.preflight.memory import MODELS, estimate_for_config, estimate_rollout_memory, shape_name_for_model
-from rftlib.rollout.factory import engine_kind
+from rftlib.rollout.kinds import engine_kind
 from rftlib.models.precision import describe as describe_precision
 from rftlib.rollout.vllm import (API_KEY_ENV, VLLMSettings, engine_dtype, engine_gpu_memory, engine_max_len,
                                  trainer_compute)

@@ -16,8 +16,6 @@ from typing import Any, Callable
 
 from rftlib.attempts import run_dir_path, runs_root as resolve_root
 from rftlib.launch.supervise import RUNNING, _read_json, _supervisor_alive, read_status
-from rftlib.report.live import status_line
-from rftlib.train.loop import resume_config
 
 EVAL_KEY = "eval/heldout/greedy_pass@1"
 ENDED = ("finished", "stopped", "crashed", "killed")
@@ -123,6 +121,8 @@ def status_text(runs_root: str | Path | None = None) -> str:
 def _line(row: dict[str, Any], cfg=None, ev: float | None = None) -> str:
     """A metrics row as the trainer's own text line (rftlib.report.live.status_line, as TextView prints it)."""
     if cfg is not None and "reward_mean" in row:
+        from rftlib.report.live import status_line  # ipywidgets, matplotlib: only when a config was read
+
         return "[rft] " + status_line(row, cfg, ev)
     if "reward_mean" not in row:
         ev = row.get(EVAL_KEY)
@@ -148,6 +148,8 @@ def attach(run_dir: str | Path, *, write: Callable[[str], None] = print, poll: f
     offset = 0 if from_start else (metrics.stat().st_size if metrics.exists() else 0)
     seen_health: dict[str, str] = {}
     ev: list[float] = []
+    from rftlib.train.loop import resume_config  # torch: rft attach only (rft status reads files)
+
     try:
         cfg = resume_config(run_dir)
     except Exception:  # a config this rftlib cannot read: plain lines

@@ -41,11 +41,11 @@ import yaml
 from rftlib.attempts import (claim_attempt_dir, create_attempt, ensure_unlocked, next_attempt_id, read_attempt,
                              run_dir_path, runs_root, write_json)
 from rftlib.config import make_config
-from rftlib.launch.plan import LaunchPlan, check_plan, format_plan, make_plan
 from rftlib.monitor.metrics import read_metrics
-from rftlib.report.publish import write_report
-from rftlib.train.launch import rank_env
-from rftlib.train.loop import resume_config
+
+# launch.plan, train.launch and train.loop (torch) and report.publish (papermill) are imported in the
+# functions that start or end a run: rft status and rft stop read this module's file helpers and must
+# answer without them (tests/test_cli_light.py)
 
 TAIL_LINES = 60
 RUNNING = "running"
@@ -112,6 +112,10 @@ def launch(preset: str = "default", overrides: dict[str, Any] | None = None, *, 
     ``<project root>/runs``), whatever the working directory (a launch.ipynb kernel runs in notebooks/), and the
     plan's trainer is told that very directory (absolute); ``resume`` is found the same way (run_dir_path).
     """
+    from rftlib.launch.plan import check_plan, format_plan, make_plan
+    from rftlib.train.launch import rank_env
+    from rftlib.train.loop import resume_config
+
     overrides = dict(overrides or {})
     if resume:
         run_dir = run_dir_path(resume)
@@ -216,6 +220,8 @@ def _write_report(run_dir: Path) -> None:
     """The attempt's HTML report (held-out before/after, curves, verdicts), as a notebook run writes it; a
     report that fails is said in the log, never turned into a failed attempt."""
     try:
+        from rftlib.report.publish import write_report
+
         print(f"[supervisor] report: {write_report(run_dir)}", flush=True)
     except Exception as e:  # noqa: BLE001 -- the training result stands whatever the report does
         print(f"[supervisor] the report could not be written ({type(e).__name__}: {e}); run `rft report {run_dir}`",
@@ -225,6 +231,9 @@ def _write_report(run_dir: Path) -> None:
 def supervise(run_dir: str | Path, node: int = 0, poll: float = 0.5, handle_signals: bool = False) -> int:
     """The supervisor's body: start node ``node``'s processes, wait, stop all when one ends.
     ``handle_signals`` (the detached supervisor process): SIGTERM/SIGINT terminate every process."""
+    from rftlib.launch.plan import LaunchPlan
+    from rftlib.train.launch import rank_env
+
     run_dir = Path(run_dir)
     plan = LaunchPlan.from_json(json.loads((run_dir / "plan.json").read_text()))
     procs: dict[str, subprocess.Popen] = {}

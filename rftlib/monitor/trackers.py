@@ -44,8 +44,6 @@ import sys
 from pathlib import Path
 from typing import Any, Callable
 
-from torch.utils.tensorboard import SummaryWriter
-
 from rftlib.algo.registry import Registry
 
 TRACKERS = Registry("tracker")
@@ -75,6 +73,8 @@ class TensorBoard:
 
     def __init__(self, run_dir: Path, run_name: str, config: dict, store: Path, offline: bool, resume: dict,
                  rewind: dict | None = None):
+        from torch.utils.tensorboard import SummaryWriter  # torch's: imported when a run starts, not with the registry
+
         self.path = run_dir / "tensorboard"
         # a resume from step k: TensorBoard hides the events a crashed segment wrote from step k+1 on
         self.w = SummaryWriter(str(self.path), purge_step=None if rewind is None else rewind["step"] + 1)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 
 from rftlib.algo.logprobs import auto_chunk_size
-from rftlib.rollout.factory import engine_kind
+from rftlib.rollout.kinds import engine_kind
 from rftlib.train.backends import machine_problems, sharding_of
 from rftlib.models.memory import (  # noqa: F401  (re-exported: the preflight's public names)
     ALL_LINEAR, ATTENTION, BYTES, GB, GPUS, LOGITS_LEAN, LOGITS_NAIVE, MODELS, TIGHT, MemoryEstimate, ModelShape,

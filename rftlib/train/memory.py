@@ -22,7 +22,7 @@ import sys
 import torch
 
 from rftlib.models.memory import estimate_for_config, estimator_attention, shape_from_hf_config
-from rftlib.rollout.factory import engine_kind
+from rftlib.rollout.kinds import engine_kind
 from rftlib.train.backends import sharding_of
 
 

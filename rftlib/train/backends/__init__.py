@@ -32,26 +32,25 @@ the launch plan, the process group) and default to a backend that holds a whole 
 engine (ZeRO-2/3, CPU offload), imported only when asked for (DeepSpeed is an optional heavy
 dependency, imported in one place: rftlib.models.loading.import_deepspeed).
 
+This module is torch-free: the config checks ``backend`` and the backend's ``check_config`` rules through
+``BACKENDS`` without importing torch or DeepSpeed. The built-in backends are declared once, at the end
+of this module, by their class's ``"module:attr"`` and their config rules (the classes' ``check_config``
+is the same function); ``backend_class`` imports the class on first use.
+
 How to add a backend (one place): a :class:`Backend` subclass with the methods above in its own module
-here, registered with ``BACKENDS.register("name")(MyBackend)``, and its module named in ``BACKEND_MODULES`` so
-``make_backend`` imports it when a config asks for it (tests/test_train_build.py registers a toy one).
+here, declared at the end of this module (``BACKENDS.declare("name", "rftlib.train.backends.mine:MyBackend",
+check_config=...)``), or registered where it is defined with ``BACKENDS.register("name")(MyBackend)``
+(its ``check_config`` read off the class; tests/test_train_build.py registers a toy one).
 """
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass
-
-import torch
-import torch.distributed as tdist
 
 from rftlib.algo.registry import Registry
 
-BACKENDS = Registry("training backend")
-"""name -> class(cfg, dist, model, *, total_opt_steps, warmup_steps)"""
-
-BACKEND_MODULES = {"single": "torch_backend", "ddp": "torch_backend", "deepspeed": "deepspeed"}
-"""backend name -> module of rftlib.train.backends that registers it (imported on first use)"""
+BACKENDS = Registry("training backend", declarations_of=lambda cls: {"check_config": cls.check_config})
+"""name -> class(cfg, dist, model, *, total_opt_steps, warmup_steps); declares ``check_config`` (the config's rules)"""
 
 CHECKPOINT_FORMATS = {"single": "torch", "ddp": "torch"}
 """backend name -> checkpoint format, where several backends share one (others: their own name)"""
@@ -60,6 +59,31 @@ CHECKPOINT_FORMATS = {"single": "torch", "ddp": "torch"}
 ZERO_BACKEND = "deepspeed"
 """the backend that runs DeepSpeed ZeRO stages and CPU offload: what a caller that asks for ZeRO by
 design (rft smoke's ZeRO-3 line, a preset) names, without spelling a backend's name outside this package"""
+
+
+# ---- the built-in backends' config rules (torch-free: the config reads them before anything is built) ----
+
+def whole_model_rules(cfg) -> list[str]:
+    """A backend that keeps the whole training state on the device (single, ddp): no CPU offload, no CPU fp16."""
+    problems = []
+    if cfg.offload_params or cfg.offload_optimizer:
+        problems.append(f"offload_params/offload_optimizer need backend: {ZERO_BACKEND} (CPU offload is "
+                        f"DeepSpeed ZeRO's; backend '{cfg.backend}' keeps the training state on the device)")
+    if cfg.dtype == "float16" and cfg.device == "cpu":
+        problems.append("dtype float16 on CPU: CPUs have no fast float16 and no GradScaler path; use float32 "
+                        "or bfloat16")
+    return problems
+
+
+def zero_rules(cfg) -> list[str]:
+    """ZeRO stage 2 or 3; parameters offload only where ZeRO-3 partitions them. float16 is DeepSpeed's own
+    loss-scaled path (on CPU too)."""
+    problems = []
+    if cfg.zero_stage not in (2, 3):
+        problems.append(f"zero_stage={cfg.zero_stage}: rftlib drives DeepSpeed ZeRO stage 2 or 3")
+    if cfg.offload_params and cfg.zero_stage != 3:
+        problems.append("offload_params needs zero_stage 3 (ZeRO-2 partitions no parameters to offload)")
+    return problems
 
 
 @dataclass(frozen=True)
@@ -91,18 +115,9 @@ class Backend:
     needs_group_alone = False
     single_process = False  # refuses to run as one of several torchrun ranks (single)
 
-    @staticmethod
-    def check_config(cfg) -> list[str]:
-        """Problems with ``cfg`` under this backend, each a sentence naming the field (RunConfig's checks
-        add them to the config's error)."""
-        problems = []
-        if cfg.offload_params or cfg.offload_optimizer:
-            problems.append(f"offload_params/offload_optimizer need backend: {ZERO_BACKEND} (CPU offload is "
-                            f"DeepSpeed ZeRO's; backend '{cfg.backend}' keeps the training state on the device)")
-        if cfg.dtype == "float16" and cfg.device == "cpu":
-            problems.append("dtype float16 on CPU: CPUs have no fast float16 and no GradScaler path; use float32 "
-                            "or bfloat16")
-        return problems
+    check_config = staticmethod(whole_model_rules)
+    """check_config(cfg) -> problems with ``cfg`` under this backend, each a sentence naming the field (RunConfig's
+    checks add them to the config's error)"""
 
     @staticmethod
     def sharding(cfg) -> Sharding:
@@ -123,6 +138,8 @@ class Backend:
     @staticmethod
     def join_group(pg_backend: str, device: torch.device) -> None:
         """Join torch.distributed's group from torchrun's environment (init_dist has set a one-rank one's)."""
+        import torch.distributed as tdist
+
         tdist.init_process_group(backend=pg_backend, device_id=device if device.type == "cuda" else None)
 
     @staticmethod
@@ -140,9 +157,12 @@ def checkpoint_format_of(name: str) -> str:
 
 def backend_class(name: str):
     """The class registered as ``name``, its module imported on first use."""
-    if name not in BACKENDS and name in BACKEND_MODULES:
-        importlib.import_module(f"rftlib.train.backends.{BACKEND_MODULES[name]}")
     return BACKENDS.get(name)
+
+
+def check_config(name: str, cfg) -> list[str]:
+    """Problems with ``cfg`` under backend ``name`` (its declared rules; nothing imported)."""
+    return BACKENDS.decl(name)["check_config"](cfg)
 
 
 def partitioned_load_config(cfg, world_size: int) -> dict | None:
@@ -164,3 +184,9 @@ def sharding_of(cfg) -> Sharding:
 def make_backend(cfg, dist, model, *, total_opt_steps: int, warmup_steps: int):
     """Build the backend ``cfg.backend`` names around ``model`` (already on dist.device)."""
     return backend_class(cfg.backend)(cfg, dist, model, total_opt_steps=total_opt_steps, warmup_steps=warmup_steps)
+
+
+# ---- the built-in backends, declared once: their classes' "module:attr" (imported on first use) and rules ----
+BACKENDS.declare("single", "rftlib.train.backends.torch_backend:TorchBackend", check_config=whole_model_rules)
+BACKENDS.declare("ddp", "rftlib.train.backends.torch_backend:DDPBackend", check_config=whole_model_rules)
+BACKENDS.declare(ZERO_BACKEND, "rftlib.train.backends.deepspeed:DeepSpeedBackend", check_config=zero_rules)

@@ -24,7 +24,7 @@ import torch
 
 from rftlib.models.forward import PolicyForward
 from rftlib.models.loading import cpu_adam_probe, import_deepspeed  # deepspeed's one place (the partitioned load needs it too)
-from rftlib.train.backends import BACKENDS, Backend, Sharding
+from rftlib.train.backends import Backend, Sharding, zero_rules
 from rftlib.train.backends.scheduler import make_scheduler
 
 DS_TAG = "ds"  # the tag of the one DeepSpeed checkpoint inside a step directory
@@ -131,16 +131,7 @@ class DeepSpeedBackend(Backend):
     fixed_micro_steps = True
     micro_step_grads = False  # gradients live in DeepSpeed's buffers (partitioned): no per-micro-batch p.grad (GNS probe)
 
-    @staticmethod
-    def check_config(cfg) -> list[str]:
-        """ZeRO stage 2 or 3; parameters offload only where ZeRO-3 partitions them. float16 is DeepSpeed's own
-        loss-scaled path (on CPU too)."""
-        problems = []
-        if cfg.zero_stage not in (2, 3):
-            problems.append(f"zero_stage={cfg.zero_stage}: rftlib drives DeepSpeed ZeRO stage 2 or 3")
-        if cfg.offload_params and cfg.zero_stage != 3:
-            problems.append("offload_params needs zero_stage 3 (ZeRO-2 partitions no parameters to offload)")
-        return problems
+    check_config = staticmethod(zero_rules)  # declared with the name (rftlib.train.backends), read by the config
 
     @staticmethod
     def check_machine(cfg) -> list[str]:
@@ -365,4 +356,3 @@ def gather_fits(cfg, model_bytes: int, free_bytes: int) -> tuple[bool, str]:
                   f"per-layer gathers at every decode step (auto: the whole model does not fit: {gib})")
 
 
-BACKENDS.register("deepspeed")(DeepSpeedBackend)

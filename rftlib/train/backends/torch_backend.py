@@ -28,7 +28,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from rftlib.models.forward import PolicyForward
 from rftlib.models.loading import load_trainable_state
-from rftlib.train.backends import BACKENDS, Backend
+from rftlib.train.backends import Backend
 from rftlib.train.backends.scheduler import make_scheduler
 
 
@@ -151,5 +151,3 @@ class DDPBackend(TorchBackend):
         return self.module.no_sync()
 
 
-BACKENDS.register("single")(TorchBackend)
-BACKENDS.register("ddp")(DDPBackend)

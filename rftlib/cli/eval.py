@@ -1,0 +1,22 @@
+"""``rft eval RUN_DIR [--limit N]``: every checkpoint of an attempt, "final" included (resumable)."""
+
+from __future__ import annotations
+
+from rftlib.report.checkpoints import eval_checkpoints
+
+
+def add_arguments(e) -> None:
+    e.add_argument("run_dir")
+    e.add_argument("--limit", type=int, default=None, help="only the first N held-out problems")
+    e.add_argument("--max-new-tokens", type=int, default=None)
+    e.add_argument("--batch-size", type=int, default=None)
+    e.add_argument("--recompute", action="store_true", help="ignore results already in eval/")
+
+
+def run(args) -> int:
+    res = eval_checkpoints(args.run_dir, limit=args.limit, max_new_tokens=args.max_new_tokens,
+                           batch_size=args.batch_size, recompute=args.recompute)
+    for s, d in res.items():
+        print(f"[rft] step {s}{' (final)' if d.get('final') else ''}: {d['mode']} {d[d['mode']]:.3f} "
+              f"({d.get('precision', 'precision unrecorded')}) on {d['n_problems']} problems -> eval/ckpt_step_{s}.json")
+    return 0 if res else 1

@@ -1,0 +1,94 @@
+"""The rollout engines by name and what each declares before one is built: ``ENGINES``, ``EngineKind``.
+
+Torch-free on purpose: the config checks ``rollout_engine`` and the engine's own rules, the memory
+preflight and the launch plan read its declarations, all without importing an engine (HF generate,
+vLLM) or torch. Each built-in engine is declared once here, by its factory's ``"module:attr"``
+(rftlib.rollout.factory), imported when an engine is built (``ENGINES.get``).
+
+How to add an engine (one place): a class with the RolloutEngine contract (rftlib.rollout.base) and
+a factory ``factory(cfg, model, tok, run_dir, backend) -> engine``, declared here (``ENGINES.declare``
+with EngineKind's declarations) or registered where it is defined::
+
+    @register_engine("my_engine", on_trainer_module=False)
+    def _my_engine(cfg, model, tok, run_dir, backend):
+        return MyEngine(...)
+
+then ``rollout_engine: my_engine`` in a preset (tests/test_train_build.py registers a toy one).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from rftlib.algo.registry import Registry
+
+ENGINES = Registry("rollout engine")
+"""name -> the engine's factory(cfg, model, tok, run_dir, backend); ``engine_kind(name)`` its declarations"""
+
+
+def _no_problems(cfg) -> list[str]:
+    return []
+
+
+def _no_servers(cfg) -> int:
+    return 0
+
+
+def _in_process(cfg) -> bool:
+    return False
+
+
+@dataclass(frozen=True)
+class EngineKind:
+    """What a registered engine declares before one is built (its factory: ``ENGINES.get(name)``)."""
+
+    name: str
+    on_trainer_module: bool
+    """generates with the trainer's own module: the generation's memory is on the trainer's GPU (the memory
+    preflight counts its KV cache), and its greedy decoding is deterministic"""
+    check_config: Callable[[Any], list[str]] = _no_problems
+    """check_config(cfg) -> problems with the config under this engine, each a sentence naming the field"""
+    server_processes: Callable[[Any], int] = _no_servers
+    """server_processes(cfg) -> engine processes a launch starts on each node (0: in the trainer, or elsewhere)"""
+    serves: Callable[[Any], bool] = _in_process
+    """serves(cfg) -> runs in server processes of its own, on GPUs (started here or already running)"""
+
+
+def register_engine(name: str, *, on_trainer_module: bool, **declarations):
+    """Decorator: register ``factory(cfg, model, tok, run_dir, backend) -> engine`` as the engine ``name`` with
+    its declarations (EngineKind's fields: check_config, server_processes, serves); returns the factory."""
+    def add(factory):
+        ENGINES.add(name, factory, on_trainer_module=on_trainer_module, **declarations)
+        return factory
+
+    return add
+
+
+def engine_kind(name: str) -> EngineKind:
+    """What the engine ``name`` declares, nothing imported (ValueError listing the valid names otherwise)."""
+    return EngineKind(name, **ENGINES.decl(name))
+
+
+def _hf_checks(cfg) -> list[str]:
+    """Sampled evals at temperature 0 repeat one greedy completion n times on HF generate."""
+    return [f"eval_n_samples[{probe!r}]={n} at temperature 0: HF greedy samples are identical, so n > 1 "
+            "only repeats work (seed 003 sec. 9: do not combine temp 0 with n > 1; its "
+            "nondet_proxy_pass@8 measures vLLM batching nondeterminism only); set "
+            f"eval_temperature[{probe!r}] (seed 003: 0.6) or n 1"
+            for probe, n in cfg.eval_n_samples.items()
+            if isinstance(n, int) and n > 1 and cfg.eval_temperature.get(probe, 0.0) == 0]
+
+
+def _vllm_serves(cfg) -> bool:
+    return cfg.vllm_placement == "server"
+
+
+def _vllm_server_processes(cfg) -> int:
+    """``vllm serve`` processes a launch starts per node: none colocated, none when vllm_urls name engines elsewhere."""
+    return cfg.vllm_num_engines if _vllm_serves(cfg) and not cfg.vllm_urls else 0
+
+
+ENGINES.declare("hf", "rftlib.rollout.factory:hf_engine", on_trainer_module=True, check_config=_hf_checks)
+ENGINES.declare("vllm", "rftlib.rollout.factory:vllm_engine", on_trainer_module=False,
+                server_processes=_vllm_server_processes, serves=_vllm_serves)
