@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import rftlib.train.loop as loop
+import rftlib.train.update_parts as update_parts
 from toy_rewards import isdigit_share as digit_reward  # varied rewards from the untrained tiny model: advantages non-zero
 
 # Same weights, same rows; only the batching (and so the trim to a batch's longest row, i.e. left
@@ -101,7 +102,7 @@ def test_auto_no_grad_rows_fit_the_free_memory_where_eager_scores_dominate(tiny_
         T = ro.prompt_ids.shape[1] + ro.completion_ids.shape[1]  # the widest a forward of these rows gets
         per_row = T * (2 * 4 * 64 + 5_264) + T * (3 * 4 * (T + 1) + 2 * T) * 4
         logits = min(8 * T, tr.logprob_chunk_size) * tr.vocab_size * 8  # one chunk's fp32 logits + log-softmax
-        monkeypatch.setattr(loop, "free_bytes", lambda device: int((3.5 * per_row + logits) / 0.8), raising=False)
+        monkeypatch.setattr(update_parts, "free_bytes", lambda device: int((3.5 * per_row + logits) / 0.8))
         calls = []  # rows of each forward
         tr.hooks.append(lambda phase, s, res: phase == "forward" and calls.append(res.rows["completion_ids"].shape[0]))
         tr.backend.train(False)

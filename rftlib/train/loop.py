@@ -37,8 +37,7 @@ from rftlib.algo.losses import grpo_loss
 from rftlib.algo.schedule import lr_at, warmup_steps_for
 from rftlib.attempts import STOP_FILE, read_attempt, write_json
 from rftlib.config import RunConfig, make_config
-from rftlib.eval import (check_precision, eval_precision, evaluate, examples_digest, format_prompts, greedy_eval,
-                         scored_on)
+from rftlib.eval import check_precision, eval_precision, format_prompts
 from rftlib.models.forward import completion_logprobs
 from rftlib.models.loading import causal_lm, compute_dtype, is_peft
 from rftlib.models.precision import describe as describe_precision
@@ -51,15 +50,14 @@ from rftlib.train.backends import checkpoint_format_of
 from rftlib.train.backends.scheduler import restart_schedule
 from rftlib.train.build import Parts, build, fit_prompts
 from rftlib.train.dist import Dist
-from rftlib.models.memory import nograd_rows, shape_from_hf_config
-from rftlib.train.memory import free_bytes, preflight_gib, step_memory
+from rftlib.train.evaluation import EVAL_KEY, eval_outcome, evaluate_probes  # noqa: F401  EVAL_KEY: importers of loop
+from rftlib.train.memory import preflight_gib, step_memory
 from rftlib.train.phases import (Advantaged, Around, EvalResult, Forward, Hook, Scored, SyncResult, UpdateResult,
                                  phase)
 from rftlib.train.step_metrics import first_group, step_metrics
-from rftlib.train.update_parts import (NoiseScaleProbe, full_width, rows_of, sequence_log_ratio, token_diagnostics,
-                                      truncated_is)
+from rftlib.train.update_parts import (NoiseScaleProbe, full_width, no_grad_batch_rows, rows_of, sequence_log_ratio,
+                                      token_diagnostics, truncated_is)
 
-EVAL_KEY = "eval/heldout/greedy_pass@1"
 BUDGET_STOP = "time budget spent"  # how a stop_reason of max_train_minutes begins
 
 
@@ -283,33 +281,15 @@ class Trainer:
     @torch.no_grad()
     def no_grad_logprobs(self, ro, module=None) -> torch.Tensor:
         """(N, T) logprobs of every rollout row for the reference or old-logprob pass, in forwards of
-        ``logprob_batch_size`` rows (auto: :meth:`_no_grad_rows`): no activations are kept for a
+        ``logprob_batch_size`` rows (auto: rftlib.train.update_parts.no_grad_batch_rows): no activations are kept for a
         backward, so these batch wider than the update's micro-batches (seed 003 trains at 1). Each
         forward is a ``forward`` phase. The backend's train/eval mode is the caller's."""
         N, T = ro.num_rows, ro.completion_ids.shape[1]
-        k = self._no_grad_rows(ro)
+        k = no_grad_batch_rows(self.cfg, self.model, ro, amp=self.amp, chunk_rows=self.logprob_chunk_size,
+                               vocab_size=self.vocab_size, device=self.dist.device)
         return torch.cat([full_width(self.forward(rows_of(ro, torch.arange(s, min(s + k, N))),
                                                   with_entropy=False, module=module).logprobs, T)
                           for s in range(0, N, k)])  # (N, T)
-
-    def _no_grad_rows(self, ro) -> int:
-        """Rows per no-grad forward: ``logprob_batch_size``, else max(micro_batch_size, 8), fewer where the model
-        runs eager attention and that many rows' (heads, T, T) scores would not fit NOGRAD_BUDGET of the memory
-        free now (rftlib.models.memory.nograd_rows, the rule the preflight counts): at seed 003's T ~ 5,000,
-        gpt-oss's eager scores are ~10 GB a row, so 8 rows beside a ZeRO-3 partition would not fit an H100."""
-        cfg = self.cfg
-        if cfg.logprob_batch_size:
-            return cfg.logprob_batch_size
-        most = max(cfg.micro_batch_size, 8)
-        lm = causal_lm(self.model)
-        if getattr(lm.config, "_attn_implementation", None) != "eager":
-            return most
-        width = ro.prompt_ids.shape[1] + ro.completion_ids.shape[1]  # the widest a forward of these rows gets
-        b = (self.amp or lm.dtype).itemsize  # the scores' dtype: autocast's, else the weights'
-        rb = lm.get_input_embeddings().weight.dtype.itemsize  # the residual stream's (float32 masters: 4)
-        fixed = min(most * width, self.logprob_chunk_size) * self.vocab_size * 8  # one logits chunk + log-softmax
-        return nograd_rows(shape_from_hf_config(lm.config), width, b, "eager", free_bytes=free_bytes(self.dist.device),
-                           most=most, rb=rb, fixed_bytes=fixed)
 
     def _global_advantages(self, shaped: torch.Tensor, G: int) -> torch.Tensor:
         """This rank's advantages, computed over the whole global batch: every rank's shaped rewards (whole
@@ -618,36 +598,15 @@ class Trainer:
             cb({**row, "_group": group} if group is not None and "reward_mean" in row else row)
 
     def summary(self) -> dict[str, Any]:
-        """The attempt's result. ``final`` is the held-out eval of the weights training ended with (the eval at
-        the last step), else None with ``final_note`` saying why: never an earlier eval standing in for it (a
-        run cut between evals would otherwise report its step-0 baseline as its result, a gain of 0). ``best``
-        is over the evals made after step 0 too (None when there is none: the baseline is not a result)."""
-        evals = [e for e in self.eval_history if EVAL_KEY in e]
-        base = evals[0][EVAL_KEY] if evals and evals[0]["step"] == 0 else None
-        at_end = evals[-1] if evals and evals[-1]["step"] == self.step_num else None
-        last = at_end[EVAL_KEY] if at_end is not None else None
-        best = max(evals, key=lambda e: (e[EVAL_KEY], -e["step"])) if len(evals) > 1 else None
-        note = None
-        if at_end is None:
-            note = (f"not evaluated: training stopped at step {self.step_num}" +
-                    (f", the last held-out eval is step {evals[-1]['step']}'s" if evals else "") +
-                    "; `rft eval RUN_DIR` scores its last checkpoint")
-        probes = {}
-        for p in self.cfg.eval_probes:
-            key = f"eval/{p}/greedy_pass@1"
-            vals = [(e["step"], e[key]) for e in self.eval_history if key in e]
-            if vals:
-                bs, bv = max(vals, key=lambda x: (x[1], -x[0]))
-                probes[p] = {"baseline": vals[0][1], "final": vals[-1][1] if vals[-1][0] == self.step_num else None,
-                             "best": bv, "best_step": bs}
+        """The attempt's result (rftlib.train.evaluation.eval_outcome: ``final`` is the held-out eval of the
+        weights training ended with, else None with ``final_note`` saying why; ``best`` over the evals after
+        step 0), with how it ran; rank 0 writes summary.json."""
         out = {"attempt_id": self.run_dir.name, "run_dir": str(self.run_dir), "steps": self.step_num,
-               "stop_reason": getattr(self, "stop_reason", None), "probes": probes,
-               "baseline": base, "final": last, "final_step": self.step_num if at_end is not None else None,
-               "final_note": note, "gain": None if base is None or last is None else last - base,
-               "best_step": best["step"] if best else None, "best": best[EVAL_KEY] if best else None,
+               "stop_reason": getattr(self, "stop_reason", None),
+               **eval_outcome(self.eval_history, self.step_num, self.cfg.eval_probes),
                "skipped_steps": self.skipped_steps, "eval_mode": "greedy_pass@1", "eval_dataset": "heldout",
-               "eval_n": len(self.task.eval), "eval_precision": self.eval_precision, "precision": self.precision, "world_size": self.dist.world_size, "backend": self.cfg.backend,
-               "device": str(self.dist.device)}
+               "eval_n": len(self.task.eval), "eval_precision": self.eval_precision, "precision": self.precision,
+               "world_size": self.dist.world_size, "backend": self.cfg.backend, "device": str(self.dist.device)}
         if self.dist.is_main:
             write_json(self.run_dir / "summary.json", out)
         return out
@@ -668,52 +627,12 @@ class Trainer:
     # ---- evaluation -------------------------------------------------------------------------------------
     @phase("eval")
     def evaluate(self) -> EvalResult:
-        """greedy_pass@1 on every eval probe, sharded over ranks (the same number as one process
-        gives); results in eval/step_N[_probe].json and the history."""
-        D = self.dist
-        t0 = time.time()
-        summary: dict[str, Any] = {"step": self.step_num}
-        if D.is_main:
-            (self.run_dir / "eval").mkdir(exist_ok=True)
-        for probe in self.cfg.eval_probes:
-            exs = self.task.eval_set(probe)
-            mine = exs[D.rank::D.world_size]
-            n_mine = len(mine)
-            per_rank = -(-len(exs) // D.world_size)
-            mine = mine + [exs[0]] * (per_rank - n_mine)  # equal generate calls on every rank (ZeRO-3 needs them)
-            n = self.cfg.eval_n_samples.get(probe, 1)
-            temp = self.cfg.eval_temperature.get(probe, 0.0)
-            if n > 1 or temp > 0:  # seed 003 section 9: e.g. AIME at 0.6 with 8 samples, sampling_pass@8
-                mode = f"sampling_pass@{n}" if temp > 0 else f"nondet_proxy_pass@{n}"
-                res = evaluate(self.engine, self.tok, self.task, exs, mode=mode, n=n, temperature=temp,
-                               max_new_tokens=self.cfg.max_new_tokens, batch_size=self.cfg.eval_batch_size,
-                               dataset=probe, precision=self.eval_precision)
-                res.update(scored_on(self.cfg))
-                if D.is_main:
-                    write_json(self.run_dir / "eval" / f"step_{self.step_num}_{probe}.json", res)
-                # the seed's name keeps the seed's meaning (sampling_pass@8: majority vote); the others are named
-                # for what they are (rftlib.eval.evaluate)
-                for key in (res["mode"], f"maj@{n}", f"any_correct@{n}", "pass@1"):
-                    summary[f"eval/{probe}/{key}"] = res[key]
-                continue
-            res = greedy_eval(self.engine, self.tok, self.task, mine, max_new_tokens=self.cfg.max_new_tokens,
-                              batch_size=self.cfg.eval_batch_size, dataset=probe, precision=self.eval_precision)
-            if D.distributed:
-                parts = D.gather_objects(res["results"][:n_mine])
-                merged = [parts[k % D.world_size][k // D.world_size] for k in range(len(exs))]
-                n = max(len(merged), 1)
-                res.update(results=merged, n_problems=len(merged), examples_digest=examples_digest(exs),
-                           **{"greedy_pass@1": sum(r["correct"] for r in merged) / n,
-                              "mean_length": sum(r["length"] for r in merged) / n})
-            res.update(scored_on(self.cfg))
-            if D.is_main:
-                suffix = "" if probe == "heldout" else f"_{probe}"
-                write_json(self.run_dir / "eval" / f"step_{self.step_num}{suffix}.json", res)
-            summary[f"eval/{probe}/greedy_pass@1"] = res["greedy_pass@1"]
-            summary[f"eval/{probe}/mean_length"] = res["mean_length"]
-        summary["timing/eval"] = time.time() - t0  # rft stop sizes its wait from this and timing/step
-        self.eval_history.append(summary)
-        return EvalResult(self.step_num, summary)
+        """greedy_pass@1 (or the probe's sampling mode) on every eval probe, sharded over ranks (the same
+        number as one process gives); results in eval/step_N[_probe].json and the history."""
+        row = evaluate_probes(self.cfg, self.engine, self.tok, self.task, self.dist, self.run_dir, self.step_num,
+                              self.eval_precision)
+        self.eval_history.append(row)
+        return EvalResult(self.step_num, row)
 
     def early_stop_reason(self) -> str | None:
         """Why to stop now (the probe dropped at ``patience`` consecutive evals), else None."""

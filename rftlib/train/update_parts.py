@@ -8,7 +8,8 @@
 - ``sequence_log_ratio`` and ``token_diagnostics``: what the metrics row reports of a micro-batch
   (the importance ESS's sequence log-ratios; entropy and the engine's logprob gap per token).
 - ``rows_of`` and ``full_width``: a micro-batch's rows of a rollout, trimmed to their own padding, and
-  their logprobs back at the rollout's width.
+  their logprobs back at the rollout's width; ``no_grad_batch_rows``: how many rows a no-grad
+  (reference / old-logprob) forward runs.
 
 Dimensions: n rows of a micro-batch, T' its completion width.
 """
@@ -19,6 +20,9 @@ import torch
 
 from rftlib.algo.correction import tis_weights
 from rftlib.algo.diagnostics import simple_noise_scale
+from rftlib.models.loading import causal_lm
+from rftlib.models.memory import nograd_rows, shape_from_hf_config
+from rftlib.train.memory import free_bytes
 
 
 def truncated_is(old: torch.Tensor, behaviour: torch.Tensor, mask: torch.Tensor, *, cap: float,
@@ -87,3 +91,23 @@ def rows_of(ro, idx: torch.Tensor) -> dict[str, torch.Tensor]:
 def full_width(lp: torch.Tensor, T: int) -> torch.Tensor:
     """(n, T') logprobs of trimmed rows -> (n, T), zero where trimmed (all masked there)."""
     return torch.nn.functional.pad(lp, (0, T - lp.shape[1]))
+
+
+def no_grad_batch_rows(cfg, model, ro, *, amp, chunk_rows: int, vocab_size: int, device) -> int:
+    """Rows per no-grad forward: ``logprob_batch_size``, else max(micro_batch_size, 8), fewer where the model
+    runs eager attention and that many rows' (heads, T, T) scores would not fit NOGRAD_BUDGET of the memory
+    free now (rftlib.models.memory.nograd_rows, the rule the preflight counts): at seed 003's T ~ 5,000,
+    gpt-oss's eager scores are ~10 GB a row, so 8 rows beside a ZeRO-3 partition would not fit an H100.
+    ``amp``: the autocast dtype or None; ``chunk_rows``: the LM head's chunk rows."""
+    if cfg.logprob_batch_size:
+        return cfg.logprob_batch_size
+    most = max(cfg.micro_batch_size, 8)
+    lm = causal_lm(model)
+    if getattr(lm.config, "_attn_implementation", None) != "eager":
+        return most
+    width = ro.prompt_ids.shape[1] + ro.completion_ids.shape[1]  # the widest a forward of these rows gets
+    b = (amp or lm.dtype).itemsize  # the scores' dtype: autocast's, else the weights'
+    rb = lm.get_input_embeddings().weight.dtype.itemsize  # the residual stream's (float32 masters: 4)
+    fixed = min(most * width, chunk_rows) * vocab_size * 8  # one logits chunk + log-softmax
+    return nograd_rows(shape_from_hf_config(lm.config), width, b, "eager", free_bytes=free_bytes(device),
+                       most=most, rb=rb, fixed_bytes=fixed)
