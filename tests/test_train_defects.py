@@ -72,6 +72,7 @@ def test_prompt_max_len_drops_longer_training_prompts(tiny_cfg):
 
     from rftlib.config import ConfigError
     from rftlib.eval import format_prompts
+    from rftlib.train.build import fit_prompts
 
     tr = loop.Trainer(tiny_cfg(), progress=False)
     pool = tr.task.train
@@ -79,10 +80,10 @@ def test_prompt_max_len_drops_longer_training_prompts(tiny_cfg):
     long = [dataclasses.replace(e, prompt=e.prompt + " Think step by step." * 5) for e in pool[:3]]
     tr.task.train = pool[3:] + long  # 3 prompts far over the limit
     with pytest.warns(UserWarning, match=f"dropped 3 of {len(pool)} training prompts"):
-        tr._fit_prompts(n0 + 2)
+        fit_prompts(tr.task, tr.tok, n0 + 2, say=True)
     assert tr.task.train == pool[3:]
     with pytest.raises(ConfigError, match="every training prompt is longer"):
-        tr._fit_prompts(n0 - 5)
+        fit_prompts(tr.task, tr.tok, n0 - 5, say=True)
     tr.close()
 
 

@@ -48,7 +48,7 @@ from rftlib.train import checkpoint as ckpt
 from rftlib.train import steps
 from rftlib.train.backends import checkpoint_format_of
 from rftlib.train.backends.scheduler import restart_schedule
-from rftlib.train.build import Parts, build, fit_prompts
+from rftlib.train.build import Parts, build
 from rftlib.train.dist import Dist
 from rftlib.train.evaluation import EVAL_KEY, eval_outcome, evaluate_probes  # noqa: F401  EVAL_KEY: importers of loop
 from rftlib.train.memory import preflight_gib, step_memory
@@ -694,10 +694,6 @@ class Trainer:
         if self._lock is not None:
             self._lock.close()  # the kernel drops the flock with the file
             self._lock = None
-
-    def _fit_prompts(self, max_len: int) -> None:
-        """rftlib.train.build.fit_prompts on this trainer's task (prompt_max_len)."""
-        fit_prompts(self.task, self.tok, max_len, say=self.dist.is_main)
 
 
 def resume_config(run_dir: str | Path, **overrides: Any) -> RunConfig:
