@@ -144,28 +144,17 @@ def worker_rftlib(args) -> None:
     cfg = _config(args)
     tr = Trainer(cfg, run_dir=tempfile.mkdtemp(prefix="bench-rft-"), progress=False)
     seen = {}
-    orig_update = tr._update
 
-    def update(ro, advantages, ref_lp, old_lp, lmask):  # (N, T) loss mask: the tokens trained on
-        seen["fb_tokens"] = seen["f_tokens"] = 0.0
-        seen["fb_rows"] = 0
-        seen["tokens"] = float(lmask.sum())
-        seen["prompt_tokens"] = float(ro.prompt_mask.sum())
-        seen["rows"] = int(ro.num_rows)
-        return orig_update(ro, advantages, ref_lp, old_lp, lmask)
+    def observe(phase, seconds, res):  # the trainer's phases (rftlib.train.phases), as they end
+        if phase == "advantages":  # the update's batch; (N, T) loss mask: the tokens trained on
+            seen.update(tokens=float(res.loss_mask.sum()), prompt_tokens=float(res.rollout.prompt_mask.sum()),
+                        rows=int(res.rollout.num_rows), fb_tokens=0.0, f_tokens=0.0, fb_rows=0)
+        elif phase == "forward" and "fb_tokens" in seen:  # the forwards of the update (it runs next): the real
+            # tokens each runs, with grad (fwd+bwd) or without (fwd); the no-grad reference/old passes came before
+            seen["fb_tokens" if res.grad else "f_tokens"] += res.tokens
+            seen["fb_rows"] += int(res.rows["prompt_mask"].shape[0]) if res.grad else 0
 
-    tr._update = update
-    orig_logprobs = tr._logprobs
-
-    def logprobs(rows, **kw):  # the real tokens each update pass runs: with grad (fwd+bwd) or without (fwd)
-        n = float(rows["prompt_mask"].sum() + rows["completion_mask"].sum())
-        key = "fb_tokens" if torch.is_grad_enabled() else "f_tokens"
-        seen[key] = seen.get(key, 0.0) + n
-        if torch.is_grad_enabled():
-            seen["fb_rows"] = seen.get("fb_rows", 0) + int(rows["prompt_mask"].shape[0])
-        return orig_logprobs(rows, **kw)
-
-    tr._logprobs = logprobs
+    tr.hooks.append(observe)
     before = {n: p.detach().clone() for n, p in tr.model.named_parameters() if p.requires_grad}
     _emit({"ready": True, **_weights_info(tr.model), "load_s": tr.load_seconds})
     for line in sys.stdin:

@@ -42,10 +42,8 @@ def main() -> None:
     ap.add_argument("--runs", default="/tmp/update_ab_runs")
     args = ap.parse_args()
     cfg = make_config(args.preset, {"runs_root": args.runs, "eval_steps": 0, "save_steps": 0})
-    seen = []
-    real_update = loop.Trainer._update
-    loop.Trainer._update = lambda self, *a: seen.append(a) or real_update(self, *a)
-    tr = loop.Trainer(cfg, progress=False)
+    seen = []  # the batch each update trained on (the advantages phase's result)
+    tr = loop.Trainer(cfg, progress=False, hooks=[lambda phase, s, res: phase == "advantages" and seen.append(res)])
     grads, rows = [], []
 
     def step(loss_finite):  # capture the gradient; leave the weights as they are
@@ -68,7 +66,7 @@ def main() -> None:
     base_cfg = tr.cfg
     auto_chunk = tr.logprob_chunk_size  # the Trainer's own sizing (logprob_chunk_size 0)
     print(f"LM-head chunk rows by default: {auto_chunk}")
-    args_upd = seen[-1]
+    batch = seen[-1]
     times: dict[str, list[float]] = {k: [] for k in VARIANTS}
     ran: dict[str, int] = {}
     ref = None
@@ -79,7 +77,7 @@ def main() -> None:
             grads.clear()
             rows.clear()
             t = time.perf_counter()
-            tr._update(*args_upd)
+            tr.update(batch)
             times[name].append(time.perf_counter() - t)
             ran[name] = sum(rows)
             g = torch.cat(grads)

@@ -67,15 +67,14 @@ def test_a_mask_that_changes_no_gradient_is_refused():
     make_config(None, {"dynamic_sampling": "mask", "loss_seq_norm": "all", "entropy_coef": 0.01})
 
 
-def test_dynamic_sampling_mask_moves_the_trainer_gradient(tiny_cfg, monkeypatch, task_with):
+def test_dynamic_sampling_mask_moves_the_trainer_gradient(tiny_cfg, task_with):
     # One rollout, three updates of the same weights: off (the completion mask), mask under nonempty,
     # mask under all. With B*G = 16 rows of which k are in constant groups, seq-mean-token-mean gives
     # grad(mask, nonempty) = grad(off) * 16 / (16 - k) and grad(mask, all) = grad(off).
-    seen = []
-    real_update = loop.Trainer._update
-    monkeypatch.setattr(loop.Trainer, "_update", lambda self, *a: seen.append(a) or real_update(self, *a))
+    seen = []  # the batch each update trained on (the advantages phase's result)
     cfg = tiny_cfg(dynamic_sampling="mask", lr=1e-2)
-    tr = loop.Trainer(cfg, progress=False, task=task_with(cfg, half_constant_reward))
+    tr = loop.Trainer(cfg, progress=False, task=task_with(cfg, half_constant_reward),
+                      hooks=[lambda phase, s, res: phase == "advantages" and seen.append(res)])
     grads = []
 
     def step(loss_finite):  # record the accumulated gradient; leave the weights as they are
@@ -86,12 +85,13 @@ def test_dynamic_sampling_mask_moves_the_trainer_gradient(tiny_cfg, monkeypatch,
     tr.backend.step = step
     try:
         tr.step()  # mask, nonempty (the default)
-        ro, adv, ref_lp, old_lp, lmask = seen[-1]
+        batch = seen[-1]
+        adv, lmask = batch.advantages, batch.loss_mask
         masked_rows = int((lmask.sum(-1) == 0).sum())
         assert masked_rows == 8 and bool((adv[lmask.sum(-1) == 0] == 0).all())  # 2 of the 4 groups constant
-        tr._update(ro, adv, ref_lp, old_lp, ro.completion_mask)  # off: every row in the loss
+        tr.update(replace(batch, loss_mask=batch.rollout.completion_mask))  # off: every row in the loss
         tr.cfg = replace(tr.cfg, loss_seq_norm="all")
-        tr._update(ro, adv, ref_lp, old_lp, lmask)  # mask, all
+        tr.update(batch)  # mask, all
     finally:
         tr.close()
     g_mask, g_off, g_all = grads

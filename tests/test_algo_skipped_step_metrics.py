@@ -9,6 +9,7 @@ from matplotlib.figure import Figure
 
 from rftlib.monitor.health import check_health
 from rftlib.report.plots import _panel
+from rftlib.train.phases import UpdateResult
 from rftlib.train.step_metrics import step_metrics
 
 ENTROPY_KEYS = ("entropy_mean", "entropy_p10", "entropy_p90")
@@ -24,8 +25,7 @@ def _accumulators(entropy: list[float] | None):
             "entropy": [torch.tensor(entropy)] if ran else [],
             "behaviour_diff": [torch.zeros(len(entropy))] if ran else [],
             "seq_log_ratio": [torch.zeros(4) if ran else torch.zeros(0)]}
-    upd = {"loss": [0.0], "grad_norm": [0.0], "grad_norm_max": 0.0, "lr": [1e-3], "clip": (0.2, 0.2),
-           "rows_run": 4 if ran else 0, "rows_seen": 4}
+    upd = UpdateResult(loss=[0.0], grad_norm=[0.0], lr=[1e-3], clip=(0.2, 0.2), rows_run=4 if ran else 0, rows_seen=4)
     return allr, upd
 
 

@@ -121,7 +121,7 @@ def test_the_trainer_logs_the_seeds_name_with_the_seeds_meaning(tmp_path):
     tr.dist, tr.run_dir, tr.step_num, tr.eval_history = Dist(), tmp_path, 0, []
     tr.engine, tr.tok, tr.eval_precision = ScriptedEngine(p1 + p2), Tok(), None
     tr.task = SimpleNamespace(eval_set=lambda probe: EXAMPLES, system_prompt=None, reward=math_em_reward, name="t")
-    row = tr.evaluate()
+    row = tr.evaluate().metrics
     assert row["eval/ood/sampling_pass@8"] == pytest.approx(0.5)
     assert row["eval/ood/maj@8"] == pytest.approx(0.5)
     assert row["eval/ood/any_correct@8"] == pytest.approx(1.0)

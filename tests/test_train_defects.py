@@ -72,6 +72,7 @@ def test_prompt_max_len_drops_longer_training_prompts(tiny_cfg):
 
     from rftlib.config import ConfigError
     from rftlib.eval import format_prompts
+    from rftlib.train.build import fit_prompts
 
     tr = loop.Trainer(tiny_cfg(), progress=False)
     pool = tr.task.train
@@ -79,17 +80,17 @@ def test_prompt_max_len_drops_longer_training_prompts(tiny_cfg):
     long = [dataclasses.replace(e, prompt=e.prompt + " Think step by step." * 5) for e in pool[:3]]
     tr.task.train = pool[3:] + long  # 3 prompts far over the limit
     with pytest.warns(UserWarning, match=f"dropped 3 of {len(pool)} training prompts"):
-        tr._fit_prompts(n0 + 2)
+        fit_prompts(tr.task, tr.tok, n0 + 2, say=True)
     assert tr.task.train == pool[3:]
     with pytest.raises(ConfigError, match="every training prompt is longer"):
-        tr._fit_prompts(n0 - 5)
+        fit_prompts(tr.task, tr.tok, n0 - 5, say=True)
     tr.close()
 
 
 def test_a_probe_with_eval_samples_is_evaluated_in_its_mode(tiny_cfg):
     """seed 003 section 9: a probe at temperature 0.6 with 4 samples is sampling_pass@4, labelled so."""
     tr = loop.Trainer(tiny_cfg(eval_temperature={"heldout": 0.6}, eval_n_samples={"heldout": 4}), progress=False)
-    summary = tr.evaluate()
+    summary = tr.evaluate().metrics
     tr.close()
     assert "eval/heldout/sampling_pass@4" in summary and "eval/heldout/greedy_pass@1" not in summary
     import json
@@ -103,18 +104,19 @@ def test_micro_batches_trimmed_to_their_own_lengths_give_the_same_logprobs(tiny_
     the untrimmed rollout does (positions come from the mask)."""
     from rftlib.eval import format_prompts
     from rftlib.models.forward import completion_logprobs
+    from rftlib.train.update_parts import full_width, rows_of
 
     tr = loop.Trainer(tiny_cfg(autocast="none"), progress=False)
     exs = tr.task.train[:3]
     ro = tr.engine.generate(format_prompts(tr.tok, exs) + ["hi"], group_size=2, max_new_tokens=12, temperature=1.0)
     idx = torch.tensor([6, 7])  # the short prompt "hi": the rollout's left padding is all this pair's
-    rows = tr._rows(ro, idx)
+    rows = rows_of(ro, idx)
     assert rows["prompt_ids"].shape[1] < ro.prompt_ids.shape[1]  # trimmed
     full = {k: getattr(ro, k)[idx] for k in ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask")}
     with torch.no_grad():
         a, _ = completion_logprobs(tr.model, **rows)
         b, _ = completion_logprobs(tr.model, **full)
     t1 = a.shape[1]
-    assert torch.allclose(tr._full_width(a, b.shape[1]), b, atol=1e-5)
+    assert torch.allclose(full_width(a, b.shape[1]), b, atol=1e-5)
     assert (b[:, t1:] == 0).all()
     tr.close()

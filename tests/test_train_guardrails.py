@@ -4,13 +4,14 @@ import json
 
 import pytest
 
+import rftlib.train.evaluation as evaluation
 import rftlib.train.loop as loop
 from rftlib.train import checkpoint as ckpt
 
 
 def test_planted_ood_drop_stops_after_second_drop(tiny_cfg, monkeypatch):
     planted = iter([0.50, 0.60, 0.55, 0.50, 0.70, 0.80])  # evals at steps 0,1,2,3,...: drops at 2 and 3
-    real = loop.greedy_eval
+    real = evaluation.greedy_eval
 
     def fake(engine, tok, task, examples, **kw):
         res = real(engine, tok, task, examples[:2], **kw)
@@ -18,7 +19,7 @@ def test_planted_ood_drop_stops_after_second_drop(tiny_cfg, monkeypatch):
             res["greedy_pass@1"] = next(planted)
         return res
 
-    monkeypatch.setattr(loop, "greedy_eval", fake)
+    monkeypatch.setattr(evaluation, "greedy_eval", fake)
     cfg = tiny_cfg(num_steps=8, eval_steps=1, save_steps=0, eval_probes=["heldout", "ood"], early_stop_probe="ood")
     tr = loop.Trainer(cfg, progress=False)
     summary = tr.train()

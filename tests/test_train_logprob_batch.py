@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import rftlib.train.loop as loop
+import rftlib.train.update_parts as update_parts
 from toy_rewards import isdigit_share as digit_reward  # varied rewards from the untrained tiny model: advantages non-zero
 
 # Same weights, same rows; only the batching (and so the trim to a batch's longest row, i.e. left
@@ -30,26 +31,19 @@ def test_reference_and_old_logprobs_run_wider_forwards_with_the_same_result(tiny
                    max_new_tokens=16)
     tr = loop.Trainer(cfg, progress=False, task=task_with(cfg, digit_reward))
     try:
-        tr._timing = {}
-        ro = tr._sample_groups(cfg.rollout_batch_size).items[0][0]
+        ro = tr.rollout(cfg.rollout_batch_size).items[0][0]
         N = ro.num_rows
         assert N == 16 and not tr.on_policy
-        calls = []
-        real = tr._logprobs
-
-        def spy(rows, **kw):
-            calls.append(rows["completion_ids"].shape[0])
-            return real(rows, **kw)
-
-        tr._logprobs = spy
+        calls = []  # rows of each forward of the policy or reference
+        tr.hooks.append(lambda phase, s, res: phase == "forward" and calls.append(res.rows["completion_ids"].shape[0]))
         tr.backend.train(False)
         results = {}
         for k in (1, 0, 16):  # 0: auto = max(micro_batch_size 1, 8) = 8
             tr.cfg = replace(cfg, logprob_batch_size=k)
             calls.clear()
-            old = tr._no_grad_logprobs(ro)  # (N, T)
+            old = tr.no_grad_logprobs(ro)  # (N, T)
             with tr.ref.active() as ref_model:
-                ref = tr._no_grad_logprobs(ro, None if ref_model is tr.model else ref_model)  # (N, T)
+                ref = tr.no_grad_logprobs(ro, None if ref_model is tr.model else ref_model)  # (N, T)
             results[k] = (old, ref, list(calls))
         old1, ref1, calls1 = results[1]
         assert calls1 == [1] * N * 2  # micro-batch 1: one forward per row, per pass
@@ -102,24 +96,17 @@ def test_auto_no_grad_rows_fit_the_free_memory_where_eager_scores_dominate(tiny_
     cfg = tiny_cfg(**over)
     tr = loop.Trainer(cfg, progress=False, task=task_with(cfg, digit_reward))
     try:
-        tr._timing = {}
-        ro = tr._sample_groups(cfg.rollout_batch_size).items[0][0]
+        ro = tr.rollout(cfg.rollout_batch_size).items[0][0]
         lm = causal_lm(tr.model)
         assert (lm.config._attn_implementation == "eager") == eager
         T = ro.prompt_ids.shape[1] + ro.completion_ids.shape[1]  # the widest a forward of these rows gets
         per_row = T * (2 * 4 * 64 + 5_264) + T * (3 * 4 * (T + 1) + 2 * T) * 4
         logits = min(8 * T, tr.logprob_chunk_size) * tr.vocab_size * 8  # one chunk's fp32 logits + log-softmax
-        monkeypatch.setattr(loop, "free_bytes", lambda device: int((3.5 * per_row + logits) / 0.8), raising=False)
-        calls = []
-        real = tr._logprobs
-
-        def spy(rows, **kw):
-            calls.append(rows["completion_ids"].shape[0])
-            return real(rows, **kw)
-
-        tr._logprobs = spy
+        monkeypatch.setattr(update_parts, "free_bytes", lambda device: int((3.5 * per_row + logits) / 0.8))
+        calls = []  # rows of each forward
+        tr.hooks.append(lambda phase, s, res: phase == "forward" and calls.append(res.rows["completion_ids"].shape[0]))
         tr.backend.train(False)
-        tr._no_grad_logprobs(ro)
+        tr.no_grad_logprobs(ro)
         assert ro.num_rows == 16 and calls == ([3, 3, 3, 3, 3, 1] if eager else [8, 8])
     finally:
         tr.close()

@@ -112,7 +112,7 @@ def test_float16_steps_through_an_optimizer_batch_with_no_live_row(tiny_cfg, tas
                            skip_zero_advantage_rows=True, warmup_ratio=0.0, weight_decay=0.0), dtype="float16")
     tr = Trainer(cfg, progress=False, task=task_with(cfg, _all_pass))
     try:
-        assert isinstance(tr.backend.scaler, torch.amp.GradScaler) and tr._skips_rows()
+        assert isinstance(tr.backend.scaler, torch.amp.GradScaler) and tr.skips_rows()
         before = {n: p.detach().clone() for n, p in tr.model.named_parameters() if p.requires_grad}
         for _ in range(2):
             row = tr.step()

@@ -17,8 +17,9 @@ snapshots the trainable parameters before and after each step. Then:
 - Timing table (seed 002's phases), memory table (peak RSS here; torch.cuda.max_memory_allocated on
   a GPU; parameter, adapter, optimizer and gradient bytes counted exactly).
 - Time and memory per phase (generation / reward / reference / update): ``PhaseMeter`` charges RSS
-  samples (and, on a GPU, the allocator's peak) to the phase running, through wrappers this module
-  puts on the trainer's instance only (engine.generate, ref.active, _update, the reward).
+  samples (and, on a GPU, the allocator's peak) to the phase running: the trainer's update phase through
+  ``Trainer.around`` (rftlib.train.phases), the rest through wrappers this module puts on the trainer's
+  parts only (engine.generate, ref.active, the reward).
 - The sandbox under the load (code tasks): executions, executions/s, timeouts, crashes, reward share,
   from the metrics rows' ``sandbox/*`` (rftlib.train.step_metrics.sandbox_metrics).
 - Success criteria, each measured and able to fail (``criteria_rows``): loss finite, rewards
@@ -41,7 +42,7 @@ import math
 import resource
 import threading
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -258,14 +259,17 @@ def _metered(meter: PhaseMeter, name: str, fn: Callable) -> Callable:
 
 
 def _meter_trainer(trainer, meter: PhaseMeter) -> Callable[[], None]:
-    """Charge the trainer's phases to ``meter`` by wrapping, on this instance only, the engine's
-    generate, the reference's context and the update; the reward is wrapped by the caller. Returns
-    the function that undoes it."""
+    """Charge the trainer's phases to ``meter``: its update phase through ``trainer.around``
+    (rftlib.train.phases), and, by wrapping them on this instance only, the engine's generate (every
+    generation, the evals' too) and the reference's context; the reward is wrapped by the caller.
+    Returns the function that undoes it."""
     engine, ref = trainer.engine, trainer.ref
-    saved = [(engine, "generate", engine.__dict__.get("generate")), (ref, "active", ref.__dict__.get("active")),
-             (trainer, "_update", trainer.__dict__.get("_update"))]
+    saved = [(engine, "generate", engine.__dict__.get("generate")), (ref, "active", ref.__dict__.get("active"))]
     engine.generate = _metered(meter, "generation", engine.generate)
-    trainer._update = _metered(meter, "update", trainer._update)
+
+    def around(phase: str):
+        return meter.phase("update") if phase == "update" else nullcontext()
+    trainer.around.append(around)
     ref_active = ref.active
 
     @contextmanager
@@ -275,6 +279,7 @@ def _meter_trainer(trainer, meter: PhaseMeter) -> Callable[[], None]:
     ref.active = active
 
     def undo() -> None:
+        trainer.around.remove(around)
         for obj, name, old in saved:
             if old is None:
                 obj.__dict__.pop(name, None)

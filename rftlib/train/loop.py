@@ -2,9 +2,13 @@
 
 It only orchestrates. The parts come from rftlib.train.build (task, reward, policy, backend, engine,
 sampler, logger; each chosen from a registry), the maths from rftlib.algo (looked up by name, never
-branched on), generation from the rollout engine. The class reads top to bottom as one GRPO step:
-``_sample_groups`` (generate + score) -> ``step`` (reference / old logprobs, shaped rewards,
-advantages) -> ``_update`` (micro-batched, gradient-accumulated loss) -> ``_sync_engine`` -> metrics.
+branched on), generation from the rollout engine. The class reads top to bottom as one GRPO step of
+public phases, each returning a dataclass of rftlib.train.phases: :meth:`Trainer.rollout` (generate +
+score) -> :meth:`Trainer.advantages` (reference / old logprobs, shaped rewards, advantages, loss mask)
+-> :meth:`Trainer.update` (micro-batched, gradient-accumulated loss) -> :meth:`Trainer.sync` -> metrics;
+:meth:`Trainer.evaluate` scores the held-out set. ``Trainer.hooks`` see every phase (its name, seconds
+and result), ``Trainer.around`` wrap them: how a bench, a validation or a test observes a step without
+patching the trainer.
 One call of :meth:`Trainer.step` is one rollout; it makes ``num_updates_per_rollout x B /
 train_batch_size`` optimizer steps. When that is exactly one, the update is on-policy: the old
 logprobs *are* the current ones (detached), so no extra forward is spent on them.
@@ -27,16 +31,13 @@ import torch
 from tqdm.auto import tqdm
 
 from rftlib.algo.advantages import compute_advantages
-from rftlib.algo.correction import tis_weights
-from rftlib.algo.diagnostics import simple_noise_scale
 from rftlib.algo.filtering import constant_groups
 from rftlib.algo.logprobs import auto_chunk_size, recompute_needed
 from rftlib.algo.losses import grpo_loss
 from rftlib.algo.schedule import lr_at, warmup_steps_for
 from rftlib.attempts import STOP_FILE, read_attempt, write_json
 from rftlib.config import RunConfig, make_config
-from rftlib.eval import (check_precision, eval_precision, evaluate, examples_digest, format_prompts, greedy_eval,
-                         scored_on)
+from rftlib.eval import check_precision, eval_precision, format_prompts
 from rftlib.models.forward import completion_logprobs
 from rftlib.models.loading import causal_lm, compute_dtype, is_peft
 from rftlib.models.precision import describe as describe_precision
@@ -47,13 +48,16 @@ from rftlib.train import checkpoint as ckpt
 from rftlib.train import steps
 from rftlib.train.backends import checkpoint_format_of
 from rftlib.train.backends.scheduler import restart_schedule
-from rftlib.train.build import Parts, build, fit_prompts
+from rftlib.train.build import Parts, build
 from rftlib.train.dist import Dist
-from rftlib.models.memory import nograd_rows, shape_from_hf_config
-from rftlib.train.memory import free_bytes, preflight_gib, step_memory
-from rftlib.train.step_metrics import step_metrics
+from rftlib.train.evaluation import EVAL_KEY, eval_outcome, evaluate_probes  # noqa: F401  EVAL_KEY: importers of loop
+from rftlib.train.memory import preflight_gib, step_memory
+from rftlib.train.phases import (Advantaged, Around, EvalResult, Forward, Hook, Scored, SyncResult, UpdateResult,
+                                 phase)
+from rftlib.train.step_metrics import first_group, step_metrics
+from rftlib.train.update_parts import (NoiseScaleProbe, full_width, no_grad_batch_rows, rows_of, sequence_log_ratio,
+                                      token_diagnostics, truncated_is)
 
-EVAL_KEY = "eval/heldout/greedy_pass@1"
 BUDGET_STOP = "time budget spent"  # how a stop_reason of max_train_minutes begins
 
 
@@ -66,9 +70,13 @@ class Trainer:
     reward: a task with it (``task=Task(..., reward=fn)``), or rewards named in RunConfig.rewards.
     """
 
+    hooks: list[Hook] | tuple = ()  # the instance's lists (__init__); empty for a trainer built without one
+    around: list[Around] | tuple = ()
+
     def __init__(self, cfg: RunConfig, run_dir: str | Path | None = None, *, resume: bool = False,
                  progress: bool = True, callbacks: list[Callable[[dict], None]] | None = None,
-                 dist: Dist | None = None, task=None, engine=None, parts: Parts | None = None):
+                 dist: Dist | None = None, task=None, engine=None, parts: Parts | None = None,
+                 hooks: list[Hook] | None = None, around: list[Around] | None = None):
         parts = parts or build(cfg, run_dir, dist=dist, task=task, engine=engine)
         self.parts = parts
         self.cfg, self.dist, self.run_dir, self._lock = parts.cfg, parts.dist, parts.run_dir, parts.lock
@@ -77,7 +85,9 @@ class Trainer:
         self.sampler, self.logger, self.load_seconds = parts.sampler, parts.logger, parts.load_seconds
         self.total_opt_steps, self.warmup_steps = parts.total_opt_steps, parts.warmup_steps
         self.progress = progress
-        self.callbacks = list(callbacks or [])
+        self.callbacks = list(callbacks or [])  # each metrics row (rank 0)
+        self.hooks: list[Hook] = list(hooks or [])  # hook(phase, seconds, result) after each phase (rftlib.train.phases)
+        self.around: list[Around] = list(around or [])  # around(phase): a context manager around each phase
         try:
             self._setup(resume)
         except BaseException:  # a kernel that lives on (a notebook) must not keep the attempt locked
@@ -116,11 +126,13 @@ class Trainer:
         if resume:
             self._resume()
         if not self.engine.shares_trainer_module:  # once the weights are final: a resume restored the adapter
-            self.engine.initial_sync = sync = self._sync_engine(verify=True)
+            sync = self.sync(verify=True)
+            self.engine.initial_sync = sync.details
             if D.is_main:
                 print(f"[rft] engine synced at step {self.step_num}{' (resumed)' if resume else ''}: probe gap "
-                      f"{sync['probe_max_diff']:.3g} <= {sync['probe_threshold']:.3g} (4 x this precision's own noise "
-                      f"{sync['probe_noise']:.3g}, at least vllm_sync_probe_tol)", flush=True)
+                      f"{sync.details['probe_max_diff']:.3g} <= {sync.details['probe_threshold']:.3g} (4 x this "
+                      f"precision's own noise {sync.details['probe_noise']:.3g}, at least vllm_sync_probe_tol)",
+                      flush=True)
 
     @property
     def optimizer(self):
@@ -134,53 +146,57 @@ class Trainer:
     def params(self):
         return self.backend.params
 
-    # ---- one GRPO step: rollout -> reward -> advantages -> update -> sync -> metrics --------------------
+    # ---- one GRPO step: rollout -> advantages -> update -> sync -> metrics -------------------------------
     def step(self) -> dict[str, Any]:
-        """One GRPO step (one rollout), in the order it runs; returns the step's metrics row.
+        """One GRPO step (one rollout) from the public phases, in the order they run; returns the step's
+        metrics row (also handed to every hook as phase ``step``).
 
-        1. sample ``rollout_batch_size`` prompts x G completions and score them (dynamic sampling may
-           draw more groups);
-        2. reference and old logprobs, without gradients;
-        3. shaped rewards -> group-relative advantages over the global batch;
-        4. the micro-batched, gradient-accumulated update (one or more optimizer steps);
-        5. hand the rollout engine the new weights (probe-checked);
-        6. the metrics row of the global batch (rank 0 writes the logs).
+        1. :meth:`rollout`: ``rollout_batch_size`` prompts x G completions, scored (dynamic sampling may
+           call it again for more groups);
+        2. :meth:`advantages`: reference and old logprobs, shaped rewards, group-relative advantages over
+           the global batch, the loss mask;
+        3. :meth:`update`: the micro-batched, gradient-accumulated update (one or more optimizer steps);
+        4. :meth:`sync`: hand the rollout engine the new weights (probe-checked);
+        5. the metrics row of the global batch (rank 0 writes the logs).
         """
-        cfg, G, D = self.cfg, self.cfg.n_samples_per_prompt, self.dist
-        self._timing = timing = {}
+        t = time.time()
+        row = self._step()
+        for hook in self.hooks:
+            hook("step", time.time() - t, row)
+        return row
+
+    def _step(self) -> dict[str, Any]:
+        cfg, G = self.cfg, self.cfg.n_samples_per_prompt
         t_step = time.time()
-        first = self._sample_groups(cfg.rollout_batch_size)  # 1
-        batch = steps.dynamic_sampling(first, self._sample_groups, group_size=G, mode=cfg.dynamic_sampling,
+        drawn: list[Scored] = []  # every generate call of this step (dynamic sampling may make several)
+
+        def draw(n_prompts: int) -> Scored:
+            drawn.append(self.rollout(n_prompts))
+            return drawn[-1]
+
+        first = draw(cfg.rollout_batch_size)  # 1
+        batch = steps.dynamic_sampling(first, draw, group_size=G, mode=cfg.dynamic_sampling,
                                        max_rounds=cfg.dynamic_sampling_max_rounds)
-        ro, examples, indices, diags = self._one_rollout(batch.items)
-        rewards = batch.rewards.tolist()
-        self._move_sampler(indices, diags, rewards)
+        self._move_sampler([it[3] for it in batch.items], [d for it in batch.items for d in it[4]],
+                           batch.rewards.tolist())
+        adv = self.advantages(batch)  # 2
         t = time.time()
-        ref_lp, old_lp = self._reference_and_old_logprobs(ro)  # 2: (N, T) each, or None
-        timing["reference"] = time.time() - t
-        # 3: rewards the advantages see (DAPO's overlong penalty, KL in the reward), then the advantages
-        shaped, shaping = steps.shape_rewards(
-            cfg, batch.rewards, ro.lengths().cpu(),
-            behaviour_logprobs=(old_lp if old_lp is not None else ro.behaviour_logprobs).cpu(),
-            ref_logprobs=None if ref_lp is None else ref_lp.cpu(), completion_mask=ro.completion_mask.cpu())
-        advantages = self._global_advantages(shaped, G)  # (N,) host
-        lmask = steps.loss_mask(cfg, ro.completion_mask, ro.truncated,
-                                None if cfg.dynamic_sampling == "off" else batch.row_mask.to(D.device))  # (N, T)
-        t = time.time()
-        upd = self._update(ro, advantages.to(D.device), ref_lp, old_lp, lmask)  # 4
-        timing["update"] = time.time() - t
-        sync = self._sync_engine()  # 5: the engine samples the new policy next step
-        timing["sync"] = sync.get("seconds", 0.0)
+        upd = self.update(adv)  # 3
+        t_update = time.time() - t
+        sync = self.sync()  # 4: the engine samples the new policy next step
         self.step_num += 1
-        timing["step"] = time.time() - t_step
+        timing = {"generate": sum(s.generate_seconds for s in drawn), "reward": sum(s.reward_seconds for s in drawn),
+                  "reference": adv.reference_seconds, "update": t_update, "sync": sync.seconds,
+                  "step": time.time() - t_step}
         # TRL's frac_reward_zero_std: groups of the first rollout whose G rewards are all equal (no signal)
         zero_std = float(constant_groups(first.rewards, G).float().mean())
-        extra = {**shaping, **batch.metrics, "frac_reward_zero_std": zero_std}
-        return self._step_row(ro, examples, rewards, diags, advantages, upd, sync, extra)  # 6
+        extra = {**adv.metrics, **batch.metrics, "frac_reward_zero_std": zero_std}
+        return self._step_row(adv, upd, sync, timing, extra)  # 5
 
-    def _sample_groups(self, n_prompts: int) -> steps.Groups:
-        """This rank's share of ``n_prompts`` prompts from the global order, generated and scored:
-        one Groups item per prompt, (rollout, group index, example, pool index, the G reward diagnostics)."""
+    @phase("rollout")
+    def rollout(self, n_prompts: int) -> Scored:
+        """This rank's share of ``n_prompts`` prompts from the global order, generated and scored: one item
+        per prompt, (rollout, group index, example, pool index, the G reward diagnostics), and the rewards."""
         cfg, G, D = self.cfg, self.cfg.n_samples_per_prompt, self.dist
         share = n_prompts // D.world_size
         indices = self.sampler.next(n_prompts)[D.rank * share:(D.rank + 1) * share]  # same global order on every rank
@@ -189,7 +205,7 @@ class Trainer:
         ro = self.engine.generate(format_prompts(self.tok, examples, self.task.system_prompt), group_size=G,
                                   max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
                                   top_p=cfg.top_p).to(self.dist.device)
-        self._timing["generate"] = self._timing.get("generate", 0.0) + time.time() - t
+        t_generate = time.time() - t
         t = time.time()
         rows = [examples[i // G] for i in range(len(ro.texts))]
         trunc = [bool(cut) for cut in ro.truncated.tolist()]
@@ -198,14 +214,37 @@ class Trainer:
         scored = self.training_reward().score(list(ro.texts), rows, trunc)
         rewards = [float(r) for r, _ in scored]
         diags = [d for _, d in scored]
-        self._timing["reward"] = self._timing.get("reward", 0.0) + time.time() - t
+        t_reward = time.time() - t
         items = [(ro, g, ex, idx, diags[g * G:(g + 1) * G]) for g, (ex, idx) in enumerate(zip(examples, indices))]
-        return steps.Groups(items, torch.tensor(rewards))  # rewards (n*G,) host
+        return Scored(items, torch.tensor(rewards), generate_seconds=t_generate, reward_seconds=t_reward)
 
     def training_reward(self) -> Reward:
         """The reward the rollouts are scored with: the attempt's composite (RunConfig.rewards), else the
         task's own as it is now (rftlib.report.validate swaps it for a control between steps)."""
         return self.reward if self.reward is not None else as_reward(self.task.reward)
+
+    @phase("advantages")
+    def advantages(self, batch: steps.Groups | steps.DynamicBatch) -> Advantaged:
+        """The batch the update trains on, from scored groups (a :meth:`rollout`, or dynamic sampling's
+        batch with its row mask): the kept groups as one rollout, reference and old logprobs (no grad),
+        the rewards the advantages see (DAPO's overlong penalty, KL in the reward), the group-relative
+        advantages over the global batch, and the loss mask."""
+        cfg, G, D = self.cfg, self.cfg.n_samples_per_prompt, self.dist
+        ro, examples, indices, diags = self._one_rollout(batch.items)
+        t = time.time()
+        ref_lp, old_lp = self.reference_and_old_logprobs(ro)  # (N, T) each, or None
+        t_reference = time.time() - t
+        shaped, shaping = steps.shape_rewards(
+            cfg, batch.rewards, ro.lengths().cpu(),
+            behaviour_logprobs=(old_lp if old_lp is not None else ro.behaviour_logprobs).cpu(),
+            ref_logprobs=None if ref_lp is None else ref_lp.cpu(), completion_mask=ro.completion_mask.cpu())
+        advantages = self._global_advantages(shaped, G)  # (N,) host
+        row_mask = getattr(batch, "row_mask", None)
+        lmask = steps.loss_mask(cfg, ro.completion_mask, ro.truncated,
+                                None if cfg.dynamic_sampling == "off" or row_mask is None
+                                else row_mask.to(D.device))  # (N, T)
+        return Advantaged(ro, examples, indices, batch.rewards.tolist(), diags, advantages, lmask, ref_lp, old_lp,
+                          shaping, t_reference)
 
     def _one_rollout(self, items) -> tuple[Any, list, list[int], list[dict]]:
         """The kept groups as one Rollout (the first rollout as it came when nothing was dropped or added),
@@ -226,7 +265,7 @@ class Trainer:
         parts = self.dist.gather_objects(([i for i in indices for _ in range(G)], correct))
         self.sampler.update([i for p in parts for i in p[0]], [c for p in parts for c in p[1]])
 
-    def _reference_and_old_logprobs(self, ro) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    def reference_and_old_logprobs(self, ro) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """(reference logprobs, old logprobs), each (N, T) or None: the KL reference's (beta > 0) and the
         policy's before the update when it is not on-policy (several optimizer steps per rollout, or an
         engine that is not the trainer's module), in their own wider forwards, without dropout or grad."""
@@ -234,40 +273,23 @@ class Trainer:
         self.backend.train(False)  # reference and old logprobs without dropout, or the ratio is noise
         if self.cfg.beta > 0:
             with self.ref.active() as ref_model:
-                ref_lp = self._no_grad_logprobs(ro, None if ref_model is self.model else ref_model)  # (N, T)
+                ref_lp = self.no_grad_logprobs(ro, None if ref_model is self.model else ref_model)  # (N, T)
         if not self.on_policy:
-            old_lp = self._no_grad_logprobs(ro)  # (N, T)
+            old_lp = self.no_grad_logprobs(ro)  # (N, T)
         return ref_lp, old_lp
 
     @torch.no_grad()
-    def _no_grad_logprobs(self, ro, module=None) -> torch.Tensor:
+    def no_grad_logprobs(self, ro, module=None) -> torch.Tensor:
         """(N, T) logprobs of every rollout row for the reference or old-logprob pass, in forwards of
-        ``logprob_batch_size`` rows (auto: :meth:`_no_grad_rows`): no activations are kept for a
-        backward, so these batch wider than the update's micro-batches (seed 003 trains at 1)."""
+        ``logprob_batch_size`` rows (auto: rftlib.train.update_parts.no_grad_batch_rows): no activations are kept for a
+        backward, so these batch wider than the update's micro-batches (seed 003 trains at 1). Each
+        forward is a ``forward`` phase. The backend's train/eval mode is the caller's."""
         N, T = ro.num_rows, ro.completion_ids.shape[1]
-        k = self._no_grad_rows(ro)
-        return torch.cat([self._full_width(self._logprobs(self._rows(ro, torch.arange(s, min(s + k, N))),
-                                                          with_entropy=False, module=module)[0], T)
+        k = no_grad_batch_rows(self.cfg, self.model, ro, amp=self.amp, chunk_rows=self.logprob_chunk_size,
+                               vocab_size=self.vocab_size, device=self.dist.device)
+        return torch.cat([full_width(self.forward(rows_of(ro, torch.arange(s, min(s + k, N))),
+                                                  with_entropy=False, module=module).logprobs, T)
                           for s in range(0, N, k)])  # (N, T)
-
-    def _no_grad_rows(self, ro) -> int:
-        """Rows per no-grad forward: ``logprob_batch_size``, else max(micro_batch_size, 8), fewer where the model
-        runs eager attention and that many rows' (heads, T, T) scores would not fit NOGRAD_BUDGET of the memory
-        free now (rftlib.models.memory.nograd_rows, the rule the preflight counts): at seed 003's T ~ 5,000,
-        gpt-oss's eager scores are ~10 GB a row, so 8 rows beside a ZeRO-3 partition would not fit an H100."""
-        cfg = self.cfg
-        if cfg.logprob_batch_size:
-            return cfg.logprob_batch_size
-        most = max(cfg.micro_batch_size, 8)
-        lm = causal_lm(self.model)
-        if getattr(lm.config, "_attn_implementation", None) != "eager":
-            return most
-        width = ro.prompt_ids.shape[1] + ro.completion_ids.shape[1]  # the widest a forward of these rows gets
-        b = (self.amp or lm.dtype).itemsize  # the scores' dtype: autocast's, else the weights'
-        rb = lm.get_input_embeddings().weight.dtype.itemsize  # the residual stream's (float32 masters: 4)
-        fixed = min(most * width, self.logprob_chunk_size) * self.vocab_size * 8  # one logits chunk + log-softmax
-        return nograd_rows(shape_from_hf_config(lm.config), width, b, "eager", free_bytes=free_bytes(self.dist.device),
-                           most=most, rb=rb, fixed_bytes=fixed)
 
     def _global_advantages(self, shaped: torch.Tensor, G: int) -> torch.Tensor:
         """This rank's advantages, computed over the whole global batch: every rank's shaped rewards (whole
@@ -282,24 +304,28 @@ class Trainer:
         start = sum(len(p) for p in parts[:D.rank])
         return adv[start:start + shaped.shape[0]]  # (N,)
 
-    def _update(self, ro, advantages, ref_lp, old_lp, lmask) -> dict[str, Any]:
-        """The micro-batched, gradient-accumulated update; returns what the metrics need.
+    @phase("update")
+    def update(self, batch: Advantaged) -> UpdateResult:
+        """The micro-batched, gradient-accumulated update of ``batch`` (an :meth:`advantages` result; replace
+        its loss_mask to train on another); returns what the metrics need.
 
         Each rank holds 1/W of every optimizer batch. The loss of a micro-batch is normalised by the
         optimizer batch's *global* totals (sequences, valid tokens, the Dr-GRPO constant), so the
         micro-batch losses of all ranks sum to the one-process loss; it is back-propagated times W
-        because DDP and DeepSpeed average gradients over ranks. ``lmask`` (N, T) is the loss's mask:
-        the completion mask less truncated completions or masked groups, when configured.
+        because DDP and DeepSpeed average gradients over ranks. The loss mask (N, T) is the completion
+        mask less truncated completions or masked groups, when configured.
         """
-        cfg, G, N, D = self.cfg, self.cfg.n_samples_per_prompt, ro.num_rows, self.dist
-        W = D.world_size
+        cfg, G, D = self.cfg, self.cfg.n_samples_per_prompt, self.dist
+        ro, lmask, ref_lp, old_lp = batch.rollout, batch.loss_mask, batch.ref_logprobs, batch.old_logprobs
+        advantages = batch.advantages.to(D.device)  # (N,)
+        N, W = ro.num_rows, D.world_size
         tb_rows = cfg.train_prompts * G // W  # this rank's rows of one optimizer batch
         mb = cfg.micro_batch_size
         loss_kw = steps.loss_kwargs(cfg)  # the policy loss, its own clip range, KL, aggregation, entropy
         norm_const = cfg.loss_norm_const if cfg.loss_norm_const is not None else float(cfg.max_new_tokens)
-        acc: dict[str, list] = {"tok": [], "metrics": [], "entropy": [], "grad_norm": [], "loss": [], "lr": [],
-                                "gns": [], "behaviour_diff": [], "seq_log_ratio": [], "rows_run": 0, "rows_seen": 0}
-        skip = self._skips_rows()
+        out = UpdateResult(clip=(loss_kw["clip_low"], loss_kw["clip_high"]))
+        skip = self.skips_rows()
+        bonus = cfg.entropy_coef != 0
         gen = torch.Generator().manual_seed(cfg.seed * 7919 + self.step_num * 104729 + D.rank)
         self.backend.train(True)
         for epoch in range(cfg.num_updates_per_rollout):
@@ -308,60 +334,50 @@ class Trainer:
             if cfg.num_updates_per_rollout > 1 or tb_rows < N:
                 order = (torch.randperm(N // G, generator=gen).unsqueeze(1) * G + torch.arange(G)).reshape(-1)
             for b0 in range(0, N, tb_rows):
-                batch = order[b0:b0 + tb_rows]
-                num_seqs, num_tokens = steps.loss_totals(cfg, lmask[batch], D.all_sum)  # global rows, tokens
+                rows_b = order[b0:b0 + tb_rows]
+                num_seqs, num_tokens = steps.loss_totals(cfg, lmask[rows_b], D.all_sum)  # global rows, tokens
                 loss_total = 0.0
-                gns = cfg.gns_probe and len(batch) > mb and self.backend.micro_step_grads
-                prev, micro_sq, seq_lr = None, [], []
-                micro = self._micro_batches(ro, batch, advantages, lmask, skip)
-                n_micro = len(micro)
-                acc["rows_seen"] += len(batch)
-                acc["rows_run"] += sum(len(ix) for ix in micro)
+                probe = (NoiseScaleProbe(self.params, len(rows_b), mb)
+                         if cfg.gns_probe and len(rows_b) > mb and self.backend.micro_step_grads else None)
+                seq_lr = []
+                micro = self.micro_batches(ro, rows_b, advantages, lmask, skip)
+                out.rows_seen += len(rows_b)
+                out.rows_run += sum(len(ix) for ix in micro)
                 if not micro:  # nothing to learn from: zero gradients, so the optimizer steps as it would have
                     self._zero_backward()
                 for j, ix in enumerate(micro):
-                    rows = self._rows(ro, ix)
-                    t1 = rows["completion_ids"].shape[1]  # this micro-batch's own completion width
-                    bonus = cfg.entropy_coef != 0
-                    with self.backend.accumulate(last=j == n_micro - 1):
-                        logp, ent = self._logprobs(rows, with_entropy=epoch == 0 or bonus, entropy_grad=bonus)  # (n, T)
+                    with self.backend.accumulate(last=j == len(micro) - 1):
+                        fwd = self.forward(rows_of(ro, ix), with_entropy=epoch == 0 or bonus, entropy_grad=bonus)
+                        logp, ent, mask = fwd.logprobs, fwd.entropy, fwd.rows["completion_mask"]  # (n, T')
+                        t1 = mask.shape[1]  # this micro-batch's own completion width
                         old = logp.detach() if old_lp is None else old_lp[ix, :t1]
                         is_w = tis = None
-                        if not self.engine.shares_trainer_module:  # (n, T) truncated IS weights pi_old / pi_behaviour
-                            is_w, tis = tis_weights(old, ro.behaviour_logprobs[ix, :t1], rows["completion_mask"],
-                                                    cap=cfg.tis_cap, level=cfg.tis_level)
+                        if not self.engine.shares_trainer_module:  # the engine's own numerics sampled the rows
+                            is_w, tis = truncated_is(old, ro.behaviour_logprobs[ix, :t1], mask, cap=cfg.tis_cap,
+                                                     level=cfg.tis_level)
                         loss, m = grpo_loss(
                             logp, old, advantages[ix], lmask[ix, :t1],
                             ref_logprobs=None if ref_lp is None else ref_lp[ix, :t1],
                             num_seqs=num_seqs, num_tokens=num_tokens, norm_const=norm_const, entropy=ent,
                             is_weights=is_w, **loss_kw)
                         if tis is not None:
-                            m.update({f"tis/{k}": v for k, v in tis.items()})
+                            m.update(tis)
                         self.backend.backward(loss * W)
                     loss_total += float(loss.detach())
-                    mask = rows["completion_mask"]
-                    seq_lr.append(((logp.detach() - old) * mask).sum(-1).float().cpu())  # (n,) sequence log-ratio
-                    if gns:  # this micro-batch's own gradient, rescaled to its mean gradient
-                        flat = torch.cat([p.grad.reshape(-1) for p in self.params if p.grad is not None])
-                        g = flat if prev is None else flat - prev
-                        micro_sq.append((g * (len(batch) / len(ix))).pow(2).sum())
-                        prev = flat.clone()
+                    seq_lr.append(sequence_log_ratio(logp, old, mask))  # (n,)
+                    if probe is not None:
+                        probe.after_backward(len(ix))
                     if epoch == 0:
-                        valid = mask > 0
-                        acc["entropy"].append(ent.detach()[valid].float().cpu())
-                        # the engine's sampling logprobs against the trainer's (0 up to float noise for
-                        # HF generate; a vLLM engine's numerics show up here)
-                        acc["behaviour_diff"].append((logp.detach() - ro.behaviour_logprobs[ix, :t1]).abs()[valid]
-                                                     .float().cpu())
-                    acc["tok"].append(float(mask.sum()))
-                    acc["metrics"].append({k: float(v) for k, v in m.items()})
-                if gns and prev is not None:
-                    acc["gns"].append({k: float(v) for k, v in
-                                       simple_noise_scale(torch.stack(micro_sq), prev.pow(2).sum(), mb,
-                                                          len(batch)).items()})
-                acc["seq_log_ratio"].append(torch.cat(seq_lr) if seq_lr else torch.zeros(0))
+                        entropy, behaviour_diff = token_diagnostics(logp, ent, ro.behaviour_logprobs[ix, :t1], mask)
+                        out.entropy.append(entropy)
+                        out.behaviour_diff.append(behaviour_diff)
+                    out.tokens.append(float(mask.sum()))
+                    out.micro_metrics.append({k: float(v) for k, v in m.items()})
+                if probe is not None and (gns := probe.result()) is not None:
+                    out.gns.append(gns)
+                out.seq_log_ratio.append(torch.cat(seq_lr) if seq_lr else torch.zeros(0))
                 loss_global = float(D.all_sum(torch.tensor([loss_total], device=D.device))[0])
-                acc["lr"].append(self.backend.lr())
+                out.lr.append(self.backend.lr())
                 grad_norm, stepped = self.backend.step(math.isfinite(loss_global))
                 if not stepped:
                     # a non-finite loss would poison the weights and every later checkpoint: skip the step
@@ -369,10 +385,9 @@ class Trainer:
                     warnings.warn(f"step {self.step_num + 1}: non-finite loss ({loss_global}) or grad_norm "
                                   f"({grad_norm}); optimizer step skipped, weights unchanged "
                                   f"(total skipped: {self.skipped_steps})")
-                acc["grad_norm"].append(grad_norm)
-                acc["loss"].append(loss_global)
-        gmax = max(acc["grad_norm"], key=lambda g: math.inf if not math.isfinite(g) else g)  # NaN counts as a spike
-        return {**acc, "grad_norm_max": gmax, "clip": (loss_kw["clip_low"], loss_kw["clip_high"])}
+                out.grad_norm.append(grad_norm)
+                out.loss.append(loss_global)
+        return out
 
     def _zero_backward(self) -> None:
         """Give every trainable parameter a zero gradient through the backend's own backward, for an optimizer
@@ -386,8 +401,8 @@ class Trainer:
         with self.backend.accumulate(last=True):
             self.backend.backward(zero)
 
-    def _micro_batches(self, ro, batch: torch.Tensor, advantages: torch.Tensor, lmask: torch.Tensor,
-                       skip: bool) -> list[torch.Tensor]:
+    def micro_batches(self, ro, batch: torch.Tensor, advantages: torch.Tensor, lmask: torch.Tensor,
+                      skip: bool) -> list[torch.Tensor]:
         """The micro-batches (row indices) one optimizer batch ``batch`` is run as.
 
         With ``skip``, rows whose advantage is exactly 0 or whose loss mask is empty are left out:
@@ -395,7 +410,7 @@ class Trainer:
         masked tokens out, so such a row's loss and gradient are exactly 0 -- the normalisers
         (computed by the caller over the whole ``batch``) still count it. With
         cfg.sort_micro_batches_by_length the rows are ordered by prompt + completion length first,
-        so each micro-batch (trimmed to its own longest row by ``_rows``) carries less padding."""
+        so each micro-batch (trimmed to its own longest row by ``rows_of``) carries less padding."""
         cfg, mb = self.cfg, self.cfg.micro_batch_size
         rows = batch
         if skip:
@@ -406,7 +421,7 @@ class Trainer:
             rows = rows[torch.sort(length, stable=True).indices]
         return [rows[m0:m0 + mb] for m0 in range(0, len(rows), mb)]
 
-    def _skips_rows(self) -> bool:
+    def skips_rows(self) -> bool:
         """Whether the update may leave out rows that add nothing to the gradient: no loss term may read
         a row beyond its advantage (a KL in the loss, an entropy bonus), the GNS probe's per-micro-batch
         gradients assume full micro-batches, DDP needs every rank to run the same micro-batches, and a
@@ -415,52 +430,45 @@ class Trainer:
         return (cfg.skip_zero_advantage_rows and steps.loss_kwargs(cfg)["beta"] == 0 and cfg.entropy_coef == 0
                 and not cfg.gns_probe and self.dist.world_size == 1 and not self.backend.fixed_micro_steps)
 
-    def _sync_engine(self, verify: bool = False) -> dict:
+    @phase("sync")
+    def sync(self, verify: bool = False) -> SyncResult:
         """Hand the engine the current weights: every rank gathers the adapter (a collective under ZeRO-3),
         the rank that owns the engine loads it (rank 0 for engines all ranks share), every rank probes."""
         eng, D = self.engine, self.dist
         if eng.shares_trainer_module:
-            return eng.sync_weights(self.model)
+            return SyncResult.of(eng.sync_weights(self.model))
         state = self.backend.adapter_state() if is_peft(self.model) else None
-        return eng.sync_weights(self.model, state, push=D.is_main or not eng.shared_across_ranks,
-                                barrier=D.barrier if D.distributed else None, verify=verify)
+        return SyncResult.of(eng.sync_weights(self.model, state, push=D.is_main or not eng.shared_across_ranks,
+                                              barrier=D.barrier if D.distributed else None, verify=verify))
 
-    def _step_row(self, ro, examples, rewards, diags, advantages, upd, sync, extra) -> dict[str, Any]:
+    def _step_row(self, adv: Advantaged, upd: UpdateResult, sync: SyncResult, timing: dict[str, float],
+                  extra: dict[str, float]) -> dict[str, Any]:
         """The step's metrics row from every rank's rollout and update accumulators (the global batch's
         metrics); rank 0 writes the spike log and the samples. Keeps the first group for the live view."""
-        D, G = self.dist, self.cfg.n_samples_per_prompt
-        local = {"rewards": rewards, "diags": diags, "extra": [extra], "advantages": advantages.tolist(),
+        D, G, ro = self.dist, self.cfg.n_samples_per_prompt, adv.rollout
+        local = {"rewards": adv.rewards, "diags": adv.diags, "extra": [extra], "advantages": adv.advantages.tolist(),
                  "lengths": ro.lengths().cpu().tolist(), "truncated": ro.truncated.cpu().tolist(),
-                 "texts": ro.texts, "examples": [(e.prompt, e.answer) for e in examples],
-                 **{k: upd[k] for k in ("tok", "metrics", "entropy", "behaviour_diff", "seq_log_ratio", "gns")}}
+                 "texts": ro.texts, "examples": [(e.prompt, e.answer) for e in adv.examples],
+                 "tok": upd.tokens, "metrics": upd.micro_metrics, "entropy": upd.entropy,
+                 "behaviour_diff": upd.behaviour_diff, "seq_log_ratio": upd.seq_log_ratio, "gns": upd.gns}
         parts = D.gather_objects(local)
         allr = {k: [x for p in parts for x in p[k]] for k in local}
-        row = step_metrics(allr, upd, self._timing, step=self.step_num, world_size=D.world_size,
+        row = step_metrics(allr, upd, timing, step=self.step_num, world_size=D.world_size,
                            skipped_steps=self.skipped_steps)
         for k in (allr["extra"][0] if allr["extra"] else {}):  # per-rank step metrics: the mean over ranks
             row[k] = float(np.mean([e[k] for e in allr["extra"]]))
         row.update(self.sampler.metrics())
         row.update(step_memory(D.device))
         if not self.engine.shares_trainer_module:
-            row.update({"sync/bytes": float(sync.get("bytes", 0)),
-                        "sync/probe_max_diff": sync.get("probe_max_diff", 0.0),
-                        "sync/probe_baseline": sync.get("probe_baseline", 0.0),
-                        "sync/probe_threshold": sync.get("probe_threshold", 0.0),
-                        "sync/probe_noise": sync.get("probe_noise", 0.0)})
+            row.update({"sync/bytes": float(sync.bytes), "sync/probe_max_diff": sync.probe_max_diff,
+                        "sync/probe_baseline": sync.probe_baseline, "sync/probe_threshold": sync.probe_threshold,
+                        "sync/probe_noise": sync.probe_noise})
         if self.memory_estimate is not None:
             row["memory/preflight_gib"] = self.memory_estimate
-        self._group = self._sample_group(allr, G)
+        self._group = first_group(allr, G)
         if D.is_main:
             self._write_step_logs(row, allr, G)
         return row
-
-    @staticmethod
-    def _sample_group(allr: dict[str, list], G: int) -> dict[str, Any]:
-        """The G completions of the step's first prompt, for the live view."""
-        prompt, answer = allr["examples"][0]
-        return {"prompt": prompt, "answer": answer, "completions": [
-            {"text": allr["texts"][i], "reward": allr["rewards"][i], "advantage": allr["advantages"][i],
-             "truncated": bool(allr["truncated"][i])} for i in range(G)]}
 
     def _write_step_logs(self, row: dict[str, Any], allr: dict[str, list], G: int) -> None:
         cfg = self.cfg
@@ -476,30 +484,12 @@ class Trainer:
                  "truncated": bool(allr["truncated"][i])}
                 for i in range(min(cfg.log_samples, len(allr["texts"])))])
 
-    # ---- the policy's logprobs over a micro-batch -------------------------------------------------------
-    def _rows(self, ro, idx: torch.Tensor) -> dict[str, torch.Tensor]:
-        """The rows ``idx`` of a rollout, trimmed to their own longest prompt and completion: a
-        micro-batch pays for its own padding, not the rollout's (prompts are left-padded, so leading
-        all-pad columns go; completions right-padded, so trailing ones go). Positions come from the
-        attention mask, so the trim changes no logprob; results are (n, T') with T' <= T."""
-        pm, cm = ro.prompt_mask[idx], ro.completion_mask[idx]  # (n, P), (n, T)
-        p0 = int(pm.any(0).float().argmax())  # first prompt column any row uses
-        used = cm.any(0).nonzero()
-        t1 = int(used.max()) + 1 if used.numel() else 1  # last completion column any row uses, + 1
-        return dict(prompt_ids=ro.prompt_ids[idx][:, p0:], prompt_mask=pm[:, p0:],
-                    completion_ids=ro.completion_ids[idx][:, :t1], completion_mask=cm[:, :t1])
-
-    def _full_width(self, lp: torch.Tensor, T: int) -> torch.Tensor:
-        """(n, T') logprobs of a trimmed micro-batch -> (n, T), zero where trimmed (all masked there)."""
-        return torch.nn.functional.pad(lp, (0, T - lp.shape[1]))
-
-    def _autocast(self):
-        if self.amp is None:
-            return contextlib.nullcontext()
-        return torch.autocast(self.dist.device.type, dtype=self.amp)
-
-    def _logprobs(self, rows, *, with_entropy: bool, entropy_grad: bool = False, module=None):
-        """(logprobs, entropy) of rows through the backend's wrapped policy (or ``module``, a frozen copy)."""
+    # ---- the policy's logprobs over some rows -----------------------------------------------------------
+    @phase("forward")
+    def forward(self, rows: dict[str, torch.Tensor], *, with_entropy: bool, entropy_grad: bool = False,
+                module=None) -> Forward:
+        """(n, T') logprobs and entropies of ``rows`` (a rollout's rows, trimmed: rftlib.train.update_parts.rows_of)
+        through the backend's wrapped policy, or through ``module`` (a frozen reference)."""
         mode = self.cfg.logprob_recompute
         recompute = mode == "always" or (mode == "auto" and recompute_needed(
             rows["completion_ids"].numel(), self.vocab_size, self.logprob_chunk_size))
@@ -507,8 +497,15 @@ class Trainer:
                   with_entropy=with_entropy, entropy_grad=entropy_grad, checkpoint_chunks=recompute)
         with self._autocast():
             if module is not None:
-                return completion_logprobs(module, **rows, **kw)
-            return self.backend.forward(**rows, **kw)
+                logp, ent = completion_logprobs(module, **rows, **kw)
+            else:
+                logp, ent = self.backend.forward(**rows, **kw)
+        return Forward(rows, logp, ent, torch.is_grad_enabled())
+
+    def _autocast(self):
+        if self.amp is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.dist.device.type, dtype=self.amp)
 
     # ---- the loop: steps, evals, health, checkpoints, stop ----------------------------------------------
     def train(self) -> dict[str, Any]:
@@ -527,7 +524,7 @@ class Trainer:
         start = self.step_num
         end = cfg.num_steps if cfg.stop_after_steps is None else min(cfg.num_steps, start + cfg.stop_after_steps)
         if self.step_num == 0 and not self.eval_history:
-            self._emit(self.evaluate())
+            self._emit(self.evaluate().metrics)
         bar = None
         if self.progress and main:
             bar = tqdm(total=cfg.num_steps, initial=start, desc=self.run_dir.name, unit="step")
@@ -540,14 +537,14 @@ class Trainer:
             final = self.step_num == cfg.num_steps
             is_eval = final or (cfg.eval_steps and self.step_num % cfg.eval_steps == 0)
             if is_eval:
-                row.update({k: v for k, v in self.evaluate().items() if k != "step"})
+                row.update(self.evaluate().values())
                 self.stop_reason = self.early_stop_reason()
             if self.stop_reason is None and self.step_num < end:  # a run at its end was not cut, whatever the clock says
                 self.stop_reason = self.stop_requested(started)
                 if not is_eval and self.stop_reason is not None and self.stop_reason.startswith(BUDGET_STOP):
                     # the budget cut the run between evals: the weights it stops with are evaluated, so the
                     # summary's "final" is theirs (never the last eval's, which may be the step-0 baseline)
-                    row.update({k: v for k, v in self.evaluate().items() if k != "step"})
+                    row.update(self.evaluate().values())
                     is_eval = True
             self._emit(row)
             rows.append(row)
@@ -601,36 +598,15 @@ class Trainer:
             cb({**row, "_group": group} if group is not None and "reward_mean" in row else row)
 
     def summary(self) -> dict[str, Any]:
-        """The attempt's result. ``final`` is the held-out eval of the weights training ended with (the eval at
-        the last step), else None with ``final_note`` saying why: never an earlier eval standing in for it (a
-        run cut between evals would otherwise report its step-0 baseline as its result, a gain of 0). ``best``
-        is over the evals made after step 0 too (None when there is none: the baseline is not a result)."""
-        evals = [e for e in self.eval_history if EVAL_KEY in e]
-        base = evals[0][EVAL_KEY] if evals and evals[0]["step"] == 0 else None
-        at_end = evals[-1] if evals and evals[-1]["step"] == self.step_num else None
-        last = at_end[EVAL_KEY] if at_end is not None else None
-        best = max(evals, key=lambda e: (e[EVAL_KEY], -e["step"])) if len(evals) > 1 else None
-        note = None
-        if at_end is None:
-            note = (f"not evaluated: training stopped at step {self.step_num}" +
-                    (f", the last held-out eval is step {evals[-1]['step']}'s" if evals else "") +
-                    "; `rft eval RUN_DIR` scores its last checkpoint")
-        probes = {}
-        for p in self.cfg.eval_probes:
-            key = f"eval/{p}/greedy_pass@1"
-            vals = [(e["step"], e[key]) for e in self.eval_history if key in e]
-            if vals:
-                bs, bv = max(vals, key=lambda x: (x[1], -x[0]))
-                probes[p] = {"baseline": vals[0][1], "final": vals[-1][1] if vals[-1][0] == self.step_num else None,
-                             "best": bv, "best_step": bs}
+        """The attempt's result (rftlib.train.evaluation.eval_outcome: ``final`` is the held-out eval of the
+        weights training ended with, else None with ``final_note`` saying why; ``best`` over the evals after
+        step 0), with how it ran; rank 0 writes summary.json."""
         out = {"attempt_id": self.run_dir.name, "run_dir": str(self.run_dir), "steps": self.step_num,
-               "stop_reason": getattr(self, "stop_reason", None), "probes": probes,
-               "baseline": base, "final": last, "final_step": self.step_num if at_end is not None else None,
-               "final_note": note, "gain": None if base is None or last is None else last - base,
-               "best_step": best["step"] if best else None, "best": best[EVAL_KEY] if best else None,
+               "stop_reason": getattr(self, "stop_reason", None),
+               **eval_outcome(self.eval_history, self.step_num, self.cfg.eval_probes),
                "skipped_steps": self.skipped_steps, "eval_mode": "greedy_pass@1", "eval_dataset": "heldout",
-               "eval_n": len(self.task.eval), "eval_precision": self.eval_precision, "precision": self.precision, "world_size": self.dist.world_size, "backend": self.cfg.backend,
-               "device": str(self.dist.device)}
+               "eval_n": len(self.task.eval), "eval_precision": self.eval_precision, "precision": self.precision,
+               "world_size": self.dist.world_size, "backend": self.cfg.backend, "device": str(self.dist.device)}
         if self.dist.is_main:
             write_json(self.run_dir / "summary.json", out)
         return out
@@ -649,53 +625,14 @@ class Trainer:
             self._unlock()
 
     # ---- evaluation -------------------------------------------------------------------------------------
-    def evaluate(self) -> dict[str, Any]:
-        """greedy_pass@1 on every eval probe, sharded over ranks (the same number as one process
-        gives); results in eval/step_N[_probe].json and the history."""
-        D = self.dist
-        t0 = time.time()
-        summary: dict[str, Any] = {"step": self.step_num}
-        if D.is_main:
-            (self.run_dir / "eval").mkdir(exist_ok=True)
-        for probe in self.cfg.eval_probes:
-            exs = self.task.eval_set(probe)
-            mine = exs[D.rank::D.world_size]
-            n_mine = len(mine)
-            per_rank = -(-len(exs) // D.world_size)
-            mine = mine + [exs[0]] * (per_rank - n_mine)  # equal generate calls on every rank (ZeRO-3 needs them)
-            n = self.cfg.eval_n_samples.get(probe, 1)
-            temp = self.cfg.eval_temperature.get(probe, 0.0)
-            if n > 1 or temp > 0:  # seed 003 section 9: e.g. AIME at 0.6 with 8 samples, sampling_pass@8
-                mode = f"sampling_pass@{n}" if temp > 0 else f"nondet_proxy_pass@{n}"
-                res = evaluate(self.engine, self.tok, self.task, exs, mode=mode, n=n, temperature=temp,
-                               max_new_tokens=self.cfg.max_new_tokens, batch_size=self.cfg.eval_batch_size,
-                               dataset=probe, precision=self.eval_precision)
-                res.update(scored_on(self.cfg))
-                if D.is_main:
-                    write_json(self.run_dir / "eval" / f"step_{self.step_num}_{probe}.json", res)
-                # the seed's name keeps the seed's meaning (sampling_pass@8: majority vote); the others are named
-                # for what they are (rftlib.eval.evaluate)
-                for key in (res["mode"], f"maj@{n}", f"any_correct@{n}", "pass@1"):
-                    summary[f"eval/{probe}/{key}"] = res[key]
-                continue
-            res = greedy_eval(self.engine, self.tok, self.task, mine, max_new_tokens=self.cfg.max_new_tokens,
-                              batch_size=self.cfg.eval_batch_size, dataset=probe, precision=self.eval_precision)
-            if D.distributed:
-                parts = D.gather_objects(res["results"][:n_mine])
-                merged = [parts[k % D.world_size][k // D.world_size] for k in range(len(exs))]
-                n = max(len(merged), 1)
-                res.update(results=merged, n_problems=len(merged), examples_digest=examples_digest(exs),
-                           **{"greedy_pass@1": sum(r["correct"] for r in merged) / n,
-                              "mean_length": sum(r["length"] for r in merged) / n})
-            res.update(scored_on(self.cfg))
-            if D.is_main:
-                suffix = "" if probe == "heldout" else f"_{probe}"
-                write_json(self.run_dir / "eval" / f"step_{self.step_num}{suffix}.json", res)
-            summary[f"eval/{probe}/greedy_pass@1"] = res["greedy_pass@1"]
-            summary[f"eval/{probe}/mean_length"] = res["mean_length"]
-        summary["timing/eval"] = time.time() - t0  # rft stop sizes its wait from this and timing/step
-        self.eval_history.append(summary)
-        return summary
+    @phase("eval")
+    def evaluate(self) -> EvalResult:
+        """greedy_pass@1 (or the probe's sampling mode) on every eval probe, sharded over ranks (the same
+        number as one process gives); results in eval/step_N[_probe].json and the history."""
+        row = evaluate_probes(self.cfg, self.engine, self.tok, self.task, self.dist, self.run_dir, self.step_num,
+                              self.eval_precision)
+        self.eval_history.append(row)
+        return EvalResult(self.step_num, row)
 
     def early_stop_reason(self) -> str | None:
         """Why to stop now (the probe dropped at ``patience`` consecutive evals), else None."""
@@ -757,10 +694,6 @@ class Trainer:
         if self._lock is not None:
             self._lock.close()  # the kernel drops the flock with the file
             self._lock = None
-
-    def _fit_prompts(self, max_len: int) -> None:
-        """rftlib.train.build.fit_prompts on this trainer's task (prompt_max_len)."""
-        fit_prompts(self.task, self.tok, max_len, say=self.dist.is_main)
 
 
 def resume_config(run_dir: str | Path, **overrides: Any) -> RunConfig:

@@ -19,16 +19,18 @@ import torch
 
 from rftlib.algo.advantages import advantage_stats
 from rftlib.algo.diagnostics import importance_ess
+from rftlib.train.phases import UpdateResult
 
 
 def _q(x: torch.Tensor, q: float) -> float:
     return float(torch.quantile(x.float(), q)) if x.numel() else 0.0
 
 
-def step_metrics(allr: dict[str, list], upd: dict[str, Any], timing: dict[str, float], *, step: int, world_size: int,
-             skipped_steps: int) -> dict[str, Any]:
+def step_metrics(allr: dict[str, list], upd: UpdateResult, timing: dict[str, float], *, step: int, world_size: int,
+                 skipped_steps: int) -> dict[str, Any]:
     """The step's metrics row from every rank's accumulators (``allr``: lists concatenated in rank
-    order) and this rank's optimizer-step values (``upd``: equal on every rank)."""
+    order) and this rank's optimizer-step values (``upd``, rftlib.train.phases.UpdateResult: its loss,
+    grad norms, LRs, clip range and row counts are equal on every rank)."""
     rewards = torch.tensor(allr["rewards"])  # (N_global,)
     diags = allr["diags"]
     row: dict[str, Any] = {"step": step}
@@ -39,7 +41,7 @@ def step_metrics(allr: dict[str, list], upd: dict[str, Any], timing: dict[str, f
     row.update({k: float(v) for k, v in advantage_stats(torch.tensor(allr["advantages"])).items()})
     # per-micro-batch metrics: token-weighted means, extremes of extremes; the p99 is the
     # largest micro-batch p99 (an upper bound on the batch p99)
-    n_opt = len(upd["loss"])
+    n_opt = len(upd.loss)
     for k in (allr["metrics"][0] if allr["metrics"] else {}):  # none when every row was skipped
         have = [i for i, m in enumerate(allr["metrics"]) if k in m]  # entropy is only taken in epoch 0
         vals = torch.tensor([allr["metrics"][i][k] for i in have])
@@ -57,30 +59,38 @@ def step_metrics(allr: dict[str, list], upd: dict[str, Any], timing: dict[str, f
     seq = [torch.cat([allr["seq_log_ratio"][r * n_opt + s] for r in range(W)]) for s in range(n_opt)]
     ess = [float(importance_ess(x.unsqueeze(-1), torch.ones(len(x), 1))) for x in seq if x.numel()]
     row["importance_ess"] = float(np.mean(ess)) if ess else 1.0  # no row run: nothing moved off-policy
-    row["loss"] = float(np.mean(upd["loss"]))
+    row["loss"] = float(np.mean(upd.loss))
     ent = torch.cat(allr["entropy"]) if allr["entropy"] else torch.zeros(0)  # (tokens run,)
     if ent.numel():  # absent, not 0, when no row was run (every row skipped): 0 nats would read as a collapse
         row.update(entropy_mean=float(ent.mean()), entropy_p10=_q(ent, 0.1), entropy_p90=_q(ent, 0.9))
-    row.update(grad_norm=float(np.mean(upd["grad_norm"])), grad_norm_max=upd["grad_norm_max"])
+    row.update(grad_norm=float(np.mean(upd.grad_norm)), grad_norm_max=upd.grad_norm_max)
     diff = torch.cat(allr["behaviour_diff"]) if allr["behaviour_diff"] else torch.zeros(0)  # (tokens run,)
     if diff.numel():  # absent when no row was run, like the entropy
         row["behaviour_logprob_diff_max"] = float(diff.max())
     lengths = torch.tensor(allr["lengths"], dtype=torch.float32)
     row.update(response_length_mean=float(lengths.mean()), response_length_max=float(lengths.max()),
                truncated=float(np.mean(allr["truncated"])))
-    row["lr"] = float(np.mean(upd["lr"])) if upd["lr"] else 0.0  # the LR the step(s) used
-    row["eps_clip_low"], row["eps_clip_high"] = upd["clip"]  # what the loss was called with
+    row["lr"] = float(np.mean(upd.lr)) if upd.lr else 0.0  # the LR the step(s) used
+    row["eps_clip_low"], row["eps_clip_high"] = upd.clip  # what the loss was called with
     if allr["gns"]:  # single-step estimates: average gns_grad_sq and gns_trace over steps to read B_simple
         for k in allr["gns"][0]:
             row[k] = float(np.mean([g[k] for g in allr["gns"]]))
     row["skipped_steps"] = skipped_steps
-    if upd.get("rows_seen"):  # rows the update left out (zero advantage, empty loss mask), of those it was given
-        row["update/skipped_row_frac"] = 1.0 - upd["rows_run"] / upd["rows_seen"]
+    if upd.rows_seen:  # rows the update left out (zero advantage, empty loss mask), of those it was given
+        row["update/skipped_row_frac"] = 1.0 - upd.rows_run / upd.rows_seen
     row.update({f"timing/{k}": v for k, v in timing.items()})
     if timing.get("step"):  # how much of the step the reward took (seed 002 logged < 1 s; a code run must know)
         row["timing/reward_share"] = timing.get("reward", 0.0) / timing["step"]
     row.update(sandbox_metrics(diags, timing, world_size))
     return row
+
+
+def first_group(allr: dict[str, list], G: int) -> dict[str, Any]:
+    """The G completions of the step's first prompt, for the live view."""
+    prompt, answer = allr["examples"][0]
+    return {"prompt": prompt, "answer": answer, "completions": [
+        {"text": allr["texts"][i], "reward": allr["rewards"][i], "advantage": allr["advantages"][i],
+         "truncated": bool(allr["truncated"][i])} for i in range(G)]}
 
 
 SANDBOX_KEY = "exec_s"
