@@ -126,7 +126,7 @@ def metrics_table(a: Attempt, keys: tuple[str, ...] = ("reward_mean", "correctne
 
 
 def config_table(a: Attempt) -> Html:
-    """Every config value with its one-line doc (rftlib/config.py)."""
+    """Every config value with its one-line doc (rftlib/settings.py)."""
     docs = field_docs()
     return table(["parameter", "value", "meaning"], [(k, v, docs.get(k, "")) for k, v in a.config.items()],
                  cls="rft-config")

