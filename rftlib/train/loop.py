@@ -34,7 +34,7 @@ from rftlib.algo.advantages import compute_advantages
 from rftlib.algo.filtering import constant_groups
 from rftlib.algo.logprobs import auto_chunk_size, recompute_needed
 from rftlib.algo.losses import grpo_loss
-from rftlib.algo.schedule import lr_at, warmup_steps_for
+from rftlib.algo.schedule import lr_at
 from rftlib.attempts import STOP_FILE, read_attempt, write_json
 from rftlib.config import RunConfig, make_config
 from rftlib.eval import check_precision, eval_precision, format_prompts
@@ -83,7 +83,6 @@ class Trainer:
         self.task, self.reward, self.model, self.tok = parts.task, parts.reward, parts.model, parts.tok
         self.ref, self.backend, self.engine = parts.reference, parts.backend, parts.engine
         self.sampler, self.logger, self.load_seconds = parts.sampler, parts.logger, parts.load_seconds
-        self.total_opt_steps, self.warmup_steps = parts.total_opt_steps, parts.warmup_steps
         self.progress = progress
         self.callbacks = list(callbacks or [])  # each metrics row (rank 0)
         self.hooks: list[Hook] = list(hooks or [])  # hook(phase, seconds, result) after each phase (rftlib.train.phases)
@@ -271,7 +270,7 @@ class Trainer:
         engine that is not the trainer's module), in their own wider forwards, without dropout or grad."""
         ref_lp = old_lp = None
         self.backend.train(False)  # reference and old logprobs without dropout, or the ratio is noise
-        if self.cfg.beta > 0:
+        if self.cfg.needs_reference:
             with self.ref.active() as ref_model:
                 ref_lp = self.no_grad_logprobs(ro, None if ref_model is self.model else ref_model)  # (N, T)
         if not self.on_policy:
@@ -707,6 +706,5 @@ def resume_config(run_dir: str | Path, **overrides: Any) -> RunConfig:
 
 def lr_schedule_preview(cfg: RunConfig) -> list[float]:
     """LR of each optimizer step of this config (what the scheduler will do)."""
-    total = cfg.num_steps * cfg.optimizer_steps_per_rollout
-    w = warmup_steps_for(total, cfg.warmup_ratio)
+    total, w = cfg.total_optimizer_steps, cfg.warmup_steps
     return [lr_at(s, total_steps=total, warmup_steps=w, lr=cfg.lr, min_lr_ratio=cfg.min_lr_ratio) for s in range(total)]
