@@ -216,7 +216,7 @@ class LossSettings(Section):
     is not defined under is refused (gspo and gmpo: seq-mean-token-mean only; cispo: not seq-mean-token-mean)"""
     loss_norm_const: float | None = ranged(None, gt=0, msg="Dr-GRPO's constant normaliser must be > 0 (Dr-GRPO: the generation budget), or null for max_new_tokens")
     """Dr-GRPO's constant normaliser; None means max_new_tokens"""
-    loss_seq_norm: str = "nonempty"
+    loss_seq_norm: Literal["nonempty", "all"] = "nonempty"
     """rows the seq-mean modes divide by: nonempty (rows with a token in the loss mask: verl) | all (every row,
     masked ones included: TRL, under which dynamic_sampling mask changes no gradient); token-mean divides by
     tokens either way"""
@@ -408,7 +408,7 @@ class SeedScheduleSettings(Section):
     OOD probe 0.0 for greedy_pass@1, AIME 0.6 for sampling_pass@8)"""
     eval_n_samples: dict = field(default_factory=dict)
     """per-probe samples per problem {probe: n}; a probe not named takes 1 (seed 003 sec. 9: AIME 8)"""
-    reward_mode: str = "exact"
+    reward_mode: Literal["exact", "math_verify"] = "exact"
     """math answer equivalence: exact (seed 003's normalised exact match) | math_verify (exact, else
     math-verify's symbolic equivalence, so 0.5 matches a gold of 1/2 written as a LaTeX fraction)"""
     rewards: dict = field(default_factory=dict)

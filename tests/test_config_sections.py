@@ -120,3 +120,14 @@ def test_flat_names_replace_and_yaml_keys_keep_working(tmp_path):
     cfg = make_config(p, {"lr": 1e-3})
     assert (cfg.eps_clip, cfg.vllm_num_engines, cfg.lr) == (0.1, 2, 1e-3)
     assert dataclasses.replace(cfg, eps_clip=0.3).section(OptimizationSettings).lr == 1e-3
+
+
+def test_literals_that_mirror_a_catalog_name_the_same_choices():
+    """loss_seq_norm and reward_mode are closed sets the algorithm / reward code defines; their Literal must
+    list the same values (the config refuses by the Literal, the code branches on the catalog)."""
+    from rftlib.algo.catalog import SEQ_NORMS
+    from rftlib.rewards.math import MODES
+
+    hints = typing.get_type_hints(RunConfig)
+    assert typing.get_args(hints["loss_seq_norm"]) == SEQ_NORMS
+    assert typing.get_args(hints["reward_mode"]) == MODES

@@ -1,8 +1,12 @@
-"""One flat ``RunConfig`` for an attempt: defaults here, presets in ``params/*.yaml`` hold overrides.
+"""One flat ``RunConfig`` for an attempt, composed of the section dataclasses of rftlib.settings (their
+fields, docs, defaults, choices and ranges live there); presets in ``params/*.yaml`` hold overrides.
 
-Flat (not nested) on purpose: the same names are papermill parameters (``-p eps_clip 0.1``),
-CLI flags (``--eps_clip 0.1``) and YAML keys, as researchers already use them with OpenRLHF's
-flags. Every field carries a one-line doc and, where a seed gives one, the seed's value.
+Flat to the user on purpose: the same names are papermill parameters (``-p eps_clip 0.1``), CLI flags
+(``--eps_clip 0.1``) and YAML keys, as researchers already use them with OpenRLHF's flags. Sectioned
+to the code: a lower layer receives ``cfg.section(RolloutSettings)``, not the whole config. This module
+adds what needs the registries (names of losses, tasks, engines, backends and their declared rules),
+the rules across sections, the values derived from several fields (``total_optimizer_steps`` ...),
+and reading presets. Importing it imports no torch (tests/test_config_light.py).
 
 Resolution order: dataclass defaults <- preset YAML (``params/<name>.yaml``) <- overrides.
 Unknown keys are errors listing near matches; impossible settings are errors saying what to change.
@@ -15,11 +19,9 @@ import dataclasses
 import difflib
 import inspect
 import math
-import re
-import sys
 import types
 import typing
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -27,19 +29,18 @@ import yaml
 
 # every registry below is torch-free: a name and what it declares are read without importing the tensor code,
 # the engines or the backends (tests/test_config_light.py runs `import rftlib.config` and checks)
-from rftlib.algo.catalog import (ADVANTAGES, AGGREGATIONS, KL_ESTIMATORS, KL_NOT_IN_LOSS, REWARD_SCALES, SEQ_NORMS,
+from rftlib.algo.catalog import (ADVANTAGES, AGGREGATIONS, KL_ESTIMATORS, KL_NOT_IN_LOSS, REWARD_SCALES,
                                  takes_scale_rewards)
 from rftlib.algo.loss_spec import AUTO, POLICY_LOSSES, loss_spec
 from rftlib.algo.schedule import lr_at, warmup_steps_for
 from rftlib.data.base import registered_rewards, registered_tasks
 from rftlib.monitor.trackers import TRACKERS
-from rftlib.rewards.math import MODES
 from rftlib.rewards.registry import TASK_REWARD
 from rftlib.rollout.kinds import ENGINES, engine_kind
-from rftlib.settings import (SECTIONS, declared_problems, AlgorithmSettings, AttemptSettings, CISPOSettings, EngineSettings, EvalLogSettings,
+from rftlib.settings import (SECTIONS, AlgorithmSettings, AttemptSettings, CISPOSettings, EngineSettings, EvalLogSettings,
                              GMPOSettings, GSPOSettings, LaunchSettings, LossSettings, ModelSettings, OptimizationSettings,
                              PPOClipSettings, RolloutSettings, ScaleSettings, SeedScheduleSettings, ShapingSettings,
-                             TaskSettings)
+                             TaskSettings, declared_problems)
 from rftlib.train.backends import BACKENDS, check_config as backend_rules
 
 S = typing.TypeVar("S")
@@ -354,7 +355,7 @@ def validate(cfg: RunConfig) -> None:
         bad(f"lora_dropout={cfg.lora_dropout} with off-policy updates: the old logprobs (no dropout) and the "
             "policy's (a fresh dropout mask) differ before any update, so PPO clips on dropout noise; "
             "set lora_dropout 0 (the GRPO default) or one exactly on-policy update per rollout")
-    if cfg.init_adapter is not None and cfg.beta > 0:
+    if cfg.init_adapter is not None and cfg.needs_reference:
         bad("init_adapter with beta > 0: the KL reference would be the base model (adapter disabled), not the "
             "starting SFT policy; merge the adapter into the base model and start a fresh LoRA, or set beta 0")
     _validate_scale(cfg, bad)
@@ -407,8 +408,6 @@ def _validate_seed_schedule(cfg: RunConfig, bad) -> None:
     for probe, n in cfg.eval_n_samples.items():
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             bad(f"eval_n_samples[{probe!r}]={n!r}: must be an integer >= 1")
-    if cfg.reward_mode not in MODES:
-        bad(f"reward_mode='{cfg.reward_mode}': choose {' or '.join(MODES)}")
     if cfg.reward_mode != "exact" and not _task_takes(cfg.task, "reward_mode"):
         bad(f"reward_mode='{cfg.reward_mode}': task '{cfg.task}' does not take a reward_mode "
             "(the math tasks do: arithmetic, gsm8k, prepared)")
@@ -442,8 +441,6 @@ def _validate_algo(cfg: RunConfig, bad) -> None:
             bad(f"scale_rewards='{cfg.scale_rewards}' with advantage_estimator '{cfg.advantage_estimator}', which has "
                 "its own scaling: scale_rewards applies to grpo and dr_grpo; set it null")
     agg = _validate_policy_loss(cfg, bad)
-    if cfg.loss_seq_norm not in SEQ_NORMS:
-        bad(f"loss_seq_norm='{cfg.loss_seq_norm}': choose {' or '.join(SEQ_NORMS)} (rows the seq-mean modes divide by)")
     if (cfg.dynamic_sampling == "mask" and agg.startswith("seq-mean") and cfg.loss_seq_norm == "all"
             and not cfg.kl_in_loss and cfg.entropy_coef == 0):
         bad(f"dynamic_sampling: mask with loss_agg_mode {agg} and loss_seq_norm all changes no gradient: the masked "
