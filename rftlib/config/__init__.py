@@ -35,12 +35,12 @@ from rftlib.data.base import registered_rewards, registered_tasks
 from rftlib.monitor.trackers import TRACKERS
 from rftlib.rewards.math import MODES
 from rftlib.rewards.registry import TASK_REWARD
-from rftlib.rollout.kinds import ENGINES, engine_kind
+from rftlib.rollout.kinds import ENGINES, EngineInputs, engine_kind
 from rftlib.settings import (SECTIONS, AlgorithmSettings, AttemptSettings, CISPOSettings, EngineSettings, EvalLogSettings,
                              GMPOSettings, GSPOSettings, LaunchSettings, LossSettings, ModelSettings, OptimizationSettings,
                              PPOClipSettings, RolloutSettings, ScaleSettings, SeedScheduleSettings, ShapingSettings,
                              TaskSettings)
-from rftlib.train.backends import BACKENDS, check_config as backend_rules
+from rftlib.train.backends import BACKENDS, BackendInputs, check_config as backend_rules
 
 S = typing.TypeVar("S")
 
@@ -467,13 +467,13 @@ def _validate_scale(cfg: RunConfig, bad) -> None:
         bad(f"device='{cfg.device}': choose auto, cpu, cuda or cuda:N")
     if cfg.backend not in BACKENDS:
         bad(f"backend='{cfg.backend}': choose {', '.join(BACKENDS.names())}")
-    for problem in backend_rules(cfg.backend, cfg):
+    for problem in backend_rules(cfg.backend, BackendInputs.of(cfg.section, train_prompts=cfg.train_prompts)):
         bad(problem)
     if cfg.zero3_gather_for_generation not in ("auto", "on", "off"):
         bad(f"zero3_gather_for_generation='{cfg.zero3_gather_for_generation}': choose auto, on or off")
     if cfg.rollout_engine not in ENGINES:
         bad(f"rollout_engine='{cfg.rollout_engine}': choose {', '.join(ENGINES.names())}")
-    for problem in engine_kind(cfg.rollout_engine).check_config(cfg):
+    for problem in engine_kind(cfg.rollout_engine).check_config(EngineInputs.of(cfg.section)):
         bad(problem)
     if cfg.vllm_placement not in ("colocate", "server"):
         bad(f"vllm_placement='{cfg.vllm_placement}': choose colocate or server")
