@@ -135,6 +135,7 @@ def test_hf_and_vllm_engines_agree_on_greedy_eval_of_one_checkpoint(tmp_path):
     from rftlib.config import make_config
     from rftlib.data.tasks import build_task
     from rftlib.rollout import make_engine
+    from rftlib.rollout.kinds import EngineInputs
 
     cfg = make_config("default", {"runs_root": str(tmp_path / "runs"), "rollout_engine": "vllm", "device": "cpu",
                                   "lora_rank": 0, "vllm_kv_cache_gib": 0.5, "vllm_max_model_len": 256,
@@ -144,8 +145,8 @@ def test_hf_and_vllm_engines_agree_on_greedy_eval_of_one_checkpoint(tmp_path):
     task = build_task(cfg.task, eval_size=N_PROMPTS)
     precision = eval_precision(cfg.eval_dtype, "float32")
     # the trainer's HF engine: bf16 autocast wherever autocast auto finds native bf16 (this machine)
-    hf = make_engine(make_config("default", {"device": "cpu"}), model, tok, tmp_path / "hf")
-    vl = make_engine(cfg, model, tok, tmp_path / "run", sync=False)  # the same checkpoint, from its directory
+    hf = make_engine(EngineInputs.of(make_config("default", {"device": "cpu"}).section), model, tok, tmp_path / "hf")
+    vl = make_engine(EngineInputs.of(cfg.section), model, tok, tmp_path / "run", sync=False)  # the same checkpoint, from its directory
     try:
         res_hf = greedy_eval(hf, tok, task, task.eval, max_new_tokens=MAX_NEW, precision=precision)
         res_vl = greedy_eval(vl, tok, task, task.eval, max_new_tokens=MAX_NEW, precision=precision)

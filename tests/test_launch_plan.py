@@ -19,7 +19,9 @@ import pytest
 
 from rftlib.config import ConfigError, make_config
 from rftlib.launch.plan import LaunchError, check_plan, commands_sh, format_plan, make_plan
+from rftlib.rollout.kinds import EngineInputs
 from rftlib.rollout.vllm_server import vllm_cli
+from rftlib.settings import EngineSettings
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -110,7 +112,7 @@ def test_plan_engines_are_the_trainers_engines(tmp_path):
     cfg = make_config("seed003-gpt-oss-20b-a28b", {"lora_rank": 24, "lora_alpha": 48})
     plan = make_plan(cfg, "r", gpus_per_node=8)
     engines = [p for p in plan.processes if p.role == "vllm"]
-    s = VLLMSettings.for_launch(cfg, on_gpu=True)
+    s = VLLMSettings.for_launch(EngineInputs.of(cfg.section), on_gpu=True)
     for k, p in enumerate(engines):
         assert p.cmd[1:] == server_command(s, k, p.port)[1:]  # the same function (the python path aside)
         assert {key: p.env[key] for key in server_env(s, k)} == {**server_env(s, k),
@@ -214,18 +216,20 @@ def test_colocated_engines_leave_the_trainer_its_gpu(monkeypatch):
     from rftlib.rollout.vllm import VLLMEngine, VLLMSettings, engine_gpu_memory
 
     colo = make_config("tiny", {"rollout_engine": "vllm", "vllm_placement": "colocate"})
-    assert engine_gpu_memory(colo) == 0.3
-    assert engine_gpu_memory(make_config("seed003-gpt-oss-20b-a28b")) == 0.85
-    assert engine_gpu_memory(make_config("tiny", {"rollout_engine": "vllm", "vllm_gpu_memory_utilization": 0.5})) == 0.5
-    s = VLLMSettings.for_launch(colo, on_gpu=True)
+    assert engine_gpu_memory(colo.section(EngineSettings)) == 0.3
+    assert engine_gpu_memory(make_config("seed003-gpt-oss-20b-a28b").section(EngineSettings)) == 0.85
+    half = make_config("tiny", {"rollout_engine": "vllm", "vllm_gpu_memory_utilization": 0.5})
+    assert engine_gpu_memory(half.section(EngineSettings)) == 0.5
+    s = VLLMSettings.for_launch(EngineInputs.of(colo.section), on_gpu=True)
     monkeypatch.setenv("WORLD_SIZE", "2")
     kw = VLLMEngine.llm_kwargs(s)
     assert kw["gpu_memory_utilization"] == 0.3 and kw["distributed_executor_backend"] == "external_launcher"
     monkeypatch.setenv("WORLD_SIZE", "1")
     assert "distributed_executor_backend" not in VLLMEngine.llm_kwargs(s)
     # issue 22 item 6: CUDA graphs on GPUs unless asked otherwise; eager on CPU, where it is required
-    assert not s.enforce_eager and VLLMSettings.for_launch(colo, on_gpu=False).enforce_eager
-    assert VLLMSettings.for_launch(make_config("tiny", {"vllm_enforce_eager": True}), on_gpu=True).enforce_eager
+    assert not s.enforce_eager and VLLMSettings.for_launch(EngineInputs.of(colo.section), on_gpu=False).enforce_eager
+    eager = make_config("tiny", {"vllm_enforce_eager": True})
+    assert VLLMSettings.for_launch(EngineInputs.of(eager.section), on_gpu=True).enforce_eager
 
 
 def test_gpu_indices_count_the_gpus_the_shell_sees(monkeypatch):
@@ -261,7 +265,7 @@ def test_a_server_engine_the_trainer_starts_lands_on_the_visible_gpu(monkeypatch
     from rftlib.rollout.vllm import VLLMSettings
     from rftlib.rollout.vllm_server import server_env
 
-    s = VLLMSettings.for_launch(make_config("seed003-gpt-oss-20b-a28b"), on_gpu=True)  # rollout_gpus 0-3, TP 2
+    s = VLLMSettings.for_launch(EngineInputs.of(make_config("seed003-gpt-oss-20b-a28b").section), on_gpu=True)  # rollout_gpus 0-3, TP 2
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-aaaa,GPU-bbbb,GPU-cccc,GPU-dddd,4,5,6,7")
     assert [server_env(s, k)["CUDA_VISIBLE_DEVICES"] for k in (0, 1)] == ["GPU-aaaa,GPU-bbbb", "GPU-cccc,GPU-dddd"]
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "6,7,1")

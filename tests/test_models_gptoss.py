@@ -148,6 +148,8 @@ def worker(out: str, model: str, mode: str) -> None:
     from rftlib.config import make_config
     from rftlib.models.gptoss import gptoss_mxfp4_dir
     from rftlib.models.loading import load_model_and_tokenizer, load_policy
+    from rftlib.settings import ModelSettings, ScaleSettings
+    from rftlib.train.backends import BackendInputs
     from rftlib.train.backends.deepspeed import deepspeed_config_for
     from rftlib.train.dist import init_dist
 
@@ -158,7 +160,9 @@ def worker(out: str, model: str, mode: str) -> None:
 
     def load(c):
         if mode == "partitioned":
-            return load_policy(c, dist, deepspeed_config_for(c, dist.world_size))[0]
+            backend = BackendInputs.of(c.section, train_prompts=c.train_prompts)
+            return load_policy(c.section(ModelSettings), c.section(ScaleSettings), dist,
+                               deepspeed_config_for(backend, dist.world_size))[0]
         return load_model_and_tokenizer(c.model, "float32")[0]
 
     # warm up on the small checkpoint: the modules transformers and DeepSpeed import on a first load (~170 MB

@@ -65,10 +65,11 @@ def test_make_engine_hf_is_the_trainer_module(tiny_cfg):
     from rftlib.models.loading import load_model_and_tokenizer
     from rftlib.rollout import make_engine
     from rftlib.rollout.hf import HFEngine
+    from rftlib.rollout.kinds import EngineInputs
 
     cfg = tiny_cfg()
     model, tok = load_model_and_tokenizer(cfg.model)
-    eng = make_engine(cfg, model, tok, run_dir=None)
+    eng = make_engine(EngineInputs.of(cfg.section), model, tok, run_dir=None)
     assert isinstance(eng, HFEngine) and eng.shares_trainer_module and eng.model is model
     assert eng.sync_weights(model) == {"seconds": 0.0, "bytes": 0, "probe_max_diff": 0.0}
 

@@ -20,6 +20,7 @@ pytest.importorskip("vllm", reason="vLLM is not installed here: `bash scripts/se
 from rftlib.config import make_config  # noqa: E402
 from rftlib.models.loading import apply_lora, autocast_dtype, load_model_and_tokenizer  # noqa: E402
 from rftlib.rollout import SyncProbeError, make_engine  # noqa: E402
+from rftlib.rollout.kinds import EngineInputs  # noqa: E402
 from rftlib.rollout.sync_probe import MARGIN, probe_gaps  # noqa: E402
 
 pytestmark = pytest.mark.skipif(autocast_dtype("auto") != torch.bfloat16,
@@ -57,7 +58,7 @@ def lora_bf16(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("vllm_bf16")
     cfg = _cfg(tmp)
     model, tok = _policy(cfg)
-    eng = make_engine(cfg, model, tok, tmp / "run")  # start-up: the canary check, then the first sync
+    eng = make_engine(EngineInputs.of(cfg.section), model, tok, tmp / "run")  # start-up: the canary check, then the first sync
     yield eng, model
     eng.close()
 
@@ -105,7 +106,7 @@ def test_a_missed_tied_lm_head_still_fails_in_bf16(tmp_path, monkeypatch):
     cfg = _cfg(tmp_path, lora_rank=0)
     model, tok = _policy(cfg)
     assert model.config.tie_word_embeddings
-    eng = make_engine(cfg, model, tok, tmp_path / "run")  # the first sync: same weights, passes
+    eng = make_engine(EngineInputs.of(cfg.section), model, tok, tmp_path / "run")  # the first sync: same weights, passes
     try:
         assert eng.s.dtype == "bfloat16"
         _perturb(model, "embed_tokens", 0.05, seed=5)  # only the tied embedding / head moves

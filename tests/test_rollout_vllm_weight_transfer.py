@@ -20,6 +20,7 @@ from rftlib.config import make_config  # noqa: E402
 from rftlib.models.loading import load_model_and_tokenizer  # noqa: E402
 from rftlib.models.tiny import tiny_model_dir  # noqa: E402
 from rftlib.rollout import make_engine  # noqa: E402
+from rftlib.rollout.kinds import EngineInputs  # noqa: E402
 from rftlib.rollout.sync_probe import probe_max_diff  # noqa: E402
 from rftlib.rollout.vllm_server import server_command, weight_chunks  # noqa: E402
 from rftlib.rollout.vllm import VLLMSettings  # noqa: E402
@@ -48,12 +49,13 @@ def test_weight_chunks_split_by_size_and_round_trip():
 
 def test_auto_is_nccl_on_gpus_and_rpc_on_cpu(tmp_path):
     model, _ = load_model_and_tokenizer(str(tiny_model_dir(128)), "float32")
-    cpu = VLLMSettings.from_config(_cfg(tmp_path), model, tmp_path)
+    cpu = VLLMSettings.from_config(EngineInputs.of(_cfg(tmp_path).section), model, tmp_path)
     assert cpu.weight_sync == "rpc" and "--weight-transfer-config" not in server_command(cpu, 0, 8000)
-    gpu = VLLMSettings.for_launch(_cfg(tmp_path, device="cuda"), on_gpu=True)
+    gpu = VLLMSettings.for_launch(EngineInputs.of(_cfg(tmp_path, device="cuda").section), on_gpu=True)
     cmd = server_command(gpu, 0, 8000)
     assert gpu.weight_sync == "nccl" and cmd[cmd.index("--weight-transfer-config") + 1] == '{"backend": "nccl"}'
-    assert VLLMSettings.for_launch(_cfg(tmp_path, device="cuda", vllm_weight_sync="disk"), on_gpu=True).weight_sync == "disk"
+    disk = _cfg(tmp_path, device="cuda", vllm_weight_sync="disk")
+    assert VLLMSettings.for_launch(EngineInputs.of(disk.section), on_gpu=True).weight_sync == "disk"
 
 
 @pytest.mark.slow
@@ -61,7 +63,7 @@ def test_full_weights_reach_a_server_engine_in_memory(tmp_path):
     cfg = _cfg(tmp_path)
     torch.set_num_threads(1)
     model, tok = load_model_and_tokenizer(cfg.model, "float32")
-    eng = make_engine(cfg, model, tok, tmp_path / "run")  # starts the server; the first sync already ran by rpc
+    eng = make_engine(EngineInputs.of(cfg.section), model, tok, tmp_path / "run")  # starts the server; the first sync already ran by rpc
     try:
         assert eng.s.weight_sync == "rpc"
         g = torch.Generator().manual_seed(0)

@@ -10,9 +10,9 @@ from rftlib.attempts import lock_attempt
 from rftlib.config import ConfigError, make_config
 from rftlib.data.arithmetic import all_problems
 from rftlib.data.base import Task
-from rftlib.rollout.factory import ENGINES, engine_kind, make_engine, register_engine
+from rftlib.rollout.factory import ENGINES, EngineInputs, engine_kind, make_engine, register_engine
 from rftlib.rollout.hf import HFEngine
-from rftlib.train.backends import BACKENDS
+from rftlib.train.backends import BACKENDS, BackendInputs
 from rftlib.train.backends.torch_backend import TorchBackend
 from rftlib.train.build import build
 from rftlib.train.loop import Trainer
@@ -76,7 +76,7 @@ def test_a_registered_toy_engine_is_built_by_name_and_runs_the_rollouts(monkeypa
     monkeypatch.setattr(ENGINES, "_table", dict(ENGINES._table))
 
     @register_engine("recording", on_trainer_module=True)
-    def _recording(cfg, model, tok, run_dir, backend):
+    def _recording(inputs, model, tok, run_dir, backend):
         return RecordingEngine(model, tok, backend=backend)
 
     assert engine_kind("recording").on_trainer_module  # declared before any engine is built
@@ -100,13 +100,13 @@ def test_the_hf_engine_reads_lockstep_generation_off_the_backend(tiny_cfg):
     model, tok = load_model_and_tokenizer(cfg.model, "float32")
     for partitioned in (False, True):
         backend = type("B", (), {"partitions_params": partitioned, "generation_gather": lambda self: (None, "")})()
-        assert make_engine(cfg, model, tok, None, backend=backend).synced_gpus is partitioned
+        assert make_engine(EngineInputs.of(cfg.section), model, tok, None, backend=backend).synced_gpus is partitioned
     # and it generates inside the whole-model gather the backend offers (ZeRO-3's gather-once), when it offers one
     gather = object()
     backend = type("B", (), {"partitions_params": True, "generation_gather": lambda self: (gather, ""),
                              "dist": type("D", (), {"is_main": True})()})()
-    assert make_engine(cfg, model, tok, None, backend=backend).gather is gather
-    assert make_engine(cfg, model, tok, None).synced_gpus is False  # no backend: one process
+    assert make_engine(EngineInputs.of(cfg.section), model, tok, None, backend=backend).gather is gather
+    assert make_engine(EngineInputs.of(cfg.section), model, tok, None).synced_gpus is False  # no backend: one process
 
 
 class CountingBackend(TorchBackend):
@@ -169,13 +169,14 @@ def test_a_backend_and_an_engine_bring_their_own_config_rules(monkeypatch, tiny_
 
     class Strict(CountingBackend):
         @staticmethod
-        def check_config(cfg):
-            return [f"lr={cfg.lr}: the strict backend takes lr <= 1e-3"] if cfg.lr > 1e-3 else []
+        def check_config(inputs: BackendInputs):
+            lr = inputs.optim.lr
+            return [f"lr={lr}: the strict backend takes lr <= 1e-3"] if lr > 1e-3 else []
 
     BACKENDS.register("strict")(Strict)
     register_engine("short", on_trainer_module=True,
-                    check_config=lambda cfg: ["max_new_tokens over 8"] if cfg.max_new_tokens > 8 else [])(
-        lambda cfg, model, tok, run_dir, backend: HFEngine(model, tok))
+                    check_config=lambda inputs: ["max_new_tokens over 8"] if inputs.rollout.max_new_tokens > 8 else [])(
+        lambda inputs, model, tok, run_dir, backend: HFEngine(model, tok))
     with pytest.raises(ConfigError, match="the strict backend takes lr <= 1e-3"):
         tiny_cfg(backend="strict", lr=1e-2)
     with pytest.raises(ConfigError, match="max_new_tokens over 8"):
@@ -332,4 +333,4 @@ def test_offload_optimizer_is_refused_before_the_model_loads(tiny_cfg, monkeypat
     with pytest.raises(ConfigError, match=r"cannot run the config's backend: offload_optimizer builds DeepSpeed's "
                                           r"CPU Adam .* lacks ninja"):
         build(cfg)
-    assert build_mod.machine_problems(tiny_cfg(backend="deepspeed", zero_stage=2)) == []  # no offload: no build
+    assert build_mod.machine_problems(build_mod.backend_inputs(tiny_cfg(backend="deepspeed", zero_stage=2))) == []  # no offload: no build

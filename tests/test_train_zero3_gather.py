@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from rftlib.config import make_config
+from rftlib.settings import ScaleSettings
 from rftlib.train.backends.deepspeed import gather_fits
 from rftlib.train.dist import without_group_env
 
@@ -25,13 +26,18 @@ ZERO3 = REPO / "tests" / "data" / "zero3_tiny.json"
 def test_gather_decision_follows_the_switch_and_the_free_memory(tmp_path):
     z3 = dict(runs_root=str(tmp_path), backend="deepspeed", zero_stage=3)
     gib = 2**30
-    assert gather_fits(make_config("tiny", z3), 1 * gib, 3 * gib)[0]  # auto: 1 GiB of weights, 3 free
-    on, why = gather_fits(make_config("tiny", z3), 2 * gib, 3 * gib)  # 2 x 2 GiB > 3 GiB: does not fit
+
+    def scale(**kw) -> ScaleSettings:
+        return make_config("tiny", {**z3, **kw}).section(ScaleSettings)
+
+    assert gather_fits(scale(), 1 * gib, 3 * gib)[0]  # auto: 1 GiB of weights, 3 free
+    on, why = gather_fits(scale(), 2 * gib, 3 * gib)  # 2 x 2 GiB > 3 GiB: does not fit
     assert not on and "does not fit" in why
-    assert gather_fits(make_config("tiny", {**z3, "zero3_gather_for_generation": "on"}), 2 * gib, 3 * gib)[0]
-    assert not gather_fits(make_config("tiny", {**z3, "zero3_gather_for_generation": "off"}), 1, 3 * gib)[0]
-    assert not gather_fits(make_config("tiny", {**z3, "offload_params": True}), 1, 3 * gib)[0]
-    assert not gather_fits(make_config("tiny", {"runs_root": str(tmp_path)}), 1, 3 * gib)[0]  # not ZeRO-3
+    assert gather_fits(scale(zero3_gather_for_generation="on"), 2 * gib, 3 * gib)[0]
+    assert not gather_fits(scale(zero3_gather_for_generation="off"), 1, 3 * gib)[0]
+    assert not gather_fits(scale(offload_params=True), 1, 3 * gib)[0]
+    not_zero3 = make_config("tiny", {"runs_root": str(tmp_path)}).section(ScaleSettings)
+    assert not gather_fits(not_zero3, 1, 3 * gib)[0]  # not ZeRO-3
 
 
 def test_launch_plan_says_which_generate_gather_is_used(tmp_path):

@@ -36,12 +36,12 @@ from rftlib.algo.schedule import lr_at, warmup_steps_for
 from rftlib.data.base import registered_rewards, registered_tasks
 from rftlib.monitor.trackers import TRACKERS
 from rftlib.rewards.registry import TASK_REWARD
-from rftlib.rollout.kinds import ENGINES, engine_kind
+from rftlib.rollout.kinds import ENGINES, EngineInputs, engine_kind
 from rftlib.settings import (SECTIONS, AlgorithmSettings, AttemptSettings, CISPOSettings, EngineSettings, EvalLogSettings,
                              GMPOSettings, GSPOSettings, LaunchSettings, LossSettings, ModelSettings, OptimizationSettings,
                              PPOClipSettings, RolloutSettings, ScaleSettings, SeedScheduleSettings, ShapingSettings,
                              TaskSettings, declared_problems)
-from rftlib.train.backends import BACKENDS, check_config as backend_rules
+from rftlib.train.backends import BACKENDS, BackendInputs, check_config as backend_rules
 
 S = typing.TypeVar("S")
 
@@ -421,11 +421,11 @@ def _validate_scale(cfg: RunConfig, bad) -> None:
     each one's own rules (Backend.check_config, EngineKind.check_config): no backend or engine is named here."""
     if cfg.backend not in BACKENDS:
         bad(f"backend='{cfg.backend}': choose {', '.join(BACKENDS.names())}")
-    for problem in backend_rules(cfg.backend, cfg):
+    for problem in backend_rules(cfg.backend, BackendInputs.of(cfg.section, train_prompts=cfg.train_prompts)):
         bad(problem)
     if cfg.rollout_engine not in ENGINES:
         bad(f"rollout_engine='{cfg.rollout_engine}': choose {', '.join(ENGINES.names())}")
-    for problem in engine_kind(cfg.rollout_engine).check_config(cfg):
+    for problem in engine_kind(cfg.rollout_engine).check_config(EngineInputs.of(cfg.section)):
         bad(problem)
     if cfg.vllm_dtype == "float16" and cfg.device == "cpu":
         bad("vllm_dtype='float16' with device='cpu': vLLM's CPU build serves float32 or bfloat16")

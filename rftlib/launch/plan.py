@@ -37,7 +37,8 @@ from rftlib.rollout.vllm import (API_KEY_ENV, VLLMSettings, engine_dtype, engine
                                  trainer_compute)
 from rftlib.rollout.vllm_server import physical_gpus, server_command, server_env, visible_gpus
 from rftlib.train.backends import backend_class, machine_problems, sharding_of
-from rftlib.train.build import check_world
+from rftlib.settings import EngineSettings, ModelSettings, OptimizationSettings, RolloutSettings
+from rftlib.train.build import backend_inputs, check_world, engine_inputs
 from rftlib.train.launch import torchrun_command
 
 DEFAULT_RDZV_PORT = 29400
@@ -133,13 +134,13 @@ def detect_gpus() -> int:
 
 def _uses_gpus(cfg: RunConfig) -> bool:
     return cfg.device != "cpu" and (cfg.device.startswith("cuda") or bool(cfg.train_gpus or cfg.rollout_gpus)
-                                    or engine_kind(cfg.rollout_engine).serves(cfg))
+                                    or engine_kind(cfg.rollout_engine).serves(engine_inputs(cfg)))
 
 
 def _server_engines(cfg: RunConfig) -> int:
     """Engine server processes this launch starts per node, as the engine declares them (vLLM: vllm_num_engines
     when served, none when vllm_urls name engines elsewhere)."""
-    return engine_kind(cfg.rollout_engine).server_processes(cfg)
+    return engine_kind(cfg.rollout_engine).server_processes(engine_inputs(cfg))
 
 
 def make_plan(cfg: RunConfig, run_dir: str | Path, *, preset: str = "", resume: bool = False,
@@ -186,7 +187,7 @@ def make_plan(cfg: RunConfig, run_dir: str | Path, *, preset: str = "", resume: 
     urls: list[str] = list(cfg.vllm_urls)
     # engines on other nodes' reach listen beyond loopback, so they require a key the trainer sends
     api_key = secrets.token_urlsafe(24) if n_eng and cfg.nnodes > 1 else None
-    engine = VLLMSettings.for_launch(cfg, on_gpu=gpu, api_key=api_key) if n_eng else None
+    engine = VLLMSettings.for_launch(engine_inputs(cfg), on_gpu=gpu, api_key=api_key) if n_eng else None
     for node in range(cfg.nnodes):
         host = hosts[node]
         for k in range(n_eng):
@@ -217,20 +218,21 @@ def make_plan(cfg: RunConfig, run_dir: str | Path, *, preset: str = "", resume: 
         name = "trainer" + (f"_node{node}" if node else "")
         procs.insert(node, Process(name, "trainer", node, hosts[node], train, cmd, env, f"logs/{name}.log"))
     weights = cfg.dtype if cfg.dtype != "auto" else ("bfloat16" if gpu else "float32")  # resolve_dtype's rule
-    precision = describe_precision(weights, trainer_compute(cfg, weights, on_gpu=gpu),
+    precision = describe_precision(weights, trainer_compute(cfg.autocast, weights, on_gpu=gpu),
                                    engine.dtype if engine else (None if engine_kind(cfg.rollout_engine).on_trainer_module
-                                                                else engine_dtype(cfg, weights, on_gpu=gpu)),
+                                                                else engine_dtype(cfg.vllm_dtype, cfg.autocast, weights,
+                                                                                  on_gpu=gpu)),
                                    "cuda" if gpu else "cpu")
     return LaunchPlan(run_dir=run_dir, preset=preset, nnodes=cfg.nnodes, hosts=hosts, gpus_per_node=n_gpu,
                       train_ranks_per_node=ranks, backend=cfg.backend,
-                      zero_stage=sharding_of(cfg).zero_stage or None,
+                      zero_stage=sharding_of(backend_inputs(cfg)).zero_stage or None,
                       offload={"params": cfg.offload_params, "optimizer": cfg.offload_optimizer},
                       engine_urls=urls, processes=procs, visible_gpus=vis, precision=precision)
 
 
 def _max_len(cfg: RunConfig) -> int:
     """Tokens per sequence: the engines' rule (vllm_max_model_len, else prompt_max_len or 1024 + max_new_tokens)."""
-    return engine_max_len(cfg, None)
+    return engine_max_len(cfg.section(EngineSettings), cfg.prompt_max_len, cfg.max_new_tokens, None)
 
 
 def memory_checks(plan: LaunchPlan, cfg: RunConfig) -> list[tuple[str, Any]]:
@@ -241,11 +243,14 @@ def memory_checks(plan: LaunchPlan, cfg: RunConfig) -> list[tuple[str, Any]]:
     out = []
     trainer = plan.processes[0]
     if trainer.gpus:
-        sharding = sharding_of(cfg)
+        sharding = sharding_of(backend_inputs(cfg))
         # rft preflight's estimate (the trainer's rules: the no-grad passes' rows, the attention that runs), on
         # the plan's GPUs: dtype auto is bf16 there
         gcfg = cfg if cfg.dtype != "auto" else dataclasses.replace(cfg, dtype="bfloat16")
-        est = estimate_for_config(gcfg, shape, gpu=cfg.launch_gpu_type, world_size=plan.world_size,
+        est = estimate_for_config(gcfg.section(ModelSettings), cfg.section(RolloutSettings),
+                                  cfg.section(OptimizationSettings), shape, beta=cfg.beta,
+                                  optimizer_steps_per_rollout=cfg.optimizer_steps_per_rollout,
+                                  gpu=cfg.launch_gpu_type, world_size=plan.world_size,
                                   seq_len=_max_len(cfg), chunk_rows=cfg.logprob_chunk_size
                                   or auto_chunk_size(MODELS[shape].vocab), sharding=sharding,
                                   hf_generate=engine_kind(cfg.rollout_engine).on_trainer_module)
@@ -254,7 +259,7 @@ def memory_checks(plan: LaunchPlan, cfg: RunConfig) -> list[tuple[str, Any]]:
     eng = [p for p in plan.processes if p.role == "vllm"]
     if eng:
         out.append(("vllm", estimate_rollout_memory(
-            shape, gpu=cfg.launch_gpu_type, gpu_memory_utilization=engine_gpu_memory(cfg),
+            shape, gpu=cfg.launch_gpu_type, gpu_memory_utilization=engine_gpu_memory(cfg.section(EngineSettings)),
             tensor_parallel=cfg.vllm_tensor_parallel_size, weight_dtype="mxfp4" if "gpt-oss" in shape else "bf16",
             max_model_len=_max_len(cfg),
             title=f"vLLM engine GPU ({cfg.launch_gpu_type}, TP {cfg.vllm_tensor_parallel_size})")))
@@ -270,7 +275,7 @@ def generation_gather_note(cfg: RunConfig, trainer_est) -> str:
         return ""
     model_bytes = int(MODELS[shape].n_params * 2)  # bf16 weights, gathered whole
     free = max(0, int((trainer_est.capacity_gb - trainer_est.total_gb) * 1e9))
-    plan = backend_class(cfg.backend).plan_generation_gather(cfg, model_bytes, free)
+    plan = backend_class(cfg.backend).plan_generation_gather(backend_inputs(cfg), model_bytes, free)
     return "" if plan is None else f"HF generate under ZeRO-3: {plan[1]}"
 
 
@@ -319,7 +324,7 @@ def check_plan(plan: LaunchPlan, cfg: RunConfig, *, dry_run: bool = False,
             notes.append(f"GPUs: the plan uses {used}; this machine shows {have}")
     else:
         notes.append(f"CPU plan: {plan.train_ranks_per_node} trainer rank(s) per node, no GPU")
-    for problem in machine_problems(cfg):  # what the trainer would refuse at start-up (it runs on this node)
+    for problem in machine_problems(backend_inputs(cfg)):  # what the trainer would refuse at start-up (it runs on this node)
         if dry_run:
             notes.append(f"on this machine: {problem}")
         else:

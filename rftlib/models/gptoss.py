@@ -69,15 +69,15 @@ def build_gptoss_mxfp4(out_dir: str | Path, *, seed: int = 0, layers: int = 2, h
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     tok = build_tiny_tokenizer()
-    cfg = GptOssConfig(vocab_size=len(tok), hidden_size=hidden, intermediate_size=intermediate,
-                       num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
-                       head_dim=head_dim, num_local_experts=experts, num_experts_per_tok=experts_per_tok,
-                       sliding_window=sliding_window,
-                       max_position_embeddings=131072,  # gpt-oss's: YaRN factor 32 x 4096 (no memory cost)
-                       tie_word_embeddings=False,
-                       eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, bos_token_id=None)
+    arch = GptOssConfig(vocab_size=len(tok), hidden_size=hidden, intermediate_size=intermediate,
+                        num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
+                        head_dim=head_dim, num_local_experts=experts, num_experts_per_tok=experts_per_tok,
+                        sliding_window=sliding_window,
+                        max_position_embeddings=131072,  # gpt-oss's: YaRN factor 32 x 4096 (no memory cost)
+                        tie_word_embeddings=False,
+                        eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, bos_token_id=None)
     torch.manual_seed(seed)
-    model = GptOssForCausalLM(cfg).to(torch.bfloat16)
+    model = GptOssForCausalLM(arch).to(torch.bfloat16)
     gen = torch.Generator().manual_seed(seed + 1)
     state: dict[str, torch.Tensor] = {}
     for name, t in model.state_dict().items():
@@ -90,7 +90,7 @@ def build_gptoss_mxfp4(out_dir: str | Path, *, seed: int = 0, layers: int = 2, h
             state[name] = t.contiguous()
     del model
     save_file(state, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
-    d = cfg.to_dict()
+    d = arch.to_dict()
     d["quantization_config"] = {"quant_method": "mxfp4", "modules_to_not_convert": MODULES_NOT_CONVERTED}
     d["architectures"] = ["GptOssForCausalLM"]
     d["torch_dtype"] = d["dtype"] = "bfloat16"

@@ -1,8 +1,8 @@
 """Load the policy (a local HF dir, a GGUF file, or an alias), wrap it with LoRA, and give the
 trainer what it needs from it: the backbone's hidden states, the LM head, and a reference policy.
 
-``load_policy(cfg, dist)`` is the one way the trainer gets its model: dtype and placement, MXFP4
-checkpoints (gpt-oss) dequantised for training, a ZeRO-3 load whose parameters arrive partitioned
+``load_policy(model_settings, scale, dist)`` is the one way the trainer gets its model: dtype and placement,
+MXFP4 checkpoints (gpt-oss) dequantised for training, a ZeRO-3 load whose parameters arrive partitioned
 (no rank ever holds the whole model: seed 003's 120b is 234 GB in bf16 against an 80 GB GPU),
 gradient checkpointing, the device, LoRA, and a starting adapter.
 
@@ -42,6 +42,7 @@ from transformers.utils import is_torch_flex_attn_available
 from rftlib.models.cache import REPO_ROOT, cache_dir  # noqa: F401  (cache_dir: re-exported, its old home)
 from rftlib.models.memory import pick_attention
 from rftlib.models.tiny import tiny_model_dir
+from rftlib.settings import ModelSettings, ScaleSettings
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -231,34 +232,37 @@ def _load_from_hub(repo_id: str, torch_dtype, attn_implementation: str | None = 
     return _finish(repo_id, model, tok)
 
 
-def load_policy(cfg, dist, ds_config: dict | None = None):
-    """The trainer's policy and tokenizer for ``cfg`` on this rank: (model, tokenizer).
+def load_policy(model_settings: ModelSettings, scale: ScaleSettings, dist, ds_config: dict | None = None):
+    """The trainer's policy and tokenizer for a run's model section on this rank: (model, tokenizer).
 
-    - dtype: ``cfg.dtype`` (already resolved per device); an MXFP4 checkpoint is dequantised to it.
+    ``scale`` (ScaleSettings) gives ``gradient_checkpointing_use_reentrant``.
+
+    - dtype: ``model_settings.dtype`` (already resolved per device); an MXFP4 checkpoint is dequantised to it.
     - ZeRO-3 (``backend: deepspeed``, ``zero_stage: 3``): loaded partitioned (:func:`load_partitioned`), under
       ``ds_config`` (the DeepSpeed config the backend will run, rftlib.train.backends.deepspeed), so each rank
       holds 1/world of the weights from the start, on its GPU or, with ``offload_params``, in host RAM.
     - otherwise: the whole model on CPU, then moved to ``dist.device`` (single, DDP and ZeRO-1/2 keep whole
       weights on every rank anyway).
-    - attention: :func:`attention_for` ``cfg.attn_implementation`` on this rank's device (gpt-oss on CUDA:
+    - attention: :func:`attention_for` ``model_settings.attn_implementation`` on this rank's device (gpt-oss on CUDA:
       flex_attention, which never holds the (heads, T, T) scores eager attention does).
     - then gradient checkpointing, LoRA (``lora_rank`` > 0) and ``init_adapter``.
     """
     zero3 = ds_config is not None  # the backend's partitioned_load_config (rftlib.train.backends)
-    attn = attention_for(cfg.model, cfg.attn_implementation, dist.device.type)
+    attn = attention_for(model_settings.model, model_settings.attn_implementation, dist.device.type)
     if zero3:
-        model, tok = load_partitioned(cfg.model, cfg.dtype, ds_config, attn_implementation=attn)
+        model, tok = load_partitioned(model_settings.model, model_settings.dtype, ds_config,
+                                      attn_implementation=attn)
     else:
-        model, tok = load_model_and_tokenizer(cfg.model, cfg.dtype, attn_implementation=attn)
-    if cfg.gradient_checkpointing:
+        model, tok = load_model_and_tokenizer(model_settings.model, model_settings.dtype, attn_implementation=attn)
+    if model_settings.gradient_checkpointing:
         model.gradient_checkpointing_enable(
-            gradient_checkpointing_kwargs={"use_reentrant": cfg.gradient_checkpointing_use_reentrant})
+            gradient_checkpointing_kwargs={"use_reentrant": scale.gradient_checkpointing_use_reentrant})
     if not zero3:  # ZeRO-3 partitions already sit where DeepSpeed put them (GPU, or CPU with offload)
         model.to(dist.device)
-    model = apply_lora(model, rank=cfg.lora_rank, alpha=cfg.lora_alpha, dropout=cfg.lora_dropout,
-                       target_modules=cfg.lora_target_modules)
-    if cfg.init_adapter:
-        load_adapter_weights(model, cfg.init_adapter)
+    model = apply_lora(model, rank=model_settings.lora_rank, alpha=model_settings.lora_alpha,
+                       dropout=model_settings.lora_dropout, target_modules=model_settings.lora_target_modules)
+    if model_settings.init_adapter:
+        load_adapter_weights(model, model_settings.init_adapter)
     return model, tok
 
 
@@ -435,9 +439,9 @@ def apply_lora(model, *, rank: int, alpha: int, dropout: float, target_modules: 
     if missing:
         raise ValueError(f"lora_target_modules {missing} are not modules of this model; "
                          f"linear layer names here include {sorted(n for n in present if 'proj' in n)[:12]}")
-    cfg = LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=dropout, target_modules=list(target_modules),
-                     task_type="CAUSAL_LM", bias="none")
-    return get_peft_model(model, cfg)
+    lora_config = LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=dropout, target_modules=list(target_modules),
+                             task_type="CAUSAL_LM", bias="none")
+    return get_peft_model(model, lora_config)
 
 
 def resolve_dtype(name: str, device: torch.device) -> str:

@@ -113,6 +113,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from rftlib.settings import ModelSettings, OptimizationSettings, RolloutSettings
+
 GB = 1e9  # bytes; seed 003 writes "84 GB bf16" for 21B params x 4 bytes
 MIB = 2**20
 
@@ -737,42 +739,47 @@ def shape_from_hf_config(c, name: str = "loaded") -> ModelShape:
                       checkpoint="mxfp4" if str(getattr(method, "value", method)) == "mxfp4" else "bf16")
 
 
-def train_dtype_of(cfg) -> str:
-    """The estimator's dtype name for a RunConfig's (resolved) ``dtype``."""
-    return {"bfloat16": "bf16", "float16": "fp16"}.get(cfg.dtype, "fp32")
+def train_dtype_of(dtype: str) -> str:
+    """The estimator's dtype name for a model's (resolved) ``dtype`` (ModelSettings.dtype)."""
+    return {"bfloat16": "bf16", "float16": "fp16"}.get(dtype, "fp32")
 
 
-def config_attention(cfg, shape: str | ModelShape, device_type: str = "cuda") -> str:
-    """The estimator's attention for a RunConfig's run on ``device_type`` (a preflight plans for GPUs):
-    :func:`pick_attention` of ``cfg.attn_implementation`` over the model's default, as the loader resolves it
-    (rftlib.models.loading.load_policy)."""
+def config_attention(attn_implementation: str, shape: str | ModelShape, device_type: str = "cuda") -> str:
+    """The estimator's attention for a run on ``device_type`` (a preflight plans for GPUs):
+    :func:`pick_attention` of ``attn_implementation`` (ModelSettings) over the model's default, as the loader
+    resolves it (rftlib.models.loading.load_policy)."""
     m = get_model(shape)
-    return estimator_attention(pick_attention(getattr(cfg, "attn_implementation", "auto"), default=m.attention,
+    return estimator_attention(pick_attention(attn_implementation, default=m.attention,
                                               flex=m.flex_attention, device_type=device_type))
 
 
-def estimate_for_config(cfg, shape: str | ModelShape, *, gpu: str | float, world_size: int, seq_len: int,
-                        chunk_rows: int, sharding, hf_generate: bool, attention: str | None = None) -> MemoryEstimate:
-    """estimate_train_memory for a RunConfig (duck-typed: its fields), one trainer GPU of ``world_size`` ranks.
+def estimate_for_config(model: ModelSettings, rollout: RolloutSettings, optim: OptimizationSettings,
+                        shape: str | ModelShape, *, beta: float, optimizer_steps_per_rollout: int, gpu: str | float,
+                        world_size: int, seq_len: int, chunk_rows: int, sharding, hf_generate: bool,
+                        attention: str | None = None) -> MemoryEstimate:
+    """estimate_train_memory for a run's settings (its model, rollout and optimization sections), one trainer GPU
+    of ``world_size`` ranks.
 
     What depends on the backend and the engine comes from their declarations, passed in by the caller (this
     layer knows neither registry): ``sharding`` (rftlib.train.backends.sharding_of: ZeRO stage, CPU offload)
     and ``hf_generate`` (the engine generates on the trainer's module: EngineKind.on_trainer_module).
     ``attention``: the estimator's name for what runs (a loaded model's), else :func:`config_attention`.
+    ``beta`` (LossSettings) and ``optimizer_steps_per_rollout`` (RunConfig's derived value) say which no-grad
+    passes run.
 
     The no-grad passes are counted where the trainer runs them (rftlib.train.loop: the reference logprobs when
     beta > 0, the old logprobs when the update is off-policy: several optimizer steps per rollout, or an engine
     that is not the trainer's module), at ``logprob_batch_size`` rows (0: auto, up to max(micro_batch_size, 8))."""
-    off_policy = getattr(cfg, "optimizer_steps_per_rollout", 1) > 1 or not hf_generate
-    nograd = cfg.beta > 0 or off_policy
+    off_policy = optimizer_steps_per_rollout > 1 or not hf_generate
+    nograd = beta > 0 or off_policy
     return estimate_train_memory(
-        shape, gpu=gpu, train_dtype=train_dtype_of(cfg), finetune="lora" if cfg.lora_rank else "full",
-        lora_rank=max(cfg.lora_rank, 1), lora_targets=tuple(t for t in cfg.lora_target_modules
-                                                 if t in (ATTENTION if get_model(shape).is_moe else ALL_LINEAR)) or ATTENTION, sequences=cfg.micro_batch_size, seq_len=seq_len,
-        gradient_checkpointing=cfg.gradient_checkpointing, logits="chunked", logits_chunk=chunk_rows,
-        generation=(max(1, cfg.rollout_batch_size * cfg.n_samples_per_prompt // world_size), seq_len) if hf_generate
+        shape, gpu=gpu, train_dtype=train_dtype_of(model.dtype), finetune="lora" if model.lora_rank else "full",
+        lora_rank=max(model.lora_rank, 1), lora_targets=tuple(t for t in model.lora_target_modules
+                                                 if t in (ATTENTION if get_model(shape).is_moe else ALL_LINEAR)) or ATTENTION, sequences=optim.micro_batch_size, seq_len=seq_len,
+        gradient_checkpointing=model.gradient_checkpointing, logits="chunked", logits_chunk=chunk_rows,
+        generation=(max(1, rollout.rollout_batch_size * rollout.n_samples_per_prompt // world_size), seq_len) if hf_generate
         else None,
         zero_stage=sharding.zero_stage, world_size=world_size, offload=sharding.offload_params,
-        adam_offload=sharding.offload_optimizer, attention=attention or config_attention(cfg, shape),
-        nograd_sequences=(getattr(cfg, "logprob_batch_size", 0) or 0) if nograd else None,
-        nograd_most=max(cfg.micro_batch_size, 8))
+        adam_offload=sharding.offload_optimizer, attention=attention or config_attention(model.attn_implementation, shape),
+        nograd_sequences=(optim.logprob_batch_size or 0) if nograd else None,
+        nograd_most=max(optim.micro_batch_size, 8))

@@ -65,12 +65,12 @@ def build_tiny_model(out_dir: str | Path, *, seed: int = 0, hidden: int = 64, la
     out_dir = Path(out_dir)
     tok = build_tiny_tokenizer()
     torch.manual_seed(seed)
-    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=hidden, intermediate_size=hidden * 2,
-                      num_hidden_layers=layers, num_attention_heads=hidden // HEAD_DIM,
-                      num_key_value_heads=hidden // HEAD_DIM // 2,
-                      max_position_embeddings=512, tie_word_embeddings=True,
-                      eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, bos_token_id=None)
-    model = LlamaForCausalLM(cfg)
+    arch = LlamaConfig(vocab_size=len(tok), hidden_size=hidden, intermediate_size=hidden * 2,
+                       num_hidden_layers=layers, num_attention_heads=hidden // HEAD_DIM,
+                       num_key_value_heads=hidden // HEAD_DIM // 2,
+                       max_position_embeddings=512, tie_word_embeddings=True,
+                       eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, bos_token_id=None)
+    model = LlamaForCausalLM(arch)
     model.generation_config.eos_token_id = tok.eos_token_id
     model.generation_config.pad_token_id = tok.pad_token_id
     model.save_pretrained(out_dir)

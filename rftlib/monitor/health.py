@@ -3,7 +3,7 @@
 Input: the rows of ``logs/metrics.jsonl`` (one dict per step, the names the trainer writes:
 ``reward_mean``, ``has_boxed``, ``grad_norm``, ``truncated``, ``eval/ood/greedy_pass@1``, ...).
 Output: one :class:`Verdict` per rule, with the seed's recommended action in words. Rules are
-small functions registered by name in ``RULES``; ``check_health(metrics, **cfg)`` runs them all.
+small functions registered by name in ``RULES``; ``check_health(metrics, **settings)`` runs them all.
 
 Status is one of ``pass``, ``warn``, ``fail`` or ``n/a``. A rule without enough data (the metric
 was never logged, or fewer steps than it needs) says ``n/a`` and how much it needs: a smoke test
@@ -407,17 +407,17 @@ def _fold(verdicts: list[Verdict]) -> list[Verdict]:
     return ordered + [v for v in out.values() if v not in ordered]
 
 
-def check_health(metrics: Iterable[dict], rules: Iterable[str] | None = None, **cfg) -> list[Verdict]:
+def check_health(metrics: Iterable[dict], rules: Iterable[str] | None = None, **settings) -> list[Verdict]:
     """Run the named rules (all of ``RULES`` by default) over metrics rows; returns one Verdict each,
     a failing root cause first with the verdicts that follow from it folded under it (``DEPENDS``).
 
-    ``cfg`` overrides ``HEALTH_DEFAULTS`` (e.g. ``max_grad_norm=1.0`` from the run config); an
+    ``settings`` overrides ``HEALTH_DEFAULTS`` (e.g. ``max_grad_norm=1.0`` from the run config); an
     unknown key raises ValueError naming the valid ones.
     """
-    bad = sorted(set(cfg) - set(HEALTH_DEFAULTS))
+    bad = sorted(set(settings) - set(HEALTH_DEFAULTS))
     if bad:
         raise ValueError(f"unknown health setting(s) {bad}; valid: {', '.join(HEALTH_DEFAULTS)}")
-    c = {**HEALTH_DEFAULTS, **cfg}
+    c = {**HEALTH_DEFAULTS, **settings}
     rows = list(metrics)
     return _fold([RULES.get(name)(rows, c) for name in (rules if rules is not None else RULES.names())])
 

@@ -13,7 +13,8 @@ import dataclasses
 
 from rftlib.algo.logprobs import auto_chunk_size
 from rftlib.rollout.kinds import engine_kind
-from rftlib.train.backends import machine_problems, sharding_of
+from rftlib.settings import ModelSettings, OptimizationSettings, RolloutSettings
+from rftlib.train.backends import BackendInputs, machine_problems, sharding_of
 from rftlib.models.memory import (  # noqa: F401  (re-exported: the preflight's public names)
     ALL_LINEAR, ATTENTION, BYTES, GB, GPUS, LOGITS_LEAN, LOGITS_NAIVE, MODELS, TIGHT, MemoryEstimate, ModelShape,
     estimate_for_config, estimate_load_memory, estimate_rollout_memory, estimate_train_memory, get_model,
@@ -46,17 +47,20 @@ def memory_preflight(cfg) -> list[MemoryEstimate]:
     if shape is None:
         return []
     world, per_node = trainer_world(cfg)
-    sharding = sharding_of(cfg)
+    sharding = sharding_of(_backend_inputs(cfg))
     seq_len = (cfg.prompt_max_len or 1024) + cfg.max_new_tokens
     dtype_cfg = cfg if cfg.dtype != "auto" else _with_dtype(cfg, "bfloat16")  # auto on a GPU: bf16
-    train = estimate_for_config(dtype_cfg, shape, gpu=cfg.launch_gpu_type, world_size=world, seq_len=seq_len,
+    train = estimate_for_config(dtype_cfg.section(ModelSettings), cfg.section(RolloutSettings),
+                                cfg.section(OptimizationSettings), shape, beta=cfg.beta,
+                                optimizer_steps_per_rollout=cfg.optimizer_steps_per_rollout,
+                                gpu=cfg.launch_gpu_type, world_size=world, seq_len=seq_len,
                                 chunk_rows=cfg.logprob_chunk_size or auto_chunk_size(shape.vocab), sharding=sharding,
                                 hf_generate=engine_kind(cfg.rollout_engine).on_trainer_module)
     train.title = (f"{shape.name} training: one trainer GPU ({cfg.launch_gpu_type}, {cfg.backend}{sharding.label} "
                    f"x {world} rank(s))")
     trainable = lora_params(shape, cfg.lora_rank, _targets(shape, cfg)) if cfg.lora_rank else shape.n_params
     load, host = estimate_load_memory(
-        shape, gpu=cfg.launch_gpu_type, train_dtype=train_dtype_of(dtype_cfg), world_size=world,
+        shape, gpu=cfg.launch_gpu_type, train_dtype=train_dtype_of(dtype_cfg.dtype), world_size=world,
         ranks_per_node=per_node, zero_stage=sharding.zero_stage, offload=sharding.offload_params,
         adam_offload=sharding.offload_optimizer, trainable=trainable)
     return [train, load, host]
@@ -71,7 +75,11 @@ def memory_preflight_text(cfg) -> str:
                 "its estimate from the loaded config on a GPU (memory/preflight_gib)")
     else:
         text = "\n\n".join(e.table() for e in ests)
-    return text + "".join(f"\n  REFUSED on this machine: {p}" for p in machine_problems(cfg))
+    return text + "".join(f"\n  REFUSED on this machine: {p}" for p in machine_problems(_backend_inputs(cfg)))
+
+
+def _backend_inputs(cfg) -> BackendInputs:
+    return BackendInputs.of(cfg.section, train_prompts=cfg.train_prompts)
 
 
 def _targets(shape: ModelShape, cfg) -> tuple[str, ...]:

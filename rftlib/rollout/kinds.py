@@ -6,11 +6,12 @@ vLLM) or torch. Each built-in engine is declared once here, by its factory's ``"
 (rftlib.rollout.factory), imported when an engine is built (``ENGINES.get``).
 
 How to add an engine (one place): a class with the RolloutEngine contract (rftlib.rollout.base) and
-a factory ``factory(cfg, model, tok, run_dir, backend) -> engine``, declared here (``ENGINES.declare``
-with EngineKind's declarations) or registered where it is defined::
+a factory ``factory(inputs, model, tok, run_dir, backend) -> engine`` (``inputs``: :class:`EngineInputs`, the
+config's sections an engine reads), declared here (``ENGINES.declare`` with EngineKind's declarations) or
+registered where it is defined::
 
     @register_engine("my_engine", on_trainer_module=False)
-    def _my_engine(cfg, model, tok, run_dir, backend):
+    def _my_engine(inputs: EngineInputs, model, tok, run_dir, backend):
         return MyEngine(...)
 
 then ``rollout_engine: my_engine`` in a preset (tests/test_train_build.py registers a toy one).
@@ -18,24 +19,51 @@ then ``rollout_engine: my_engine`` in a preset (tests/test_train_build.py regist
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Callable
+import typing
+from dataclasses import dataclass, fields
+from typing import Callable, TypeVar
 
 from rftlib.algo.registry import Registry
+from rftlib.settings import (AttemptSettings, EngineSettings, EvalLogSettings, LaunchSettings, ModelSettings,
+                             RolloutSettings, ScaleSettings, SeedScheduleSettings)
+
+S = TypeVar("S")
 
 ENGINES = Registry("rollout engine")
-"""name -> the engine's factory(cfg, model, tok, run_dir, backend); ``engine_kind(name)`` its declarations"""
+"""name -> the engine's factory(inputs, model, tok, run_dir, backend); ``engine_kind(name)`` its declarations"""
 
 
-def _no_problems(cfg) -> list[str]:
+@dataclass(frozen=True)
+class EngineInputs:
+    """The sections of a run's settings an engine is declared and built from (typed, not the whole RunConfig):
+    what its factory and its declarations (check_config, server_processes, serves) may read. Built from a
+    config with ``EngineInputs.of(run_config.section)``."""
+
+    model: ModelSettings  # the policy (model, dtype, autocast, lora_rank)
+    rollout: RolloutSettings  # sampling (max_new_tokens)
+    engine: EngineSettings  # rollout_engine and the vllm_* settings
+    launch: LaunchSettings  # nnodes, vllm_urls, rollout_gpus
+    scale: ScaleSettings  # device
+    attempt: AttemptSettings  # seed
+    schedule: SeedScheduleSettings  # prompt_max_len, eval_n_samples, eval_temperature
+    evallog: EvalLogSettings  # torch_threads
+
+    @classmethod
+    def of(cls, section: Callable[[type[S]], S]) -> "EngineInputs":
+        """Each field's section from ``section`` (a config's ``section`` method: section class -> instance)."""
+        hints = typing.get_type_hints(cls)
+        return cls(**{f.name: section(hints[f.name]) for f in fields(cls)})
+
+
+def _no_problems(inputs: EngineInputs) -> list[str]:
     return []
 
 
-def _no_servers(cfg) -> int:
+def _no_servers(inputs: EngineInputs) -> int:
     return 0
 
 
-def _in_process(cfg) -> bool:
+def _in_process(inputs: EngineInputs) -> bool:
     return False
 
 
@@ -47,16 +75,16 @@ class EngineKind:
     on_trainer_module: bool
     """generates with the trainer's own module: the generation's memory is on the trainer's GPU (the memory
     preflight counts its KV cache), and its greedy decoding is deterministic"""
-    check_config: Callable[[Any], list[str]] = _no_problems
-    """check_config(cfg) -> problems with the config under this engine, each a sentence naming the field"""
-    server_processes: Callable[[Any], int] = _no_servers
-    """server_processes(cfg) -> engine processes a launch starts on each node (0: in the trainer, or elsewhere)"""
-    serves: Callable[[Any], bool] = _in_process
-    """serves(cfg) -> runs in server processes of its own, on GPUs (started here or already running)"""
+    check_config: Callable[[EngineInputs], list[str]] = _no_problems
+    """check_config(inputs) -> problems with the config under this engine, each a sentence naming the field"""
+    server_processes: Callable[[EngineInputs], int] = _no_servers
+    """server_processes(inputs) -> engine processes a launch starts on each node (0: in the trainer, or elsewhere)"""
+    serves: Callable[[EngineInputs], bool] = _in_process
+    """serves(inputs) -> runs in server processes of its own, on GPUs (started here or already running)"""
 
 
 def register_engine(name: str, *, on_trainer_module: bool, **declarations):
-    """Decorator: register ``factory(cfg, model, tok, run_dir, backend) -> engine`` as the engine ``name`` with
+    """Decorator: register ``factory(inputs, model, tok, run_dir, backend) -> engine`` as the engine ``name`` with
     its declarations (EngineKind's fields: check_config, server_processes, serves); returns the factory."""
     def add(factory):
         ENGINES.add(name, factory, on_trainer_module=on_trainer_module, **declarations)
@@ -70,23 +98,23 @@ def engine_kind(name: str) -> EngineKind:
     return EngineKind(name, **ENGINES.decl(name))
 
 
-def _hf_checks(cfg) -> list[str]:
+def _hf_checks(inputs: EngineInputs) -> list[str]:
     """Sampled evals at temperature 0 repeat one greedy completion n times on HF generate."""
     return [f"eval_n_samples[{probe!r}]={n} at temperature 0: HF greedy samples are identical, so n > 1 "
             "only repeats work (seed 003 sec. 9: do not combine temp 0 with n > 1; its "
             "nondet_proxy_pass@8 measures vLLM batching nondeterminism only); set "
             f"eval_temperature[{probe!r}] (seed 003: 0.6) or n 1"
-            for probe, n in cfg.eval_n_samples.items()
-            if isinstance(n, int) and n > 1 and cfg.eval_temperature.get(probe, 0.0) == 0]
+            for probe, n in inputs.schedule.eval_n_samples.items()
+            if isinstance(n, int) and n > 1 and inputs.schedule.eval_temperature.get(probe, 0.0) == 0]
 
 
-def _vllm_serves(cfg) -> bool:
-    return cfg.vllm_placement == "server"
+def _vllm_serves(inputs: EngineInputs) -> bool:
+    return inputs.engine.vllm_placement == "server"
 
 
-def _vllm_server_processes(cfg) -> int:
+def _vllm_server_processes(inputs: EngineInputs) -> int:
     """``vllm serve`` processes a launch starts per node: none colocated, none when vllm_urls name engines elsewhere."""
-    return cfg.vllm_num_engines if _vllm_serves(cfg) and not cfg.vllm_urls else 0
+    return inputs.engine.vllm_num_engines if _vllm_serves(inputs) and not inputs.launch.vllm_urls else 0
 
 
 ENGINES.declare("hf", "rftlib.rollout.factory:hf_engine", on_trainer_module=True, check_config=_hf_checks)

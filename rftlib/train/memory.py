@@ -23,7 +23,8 @@ import torch
 
 from rftlib.models.memory import estimate_for_config, estimator_attention, shape_from_hf_config
 from rftlib.rollout.kinds import engine_kind
-from rftlib.train.backends import sharding_of
+from rftlib.settings import ModelSettings, OptimizationSettings, RolloutSettings
+from rftlib.train.backends import BackendInputs, sharding_of
 
 
 def peak_rss_gib() -> float:
@@ -48,9 +49,13 @@ def preflight_gib(cfg, hf_config, world_size: int, prompt_len: int, chunk_rows: 
     """The estimate of one training GPU's peak for this run, GiB (None where it cannot say)."""
     try:
         total = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory / 1e9
-        est = estimate_for_config(cfg, shape_from_hf_config(hf_config), gpu=total, world_size=world_size,
+        est = estimate_for_config(cfg.section(ModelSettings), cfg.section(RolloutSettings),
+                                  cfg.section(OptimizationSettings), shape_from_hf_config(hf_config), beta=cfg.beta,
+                                  optimizer_steps_per_rollout=cfg.optimizer_steps_per_rollout, gpu=total,
+                                  world_size=world_size,
                                   seq_len=prompt_len + cfg.max_new_tokens, chunk_rows=chunk_rows,
-                                  sharding=sharding_of(cfg), hf_generate=engine_kind(cfg.rollout_engine).on_trainer_module,
+                                  sharding=sharding_of(BackendInputs.of(cfg.section, train_prompts=cfg.train_prompts)),
+                                  hf_generate=engine_kind(cfg.rollout_engine).on_trainer_module,
                                   attention=estimator_attention(getattr(hf_config, "_attn_implementation", None)
                                                                 or "sdpa"))
         return est.total_gb * 1e9 / 2**30

@@ -320,13 +320,13 @@ def _write_all(fd, data):
         data = data[os.write(fd, data):]
 
 
-def _limit_self(cfg, moves, ruleset_fd):
+def _limit_self(limits, moves, ruleset_fd):
     """setsid, the job filter, the work dir, Landlock, exactly the fds in ``moves`` (src ->
     target), rlimits."""
     os.setsid()
-    if cfg.get("job_filter"):  # after setsid: our pid is now also our process group's id
-        cfg["job_filter"].load(os.getpid())
-    os.chdir(cfg["work_dir"])
+    if limits.get("job_filter"):  # after setsid: our pid is now also our process group's id
+        limits["job_filter"].load(os.getpid())
+    os.chdir(limits["work_dir"])
     if ruleset_fd is not None:
         landlock_restrict(ruleset_fd)
     high = [(fcntl.fcntl(src, fcntl.F_DUPFD, 256), target) for src, target in moves]  # above every target
@@ -338,12 +338,12 @@ def _limit_self(cfg, moves, ruleset_fd):
             os.closerange(low, target)
         low = target + 1
     os.closerange(low, 1 << 16)
-    mem = cfg["memory_mb"] << 20
+    mem = limits["memory_mb"] << 20
     for res, lim in (
         (resource.RLIMIT_AS, (mem, mem)),
-        (resource.RLIMIT_FSIZE, (cfg["file_size_mb"] << 20,) * 2),
-        (resource.RLIMIT_NOFILE, (cfg["max_open_files"],) * 2),
-        (resource.RLIMIT_NPROC, (cfg["max_procs"],) * 2),
+        (resource.RLIMIT_FSIZE, (limits["file_size_mb"] << 20,) * 2),
+        (resource.RLIMIT_NOFILE, (limits["max_open_files"],) * 2),
+        (resource.RLIMIT_NPROC, (limits["max_procs"],) * 2),
         (resource.RLIMIT_CORE, (0, 0)),
         (resource.RLIMIT_MEMLOCK, (0, 0)),
         (resource.RLIMIT_MSGQUEUE, (0, 0)),
@@ -351,17 +351,17 @@ def _limit_self(cfg, moves, ruleset_fd):
         resource.setrlimit(res, lim)
 
 
-def _solution_process(cfg, moves, ruleset_fd):
+def _solution_process(limits, moves, ruleset_fd):
     """The spare: set up the limits that do not depend on the job, wait for the job, serve it.
     Never returns."""
     try:
-        _limit_self(cfg, moves, ruleset_fd)
+        _limit_self(limits, moves, ruleset_fd)
         job = recv_frame(JOB_FD)
         os.close(JOB_FD)
         if job is None:
             os._exit(0)
         used = resource.getrusage(resource.RUSAGE_SELF)
-        cpu = int(used.ru_utime + used.ru_stime + float(job.get("timeout_s") or cfg["timeout_s"])) + 2
+        cpu = int(used.ru_utime + used.ru_stime + float(job.get("timeout_s") or limits["timeout_s"])) + 2
         resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))  # the wall clock usually ends it first
         os.write(SETUP_FD, b"ok")
         os.close(SETUP_FD)
@@ -457,7 +457,7 @@ class Spare:
     """The solution's process, forked before the job exists, and the supervisor's ends of its
     pipes."""
 
-    def __init__(self, cfg, ruleset_fd):
+    def __init__(self, limits, ruleset_fd):
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
         calls_r, self.calls = os.pipe()
@@ -467,7 +467,7 @@ class Spare:
         nul = os.open("/dev/null", os.O_RDWR)
         self.pid = os.fork()
         if self.pid == 0:
-            _solution_process(cfg, ((nul, 0), (out_w, 1), (err_w, 2), (job_r, JOB_FD), (setup_w, SETUP_FD),
+            _solution_process(limits, ((nul, 0), (out_w, 1), (err_w, 2), (job_r, JOB_FD), (setup_w, SETUP_FD),
                                     (calls_r, CALLS_FD), (replies_w, REPLIES_FD)), ruleset_fd)
         for fd in (nul, out_w, err_w, calls_r, replies_w, job_r, setup_w):
             os.close(fd)
@@ -479,10 +479,10 @@ class _Wire:
     ``cap`` bytes), its stdout and stderr drained into capped buffers all the while, and the
     job's wall clock (``_Timeout``)."""
 
-    def __init__(self, spare, cfg, deadline):
+    def __init__(self, spare, limits, deadline):
         self.spare, self.deadline = spare, deadline
-        self.cap = cfg["max_result_bytes"]
-        self.out_cap = cfg["max_output_bytes"]
+        self.cap = limits["max_result_bytes"]
+        self.out_cap = limits["max_output_bytes"]
         self.bufs, self.seen = [bytearray(), bytearray()], [0, 0]
         self.open = {fd: k for k, fd in enumerate(spare.outputs)}
         for fd in spare.outputs + [spare.calls, spare.replies]:
@@ -835,11 +835,11 @@ def send_frame(fd, obj):
     _write_all(fd, len(body).to_bytes(4, "big") + body)
 
 
-def run_job(job, cfg, spare):
+def run_job(job, limits, spare):
     """Hand the solution's process its part of ``job`` (never the tests), run the tests against
     it until they end or the wall clock runs out. Killing what is left is the caller's next step."""
     t0 = time.monotonic()
-    deadline = t0 + float(job.get("timeout_s") or cfg["timeout_s"])
+    deadline = t0 + float(job.get("timeout_s") or limits["timeout_s"])
     part = {"code": job.get("code") or "", "setup": job.get("setup") or "",
             "entry_point": job.get("entry_point"), "timeout_s": job.get("timeout_s")}
     try:
@@ -847,13 +847,13 @@ def run_job(job, cfg, spare):
     except OSError:
         pass  # it died; its set-up pipe says why
     os.close(spare.job)
-    wire = _Wire(spare, cfg, deadline)
+    wire = _Wire(spare, limits, deadline)
     results, size = [], [0]
 
     def emit(rec):
         line = json.dumps(rec)
         size[0] += len(line) + 1
-        if size[0] <= cfg["max_result_bytes"]:
+        if size[0] <= limits["max_result_bytes"]:
             results.append(line)
 
     timed_out = False
@@ -892,7 +892,7 @@ def run_job(job, cfg, spare):
         "exit_code": os.WEXITSTATUS(status) if status is not None and os.WIFEXITED(status) else None,
         "signal": os.WTERMSIG(status) if status is not None and os.WIFSIGNALED(status) else None,
         "results": "".join(line + "\n" for line in results),
-        "results_truncated": size[0] > cfg["max_result_bytes"],
+        "results_truncated": size[0] > limits["max_result_bytes"],
         "stdout": wire.bufs[0].decode("utf-8", "replace"),
         "stdout_bytes": wire.seen[0],
         "stderr": wire.bufs[1].decode("utf-8", "replace"),
@@ -964,7 +964,7 @@ def _clean_work_dir(path):
 SPARES = 4  # jobs per supervisor: all their solution processes are forked before the first job
 
 
-def _supervise(cfg, ruleset_fd, proto_in, proto_out, pid1, go_r, clear_w):
+def _supervise(limits, ruleset_fd, proto_in, proto_out, pid1, go_r, clear_w):
     """Up to SPARES jobs, then exit. Never returns.
 
     The solution's spares are all forked at once, before any job exists (so each is a clean copy
@@ -981,7 +981,7 @@ def _supervise(cfg, ruleset_fd, proto_in, proto_out, pid1, go_r, clear_w):
         _, libc = _libc()
         libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)  # the job's orphans come back to us
         count = SPARES if os.path.isdir("/proc/self/task") else 1
-        spares = [Spare(cfg, ruleset_fd) for _ in range(count)]
+        spares = [Spare(limits, ruleset_fd) for _ in range(count)]
         went = os.read(go_r, 1) == b"g"
         for k, spare in enumerate(spares):
             job = recv_frame(proto_in) if went else None
@@ -989,7 +989,7 @@ def _supervise(cfg, ruleset_fd, proto_in, proto_out, pid1, go_r, clear_w):
                 if went:  # once we exit and close their job pipes
                     _kill_everything_else(pid1)
                 os._exit(EXIT_EOF)
-            reply = run_job(job, cfg, spare)
+            reply = run_job(job, limits, spare)
             # before the reply: when the trainer has it, nothing of the job is left
             if k + 1 < len(spares):
                 _kill_job([s.pid for s in spares[k + 1:]])
@@ -998,7 +998,7 @@ def _supervise(cfg, ruleset_fd, proto_in, proto_out, pid1, go_r, clear_w):
                 os.write(clear_w, b"c")
                 cleared = True
             send_frame(proto_out, reply)
-            _clean_work_dir(cfg["work_dir"])  # off the job's clock: the trainer already has its reply
+            _clean_work_dir(limits["work_dir"])  # off the job's clock: the trainer already has its reply
     except BaseException as e:
         if went and not cleared:
             _kill_everything_else(pid1)
@@ -1035,7 +1035,7 @@ def _kill_job(idle):
 # ----------------------------------------------------------------------------------------------
 
 
-def _fork_supervisor(cfg, ruleset_fd, proto_in, proto_out, pid1):
+def _fork_supervisor(limits, ruleset_fd, proto_in, proto_out, pid1):
     """(pid, go fd, clear fd) of a fresh supervisor, forked from a process that never held a job."""
     go_r, go_w = os.pipe()
     clear_r, clear_w = os.pipe()
@@ -1043,14 +1043,14 @@ def _fork_supervisor(cfg, ruleset_fd, proto_in, proto_out, pid1):
     if pid == 0:
         os.close(go_w)
         os.close(clear_r)
-        _supervise(cfg, ruleset_fd, proto_in, proto_out, pid1, go_r, clear_w)
+        _supervise(limits, ruleset_fd, proto_in, proto_out, pid1, go_r, clear_w)
     os.close(go_r)
     os.close(clear_w)
     return pid, go_w, clear_r
 
 
 def main():
-    cfg = json.loads(sys.argv[1])
+    limits = json.loads(sys.argv[1])
     signal.signal(signal.SIGINT, signal.SIG_DFL)  # PID 1 ignores signals it has no handler for
     proto_in, proto_out = os.dup(0), os.dup(1)
     nul = os.open("/dev/null", os.O_RDWR)
@@ -1060,15 +1060,15 @@ def main():
     pid1 = os.getpid() == 1
     ctypes, libc = _libc()
     libc.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)  # no /proc/<pid>/mem or ptrace into us (inherited)
-    if cfg.get("seccomp_bpf_hex"):
-        load_seccomp(bytes.fromhex(cfg["seccomp_bpf_hex"]))
-    if cfg.get("job_seccomp"):  # made ready here, once: each spare only writes its pid into it
-        cfg["job_filter"] = JobFilter(cfg["job_seccomp"])
-    os.makedirs(cfg["work_dir"], mode=0o700, exist_ok=True)
-    abi = landlock_abi() if cfg.get("landlock", True) else 0
+    if limits.get("seccomp_bpf_hex"):
+        load_seccomp(bytes.fromhex(limits["seccomp_bpf_hex"]))
+    if limits.get("job_seccomp"):  # made ready here, once: each spare only writes its pid into it
+        limits["job_filter"] = JobFilter(limits["job_seccomp"])
+    os.makedirs(limits["work_dir"], mode=0o700, exist_ok=True)
+    abi = landlock_abi() if limits.get("landlock", True) else 0
     ruleset_fd = None
     if abi:
-        ruleset_fd = landlock_ruleset(abi, cfg["read_paths"], [cfg["work_dir"]], cfg["file_rw_paths"])
+        ruleset_fd = landlock_ruleset(abi, limits["read_paths"], [limits["work_dir"]], limits["file_rw_paths"])
     send_frame(proto_out, {
         "ready": 1,
         "pid": os.getpid(),
@@ -1079,7 +1079,7 @@ def main():
     import gc  # sandbox child: just before the zygote freezes its heap and forks
 
     gc.freeze()  # what the zygote holds is never collected: forks share those pages for longer
-    args = (cfg, ruleset_fd, proto_in, proto_out, pid1)
+    args = (limits, ruleset_fd, proto_in, proto_out, pid1)
     following = _fork_supervisor(*args)
     while True:
         pid, go_w, clear_r = following

@@ -20,12 +20,15 @@ the launch plan, the process group) and default to a backend that holds a whole 
     partitions_params   each rank holds a shard of every weight (generation on the module runs in lock-step)
     needs_group_alone   one process without torchrun still joins a (one-rank) process group
     single_process      runs one process only (refused as a torchrun rank)
-    check_config(cfg) -> [problem, ...]     the backend's own rules on a RunConfig (offload, ZeRO stage, dtype)
-    check_machine(cfg) -> [problem, ...]    what this machine lacks to run it (DeepSpeed's CPU Adam build)
-    sharding(cfg) -> Sharding               ZeRO stage and CPU offload, for the memory estimates and plans
-    partitioned_load_config(cfg, world)     the config to load the policy partitioned under (ZeRO-3), else None
+    check_config(inputs) -> [problem, ...]  the backend's own rules on a run's settings (offload, ZeRO stage, dtype)
+    check_machine(inputs) -> [problem, ...] what this machine lacks to run it (DeepSpeed's CPU Adam build)
+    sharding(inputs) -> Sharding            ZeRO stage and CPU offload, for the memory estimates and plans
+    partitioned_load_config(inputs, world)  the config to load the policy partitioned under (ZeRO-3), else None
     join_group(pg_backend, device)          how this process joins torch.distributed's group
-    plan_generation_gather(cfg, model_bytes, free_bytes) -> (gather?, why) | None   HF generate on shards
+    plan_generation_gather(inputs, model_bytes, free_bytes) -> (gather?, why) | None   HF generate on shards
+
+``inputs`` is a :class:`BackendInputs`: the sections of the run's settings a backend reads (typed, not the
+whole RunConfig), built from a config with ``BackendInputs.of(run_config.section, train_prompts=...)``.
     checkpoint_format   which backends can resume each other's checkpoints (checkpoint_format_of(name))
 
 ``single`` and ``ddp`` are torch (rftlib.train.backends.torch_backend); ``deepspeed`` is DeepSpeed's
@@ -45,12 +48,37 @@ check_config=...)``), or registered where it is defined with ``BACKENDS.register
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import typing
+from dataclasses import dataclass, fields
+from typing import Callable, TypeVar
 
 from rftlib.algo.registry import Registry
+from rftlib.settings import ModelSettings, OptimizationSettings, RolloutSettings, ScaleSettings
+
+S = TypeVar("S")
 
 BACKENDS = Registry("training backend", declarations_of=lambda cls: {"check_config": cls.check_config})
-"""name -> class(cfg, dist, model, *, total_opt_steps, warmup_steps); declares ``check_config`` (the config's rules)"""
+"""name -> class(inputs, dist, model, *, total_opt_steps, warmup_steps); declares ``check_config`` (the config's
+rules)"""
+
+
+@dataclass(frozen=True)
+class BackendInputs:
+    """The sections of a run's settings a training backend is declared and built from (typed, not the whole
+    RunConfig): what its rules, its declarations and its constructor may read."""
+
+    scale: ScaleSettings  # backend, device, ZeRO stage, offload, the DeepSpeed template and checkpoint
+    model: ModelSettings  # dtype
+    optim: OptimizationSettings  # lr, Adam betas, weight decay, min_lr_ratio, max_grad_norm, micro_batch_size
+    rollout: RolloutSettings  # n_samples_per_prompt (the sequences of one optimizer step)
+    train_prompts: int  # prompts per optimizer step (RunConfig.train_prompts, derived there)
+
+    @classmethod
+    def of(cls, section: Callable[[type[S]], S], *, train_prompts: int) -> "BackendInputs":
+        """Each section field from ``section`` (a config's ``section`` method: section class -> instance)."""
+        hints = typing.get_type_hints(cls)
+        return cls(**{f.name: section(hints[f.name]) for f in fields(cls) if f.name != "train_prompts"},
+                   train_prompts=train_prompts)
 
 CHECKPOINT_FORMATS = {"single": "torch", "ddp": "torch"}
 """backend name -> checkpoint format, where several backends share one (others: their own name)"""
@@ -63,25 +91,27 @@ design (rft smoke's ZeRO-3 line, a preset) names, without spelling a backend's n
 
 # ---- the built-in backends' config rules (torch-free: the config reads them before anything is built) ----
 
-def whole_model_rules(cfg) -> list[str]:
+def whole_model_rules(inputs: BackendInputs) -> list[str]:
     """A backend that keeps the whole training state on the device (single, ddp): no CPU offload, no CPU fp16."""
     problems = []
-    if cfg.offload_params or cfg.offload_optimizer:
+    scale = inputs.scale
+    if scale.offload_params or scale.offload_optimizer:
         problems.append(f"offload_params/offload_optimizer need backend: {ZERO_BACKEND} (CPU offload is "
-                        f"DeepSpeed ZeRO's; backend '{cfg.backend}' keeps the training state on the device)")
-    if cfg.dtype == "float16" and cfg.device == "cpu":
+                        f"DeepSpeed ZeRO's; backend '{scale.backend}' keeps the training state on the device)")
+    if inputs.model.dtype == "float16" and scale.device == "cpu":
         problems.append("dtype float16 on CPU: CPUs have no fast float16 and no GradScaler path; use float32 "
                         "or bfloat16")
     return problems
 
 
-def zero_rules(cfg) -> list[str]:
+def zero_rules(inputs: BackendInputs) -> list[str]:
     """ZeRO stage 2 or 3; parameters offload only where ZeRO-3 partitions them. float16 is DeepSpeed's own
     loss-scaled path (on CPU too)."""
     problems = []
-    if cfg.zero_stage not in (2, 3):
-        problems.append(f"zero_stage={cfg.zero_stage}: rftlib drives DeepSpeed ZeRO stage 2 or 3")
-    if cfg.offload_params and cfg.zero_stage != 3:
+    scale = inputs.scale
+    if scale.zero_stage not in (2, 3):
+        problems.append(f"zero_stage={scale.zero_stage}: rftlib drives DeepSpeed ZeRO stage 2 or 3")
+    if scale.offload_params and scale.zero_stage != 3:
         problems.append("offload_params needs zero_stage 3 (ZeRO-2 partitions no parameters to offload)")
     return problems
 
@@ -116,20 +146,20 @@ class Backend:
     single_process = False  # refuses to run as one of several torchrun ranks (single)
 
     check_config = staticmethod(whole_model_rules)
-    """check_config(cfg) -> problems with ``cfg`` under this backend, each a sentence naming the field (RunConfig's
-    checks add them to the config's error)"""
+    """check_config(inputs) -> problems with a run's settings under this backend, each a sentence naming the field
+    (RunConfig's checks add them to the config's error)"""
 
     @staticmethod
-    def sharding(cfg) -> Sharding:
+    def sharding(inputs: BackendInputs) -> Sharding:
         return Sharding()
 
     @staticmethod
-    def partitioned_load_config(cfg, world_size: int) -> dict | None:
+    def partitioned_load_config(inputs: BackendInputs, world_size: int) -> dict | None:
         return None
 
     @staticmethod
-    def check_machine(cfg) -> list[str]:
-        """Problems this machine has with running ``cfg`` under this backend, found without loading anything
+    def check_machine(inputs: BackendInputs) -> list[str]:
+        """Problems this machine has with running these settings under this backend, found without loading anything
         big (what the backend will build or link at start-up), each a sentence with the fix. The trainer
         refuses them before it loads the model; ``rft launch`` refuses them (a dry run lists them) and ``rft
         preflight`` prints them. [] for a backend that needs nothing beyond torch."""
@@ -143,7 +173,7 @@ class Backend:
         tdist.init_process_group(backend=pg_backend, device_id=device if device.type == "cuda" else None)
 
     @staticmethod
-    def plan_generation_gather(cfg, model_bytes: int, free_bytes: int) -> tuple[bool, str] | None:
+    def plan_generation_gather(inputs: BackendInputs, model_bytes: int, free_bytes: int) -> tuple[bool, str] | None:
         """For HF generate on partitioned weights: (gather the whole model once per rollout?, why), judged from
         the weights' size and the free memory beside them; None where every rank holds whole weights."""
         return None
@@ -160,30 +190,32 @@ def backend_class(name: str):
     return BACKENDS.get(name)
 
 
-def check_config(name: str, cfg) -> list[str]:
-    """Problems with ``cfg`` under backend ``name`` (its declared rules; nothing imported)."""
-    return BACKENDS.decl(name)["check_config"](cfg)
+def check_config(name: str, inputs: BackendInputs) -> list[str]:
+    """Problems with a run's settings under backend ``name`` (its declared rules; nothing imported)."""
+    return BACKENDS.decl(name)["check_config"](inputs)
 
 
-def partitioned_load_config(cfg, world_size: int) -> dict | None:
+def partitioned_load_config(inputs: BackendInputs, world_size: int) -> dict | None:
     """The config under which the policy must be *loaded* partitioned (ZeRO-3: every parameter arrives as
     this rank's shard, rftlib.models.loading.load_policy), or None when the backend wraps a whole model."""
-    return backend_class(cfg.backend).partitioned_load_config(cfg, world_size)
+    return backend_class(inputs.scale.backend).partitioned_load_config(inputs, world_size)
 
 
-def machine_problems(cfg) -> list[str]:
-    """This machine's problems with ``cfg.backend`` running ``cfg`` (Backend.check_machine); [] when none."""
-    return backend_class(cfg.backend).check_machine(cfg)
+def machine_problems(inputs: BackendInputs) -> list[str]:
+    """This machine's problems with ``inputs.scale.backend`` running these settings (Backend.check_machine);
+    [] when none."""
+    return backend_class(inputs.scale.backend).check_machine(inputs)
 
 
-def sharding_of(cfg) -> Sharding:
-    """The ZeRO stage and CPU offload ``cfg.backend`` runs ``cfg`` with (Sharding() for a whole-model backend)."""
-    return backend_class(cfg.backend).sharding(cfg)
+def sharding_of(inputs: BackendInputs) -> Sharding:
+    """The ZeRO stage and CPU offload ``inputs.scale.backend`` runs with (Sharding() for a whole-model backend)."""
+    return backend_class(inputs.scale.backend).sharding(inputs)
 
 
-def make_backend(cfg, dist, model, *, total_opt_steps: int, warmup_steps: int):
-    """Build the backend ``cfg.backend`` names around ``model`` (already on dist.device)."""
-    return backend_class(cfg.backend)(cfg, dist, model, total_opt_steps=total_opt_steps, warmup_steps=warmup_steps)
+def make_backend(inputs: BackendInputs, dist, model, *, total_opt_steps: int, warmup_steps: int):
+    """Build the backend ``inputs.scale.backend`` names around ``model`` (already on dist.device)."""
+    return backend_class(inputs.scale.backend)(inputs, dist, model, total_opt_steps=total_opt_steps,
+                                               warmup_steps=warmup_steps)
 
 
 # ---- the built-in backends, declared once: their classes' "module:attr" (imported on first use) and rules ----

@@ -24,7 +24,8 @@ import torch
 
 from rftlib.models.forward import PolicyForward
 from rftlib.models.loading import cpu_adam_probe, import_deepspeed  # deepspeed's one place (the partitioned load needs it too)
-from rftlib.train.backends import Backend, Sharding, zero_rules
+from rftlib.settings import ScaleSettings
+from rftlib.train.backends import Backend, BackendInputs, Sharding, zero_rules
 from rftlib.train.backends.scheduler import make_scheduler
 
 DS_TAG = "ds"  # the tag of the one DeepSpeed checkpoint inside a step directory
@@ -38,51 +39,52 @@ def _merge(base: dict, over: dict) -> dict:
     return out
 
 
-def deepspeed_config(cfg, world_size: int, micro_steps: int) -> dict:
-    """The DeepSpeed config for ``cfg``: the user's template (``deepspeed_config``) under the values
+def deepspeed_config(inputs: BackendInputs, world_size: int, micro_steps: int) -> dict:
+    """The DeepSpeed config for a run's settings: the user's template (``deepspeed_config``) under the values
     rftlib must control (batch sizes, clipping, ZeRO stage, offload, precision, optimizer).
 
     micro_steps: micro-batches per rank per optimizer step, so that
     train_batch_size = micro_batch_size x micro_steps x world_size = train_prompts x G sequences.
     """
+    scale, optim = inputs.scale, inputs.optim
     template: dict = {}
-    if cfg.deepspeed_config:
-        path = Path(cfg.deepspeed_config)
+    if scale.deepspeed_config:
+        path = Path(scale.deepspeed_config)
         try:
             template = json.loads(path.read_text())
         except FileNotFoundError:
             raise FileNotFoundError(f"deepspeed_config: no file {path}") from None
         except json.JSONDecodeError as e:
             raise ValueError(f"deepspeed_config {path}:{e.lineno}:{e.colno}: malformed JSON: {e.msg}") from None
-    zero: dict = {"stage": cfg.zero_stage}
-    if cfg.offload_params:
+    zero: dict = {"stage": scale.zero_stage}
+    if scale.offload_params:
         zero["offload_param"] = {"device": "cpu", "pin_memory": torch.cuda.is_available()}
-    if cfg.offload_optimizer:
+    if scale.offload_optimizer:
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": torch.cuda.is_available()}
     derived = {
-        "train_micro_batch_size_per_gpu": cfg.micro_batch_size,
+        "train_micro_batch_size_per_gpu": optim.micro_batch_size,
         "gradient_accumulation_steps": micro_steps,
-        "train_batch_size": cfg.micro_batch_size * micro_steps * world_size,
-        "gradient_clipping": cfg.max_grad_norm,
+        "train_batch_size": optim.micro_batch_size * micro_steps * world_size,
+        "gradient_clipping": optim.max_grad_norm,
         "zero_optimization": zero,
-        "bf16": {"enabled": cfg.dtype == "bfloat16"},
-        "fp16": {"enabled": cfg.dtype == "float16"},
+        "bf16": {"enabled": inputs.model.dtype == "bfloat16"},
+        "fp16": {"enabled": inputs.model.dtype == "float16"},
         "optimizer": {"type": "AdamW", "params": {
-            "lr": cfg.lr, "betas": [cfg.adam_beta1, cfg.adam_beta2], "eps": 1e-8, "weight_decay": cfg.weight_decay,
+            "lr": optim.lr, "betas": [optim.adam_beta1, optim.adam_beta2], "eps": 1e-8, "weight_decay": optim.weight_decay,
             # torch's AdamW unless the optimizer is offloaded (then DeepSpeed's CPU Adam); FusedAdam
             # needs a compiled op
-            "torch_adam": not cfg.offload_optimizer, "adam_w_mode": True}},
+            "torch_adam": not scale.offload_optimizer, "adam_w_mode": True}},
         "steps_per_print": 10**9,
         "wall_clock_breakdown": False,
     }
     return _merge(template, derived)
 
 
-def deepspeed_config_for(cfg, world_size: int) -> dict:
-    """The config DeepSpeedBackend will run for ``cfg`` on ``world_size`` ranks (also what a ZeRO-3 model is
+def deepspeed_config_for(inputs: BackendInputs, world_size: int) -> dict:
+    """The config DeepSpeedBackend will run for a run's settings on ``world_size`` ranks (also what a ZeRO-3 model is
     loaded partitioned under, rftlib.models.loading.load_policy)."""
-    return deepspeed_config(cfg, world_size, cfg.train_prompts * cfg.n_samples_per_prompt // world_size
-                            // cfg.micro_batch_size)
+    return deepspeed_config(inputs, world_size, inputs.train_prompts * inputs.rollout.n_samples_per_prompt
+                            // world_size // inputs.optim.micro_batch_size)
 
 
 def cpu_adam_build_problems(facts: dict) -> list[str]:
@@ -134,14 +136,15 @@ class DeepSpeedBackend(Backend):
     check_config = staticmethod(zero_rules)  # declared with the name (rftlib.train.backends), read by the config
 
     @staticmethod
-    def check_machine(cfg) -> list[str]:
+    def check_machine(inputs: BackendInputs) -> list[str]:
         """offload_optimizer: DeepSpeed's CPU Adam must build or load here (:func:`cpu_adam_problems`)."""
-        return cpu_adam_problems() if cfg.offload_optimizer else []
+        return cpu_adam_problems() if inputs.scale.offload_optimizer else []
 
     @staticmethod
-    def sharding(cfg) -> Sharding:
-        return Sharding(zero_stage=cfg.zero_stage, offload_params=cfg.offload_params,
-                        offload_optimizer=cfg.offload_optimizer)
+    def sharding(inputs: BackendInputs) -> Sharding:
+        scale = inputs.scale
+        return Sharding(zero_stage=scale.zero_stage, offload_params=scale.offload_params,
+                        offload_optimizer=scale.offload_optimizer)
 
     @staticmethod
     def join_group(pg_backend: str, device: torch.device) -> None:
@@ -149,32 +152,32 @@ class DeepSpeedBackend(Backend):
         import_deepspeed("backend 'deepspeed'").init_distributed(dist_backend=pg_backend)
 
     @staticmethod
-    def plan_generation_gather(cfg, model_bytes: int, free_bytes: int) -> tuple[bool, str] | None:
+    def plan_generation_gather(inputs: BackendInputs, model_bytes: int, free_bytes: int) -> tuple[bool, str] | None:
         """ZeRO-3: :func:`gather_fits`; below it every rank holds the whole model (None)."""
-        return gather_fits(cfg, model_bytes, free_bytes) if cfg.zero_stage == 3 else None
+        return gather_fits(inputs.scale, model_bytes, free_bytes) if inputs.scale.zero_stage == 3 else None
 
     @staticmethod
-    def partitioned_load_config(cfg, world_size: int) -> dict | None:
+    def partitioned_load_config(inputs: BackendInputs, world_size: int) -> dict | None:
         """ZeRO-3 loads the policy partitioned under the config it will run (no rank ever holds the whole
         model: seed 003's actor patch); ZeRO-1/2 keep whole weights on every rank."""
-        return deepspeed_config_for(cfg, world_size) if cfg.zero_stage == 3 else None
+        return deepspeed_config_for(inputs, world_size) if inputs.scale.zero_stage == 3 else None
 
     @property
     def partitions_params(self) -> bool:
         """ZeRO-3 over several ranks: each rank holds a shard of every weight (generation steps in lock-step)."""
-        return self.cfg.zero_stage == 3 and self.dist.distributed
+        return self.scale.zero_stage == 3 and self.dist.distributed
 
-    def __init__(self, cfg, dist, model, *, total_opt_steps: int, warmup_steps: int):
+    def __init__(self, inputs: BackendInputs, dist, model, *, total_opt_steps: int, warmup_steps: int):
         ds = import_deepspeed("backend 'deepspeed'")
-        self.cfg, self.dist, self.model, self.ds = cfg, dist, model, ds
-        self.config = deepspeed_config_for(cfg, dist.world_size)
+        self.inputs, self.scale, self.dist, self.model, self.ds = inputs, inputs.scale, dist, model, ds
+        self.config = deepspeed_config_for(inputs, dist.world_size)
         self.micro_steps = self.config["gradient_accumulation_steps"]
         self.policy = PolicyForward(model)
         params = [p for p in model.parameters() if p.requires_grad]
         self.engine, self.optimizer, _, self.scheduler = ds.initialize(
             model=self.policy, model_parameters=params, config=self.config,
             lr_scheduler=lambda opt: make_scheduler(opt, total_steps=total_opt_steps, warmup_steps=warmup_steps,
-                                                    min_lr_ratio=cfg.min_lr_ratio))
+                                                    min_lr_ratio=inputs.optim.min_lr_ratio))
         self.params = params
         self._last = True
 
@@ -184,12 +187,12 @@ class DeepSpeedBackend(Backend):
     def generation_gather(self):
         """(the context HF generate enters once per rollout, or None; why, in words): ZeRO-3 gathers the whole
         model for a rollout when :func:`gather_fits` says so (zero3_gather_for_generation)."""
-        if self.cfg.zero_stage != 3:
+        if self.scale.zero_stage != 3:
             return None, ""
         model_bytes = sum(getattr(p, "ds_numel", p.numel()) * p.element_size() for p in self.model.parameters())
         # one decision for every rank (the gather is a collective): the tightest rank's free memory
         free = min(self.dist.gather_objects(free_memory_bytes(self.dist.device)))
-        on, why = gather_fits(self.cfg, model_bytes, free)
+        on, why = gather_fits(self.scale, model_bytes, free)
         return (self.gathered_for_generation if on else None), why
 
     @contextlib.contextmanager
@@ -203,7 +206,7 @@ class DeepSpeedBackend(Backend):
         ``unwrap_model_for_generation(gather_deepspeed3_params=True)`` does. Needs the whole model's
         weights in this rank's memory for the block (:func:`gather_fits`). A no-op below ZeRO-3.
         """
-        if self.cfg.zero_stage != 3:
+        if self.scale.zero_stage != 3:
             yield
             return
         offload = _zero3_offload(self.engine)
@@ -245,7 +248,7 @@ class DeepSpeedBackend(Backend):
     def trainable_state(self) -> dict[str, torch.Tensor]:
         """Full trainable tensors (gathered from their ZeRO-3 shards on every rank; a collective)."""
         named = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
-        with self.ds.zero.GatheredParameters([p for _, p in named], enabled=self.cfg.zero_stage == 3):
+        with self.ds.zero.GatheredParameters([p for _, p in named], enabled=self.scale.zero_stage == 3):
             return {n: p.detach().to("cpu", copy=True) for n, p in named}
 
     def adapter_state(self) -> dict[str, torch.Tensor] | None:
@@ -255,7 +258,7 @@ class DeepSpeedBackend(Backend):
         """Every rank writes its partition (DeepSpeed's own checkpoint; frozen base weights excluded) unless
         ``deepspeed_checkpoint`` is off; rank 0 writes the gathered trainable tensors and the LR schedule."""
         state = self.trainable_state()  # collective: every rank takes part
-        if self.cfg.deepspeed_checkpoint:
+        if self.scale.deepspeed_checkpoint:
             self.engine.save_checkpoint(str(tmp / "deepspeed"), tag=DS_TAG, exclude_frozen_parameters=True)
         if self.dist.is_main:
             torch.save(state, tmp / "trainable.pt")
@@ -277,8 +280,8 @@ class DeepSpeedBackend(Backend):
         missing = [n for n, _ in named if n not in state]
         if missing:
             raise KeyError(f"{d / 'trainable.pt'} lacks trainable parameters of this model: {missing[:3]}")
-        with self.ds.zero.GatheredParameters([p for _, p in named], modifier_rank=0, enabled=self.cfg.zero_stage == 3):
-            if self.dist.is_main or self.cfg.zero_stage != 3:  # ZeRO-3: rank 0 writes, DeepSpeed scatters on exit
+        with self.ds.zero.GatheredParameters([p for _, p in named], modifier_rank=0, enabled=self.scale.zero_stage == 3):
+            if self.dist.is_main or self.scale.zero_stage != 3:  # ZeRO-3: rank 0 writes, DeepSpeed scatters on exit
                 with torch.no_grad():
                     for n, p in named:
                         p.copy_(state[n].to(p.device, p.dtype))
@@ -335,21 +338,21 @@ def free_memory_bytes(device: torch.device) -> int:
     return 0
 
 
-def gather_fits(cfg, model_bytes: int, free_bytes: int) -> tuple[bool, str]:
+def gather_fits(scale: ScaleSettings, model_bytes: int, free_bytes: int) -> tuple[bool, str]:
     """Whether HF generate under ZeRO-3 gathers the whole model once per rollout
     (``zero3_gather_for_generation``), and why, in words for the plan and the step log.
 
     auto gathers when the whole model's weights take at most half the device's free memory (the other
     half: the rollout's KV cache and activations, and the gather's own transient buffers)."""
-    mode = cfg.zero3_gather_for_generation
+    mode = scale.zero3_gather_for_generation
     gib = f"{model_bytes / 2**30:.1f} GiB of weights, {free_bytes / 2**30:.1f} GiB free"
-    if cfg.backend != "deepspeed" or cfg.zero_stage != 3:
+    if scale.backend != "deepspeed" or scale.zero_stage != 3:
         return False, "not ZeRO-3: every rank holds the whole model already"
     if mode == "on":
         return True, f"gather once per rollout (zero3_gather_for_generation: on; {gib})"
     if mode == "off":
         return False, f"per-layer gathers at every decode step (zero3_gather_for_generation: off; {gib})"
-    if cfg.offload_params:
+    if scale.offload_params:
         return False, "per-layer gathers at every decode step (auto: offload_params means the model does not fit)"
     fits = 2 * model_bytes <= free_bytes
     return fits, (f"gather once per rollout (auto: {gib})" if fits else

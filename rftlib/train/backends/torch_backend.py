@@ -28,7 +28,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from rftlib.models.forward import PolicyForward
 from rftlib.models.loading import load_trainable_state
-from rftlib.train.backends import Backend
+from rftlib.train.backends import Backend, BackendInputs
 from rftlib.train.backends.scheduler import make_scheduler
 
 
@@ -47,17 +47,18 @@ class TorchBackend(Backend):
     micro_step_grads = True  # p.grad holds the accumulated gradient after each micro-step (the GNS probe reads it)
     partitions_params = False  # every rank holds whole weights
 
-    def __init__(self, cfg, dist, model, *, total_opt_steps: int, warmup_steps: int):
-        self.cfg, self.dist, self.model = cfg, dist, model
+    def __init__(self, inputs: BackendInputs, dist, model, *, total_opt_steps: int, warmup_steps: int):
+        self.inputs, self.dist, self.model = inputs, dist, model
+        optim = inputs.optim
         self.policy = PolicyForward(model)
         self.params = [p for p in model.parameters() if p.requires_grad]
         keep_float32_masters(self.params)
-        self.optimizer = torch.optim.AdamW(self.params, lr=cfg.lr, betas=(cfg.adam_beta1, cfg.adam_beta2),
-                                           weight_decay=cfg.weight_decay)
+        self.optimizer = torch.optim.AdamW(self.params, lr=optim.lr, betas=(optim.adam_beta1, optim.adam_beta2),
+                                           weight_decay=optim.weight_decay)
         self.scheduler = make_scheduler(self.optimizer, total_steps=total_opt_steps, warmup_steps=warmup_steps,
-                                        min_lr_ratio=cfg.min_lr_ratio)
+                                        min_lr_ratio=optim.min_lr_ratio)
         # float16's narrow range needs loss scaling; the scaler unscales the float32 masters' gradients
-        self.scaler = torch.amp.GradScaler(dist.device.type) if cfg.dtype == "float16" else None
+        self.scaler = torch.amp.GradScaler(dist.device.type) if inputs.model.dtype == "float16" else None
         self.module = self._wrap(self.policy)
 
     def _wrap(self, policy):
@@ -81,7 +82,7 @@ class TorchBackend(Backend):
         """
         if self.scaler is not None:
             self.scaler.unscale_(self.optimizer)
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, self.cfg.max_grad_norm))
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, self.inputs.optim.max_grad_norm))
         stepped = loss_finite and math.isfinite(grad_norm)
         if self.scaler is not None:  # the scaler skips an overflowing step itself and lowers its scale
             if loss_finite:
