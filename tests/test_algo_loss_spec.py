@@ -119,6 +119,7 @@ def test_a_registered_loss_takes_its_own_settings(toy_loss, tmp_path):
     default = make_config(None, {"policy_loss": "toy_reinforce"})  # not given: ToySettings' default
     assert default.toy_clip == 0.2 and default.loss_args == {} and clip_range(default) == (0.2, 0.2)
     assert make_config(None, {"policy_loss": "toy_reinforce", "toy_clip": "0.3"}).toy_clip == 0.3  # as the CLI gives it
+    assert make_config(None, {"policy_loss": "toy_reinforce", "loss_args": {"toy_clip": 0.3}}).toy_clip == 0.3
     preset = tmp_path / "toy.yaml"
     preset.write_text("policy_loss: toy_reinforce\ntoy_clip: 0.25\n")  # a preset names it flat, as any field
     assert make_config(preset).toy_clip == 0.25

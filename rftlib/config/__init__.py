@@ -644,7 +644,8 @@ def to_dict(cfg: RunConfig) -> dict[str, Any]:
     d = dataclasses.asdict(cfg)
     args = d.pop("loss_args")
     if cfg.policy_loss in POLICY_LOSSES:
-        d.update({f.name: getattr(cfg, f.name) for f in fields(loss_spec(cfg.policy_loss).settings) if f.name not in d})
+        own = dataclasses.asdict(cfg.section(loss_spec(cfg.policy_loss).settings))
+        d.update({k: v for k, v in own.items() if k not in d})
     d.update(args)
     return d
 
