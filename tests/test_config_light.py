@@ -54,7 +54,7 @@ def test_a_declared_name_is_imported_on_first_lookup_only():
             "from rftlib.rollout.kinds import ENGINES, engine_kind\n"
             "from rftlib.train.backends import BACKENDS\n"
             "assert POLICY_LOSSES.names() == ['cispo', 'gmpo', 'gspo', 'ppo_clip']\n"
-            "assert loss_spec('gspo').clip_fields == ('gspo_eps_clip', 'gspo_eps_clip_high')\n"
+            "assert loss_spec('gspo').settings().clip_range() == (3e-4, 4e-4)\n"
             "assert engine_kind('hf').on_trainer_module and not engine_kind('vllm').on_trainer_module\n"
             "assert BACKENDS.names() == ['ddp', 'deepspeed', 'single']\n"
             "import sys\n"

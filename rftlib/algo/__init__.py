@@ -10,9 +10,11 @@ Registries here: ADVANTAGES, AGGREGATIONS, KL_ESTIMATORS (declared in rftlib.alg
 made of. Declaring a name imports nothing; the tensor function is imported on first lookup. The LR
 schedule (warmup + cosine, OpenRLHF's) is pure maths too: rftlib.algo.schedule.
 
-How to add a loss (one place): ``@register_loss("name", clip_fields=..., aggregations=..., why=...)`` on
-the function (rftlib.algo.loss_spec shows it, and declares the built-in ones with ``declare_loss``;
-tests/test_algo_loss_spec.py registers a toy one).
+How to add a loss (one place): its settings class (a ``@dataclass`` rftlib.settings.Section with its
+fields, their ranges, and ``clip_range()``) and ``@register_loss("name", settings=..., aggregations=...,
+why=...)`` on the function; no config field is written: its settings are set by name like RunConfig's
+(rftlib.algo.loss_spec shows it, and declares the built-in ones with ``declare_loss``;
+tests/test_algo_loss_spec.py registers a toy one with its own clip, toy_clip).
 """
 
 import importlib

@@ -8,9 +8,11 @@ A policy loss is registered in POLICY_LOSSES (``register_loss``; the built-in on
 in rftlib.algo.loss_spec, which the config reads without importing this module) with the signature
     fn(logprobs, old_logprobs, advantages, mask, *, clip_low, clip_high, dual_clip, log_ratio_clamp)
         -> (loss_mat (N, T), metrics dict of detached 0-dim tensors)
-so that ``grpo_loss`` can call any of them without knowing its name, and with its LossSpec: the
-settings of its clip range, the aggregations its paper's objective is defined under and the
-checks of its own settings, which the config and the trainer read.
+so that ``grpo_loss`` can call any of them without knowing its name, and with its LossSpec: its settings
+class (a rftlib.settings Section whose fields, ranges and rules are its own settings and whose
+``clip_range()`` gives clip_low and clip_high: PPOClipSettings, GSPOSettings, CISPOSettings, GMPOSettings
+for the losses here), the aggregations its paper's objective is defined under and its default one,
+which the config and the trainer read.
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ import inspect
 import math
 import types
 import typing
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +31,7 @@ import yaml
 # the engines or the backends (tests/test_config_light.py runs `import rftlib.config` and checks)
 from rftlib.algo.catalog import (ADVANTAGES, AGGREGATIONS, KL_ESTIMATORS, KL_NOT_IN_LOSS, REWARD_SCALES,
                                  takes_scale_rewards)
-from rftlib.algo.loss_spec import AUTO, POLICY_LOSSES, loss_spec
+from rftlib.algo.loss_spec import AUTO, POLICY_LOSSES, loss_settings_owners, loss_spec
 from rftlib.algo.schedule import lr_at, warmup_steps_for
 from rftlib.data.base import registered_rewards, registered_tasks
 from rftlib.monitor.trackers import TRACKERS
@@ -62,7 +62,29 @@ class RunConfig(LaunchSettings, EngineSettings, ScaleSettings, SeedScheduleSetti
     collects its fields from its bases in reverse MRO): ``to_dict()``, the YAML keys and train.ipynb's
     parameters cell keep the order they had when this was one class. A lower layer gets its own
     section, a real instance holding only its fields: ``cfg.section(RolloutSettings)``.
+
+    A loss registered outside rftlib.settings (a test's, a user's) declares its own settings class; the
+    values given for its fields are held in ``loss_args`` and read as the other fields are: ``cfg.toy_clip``
+    (the settings class's default when not given) and ``cfg.section(ToySettings)``.
     """
+
+    loss_args: dict = field(default_factory=dict)
+    """the settings of a registered policy loss that are not RunConfig fields (its settings class declares them;
+    rftlib.algo.loss_spec), as given: {name: value}. Written flat by to_dict and read flat by make_config
+    (``toy_clip: 0.3``), so it is no parameter of its own"""
+
+    def __getattr__(self, name: str) -> Any:
+        """A registered loss's own setting that is not a RunConfig field: its value in loss_args, else its
+        settings class's default. Called only when ``name`` is not a field or attribute."""
+        if name.startswith("_") or name == "loss_args":  # copy / pickle probe dunders before __init__ ran
+            raise AttributeError(name)
+        args = self.__dict__.get("loss_args") or {}
+        if name in args:
+            return args[name]
+        for loss in loss_settings_owners().get(name, ()):
+            f = {f.name: f for f in fields(loss_spec(loss).settings)}[name]
+            return f.default_factory() if f.default is dataclasses.MISSING else f.default
+        raise AttributeError(f"'RunConfig' object has no attribute '{name}'")
 
     def rules(self) -> list[str]:
         """Every section's own rules (a section's ``rules`` sees only its fields; RunConfig is every section)."""
@@ -111,7 +133,8 @@ class RunConfig(LaunchSettings, EngineSettings, ScaleSettings, SeedScheduleSetti
 
 
 def config_fields() -> dict[str, dataclasses.Field]:
-    return {f.name: f for f in fields(RunConfig)}
+    """The parameters: RunConfig's fields but loss_args (a store of registered losses' own settings, set by name)."""
+    return {f.name: f for f in fields(RunConfig) if f.name != "loss_args"}
 
 
 def value_from_text(name: str, text: str) -> Any:
@@ -124,9 +147,10 @@ def value_from_text(name: str, text: str) -> Any:
 
 
 def field_docs() -> dict[str, str]:
-    """Each field's one-line doc, read from the attribute docstrings in rftlib.settings' source."""
+    """Each field's one-line doc, read from the attribute docstrings in rftlib.settings' source (and RunConfig's
+    own: loss_args)."""
     docs: dict[str, str] = {}
-    for cls in SECTIONS:
+    for cls in (*SECTIONS, RunConfig):
         body = ast.parse(inspect.getsource(cls)).body[0].body  # type: ignore[attr-defined]
         for node, nxt in zip(body, body[1:]):
             if isinstance(node, ast.AnnAssign) and isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant):
@@ -135,7 +159,7 @@ def field_docs() -> dict[str, str]:
 
 
 def _unknown(key: str, where: str) -> ConfigError:
-    names = list(config_fields())
+    names = list(config_fields()) + [k for k in loss_settings_owners() if k not in config_fields()]
     near = difflib.get_close_matches(key, names, n=3, cutoff=0.5)
     hint = f"; did you mean {', '.join(near)}?" if near else f"; valid names: {', '.join(names)}"
     return ConfigError(f"unknown parameter '{key}' in {where}{hint}")
@@ -159,9 +183,10 @@ def _tname(tp: Any) -> str:
     return getattr(tp, "__name__", None) if isinstance(tp, type) else str(tp).replace("typing.", "")
 
 
-def _coerce(name: str, value: Any, where: str) -> Any:
-    """Check a value's type against the field's; ints are accepted for floats; CLI strings are parsed."""
-    hints = typing.get_type_hints(RunConfig)
+def _coerce(name: str, value: Any, where: str, owner: type = RunConfig) -> Any:
+    """Check a value's type against the field's (of ``owner``: a registered loss's settings class for its own
+    settings); ints are accepted for floats; CLI strings are parsed."""
+    hints = typing.get_type_hints(owner)
     allowed = _allowed_types(hints[name])
     if isinstance(value, str) and str not in allowed:
         try:
@@ -221,21 +246,43 @@ def make_config(preset: str | Path | None = None, overrides: dict[str, Any] | No
     """Defaults <- preset <- overrides, type-checked and validated."""
     values: dict[str, Any] = {}
     known = config_fields()
+    loss_args: dict[str, Any] = {}
+
+    def put(k: str, v: Any, where: str) -> None:
+        if k in known:
+            values[k] = _coerce(k, v, where)
+        elif k == "loss_args" and isinstance(v, dict):  # RunConfig's own store, e.g. from a dict of its fields
+            for a, x in v.items():
+                put(a, x, f"{where} loss_args")
+        else:  # a registered loss's own setting (its settings class declares it), held in loss_args
+            _put_loss_arg(loss_args, k, v, where)
+
     if preset is not None:
         path = resolve_preset(preset)
         for k, v in load_yaml(path).items():
-            if k not in known:
-                raise _unknown(k, str(path))
-            values[k] = _coerce(k, v, str(path))
+            put(k, v, str(path))
     for k, v in (overrides or {}).items():
-        if k not in known:
-            raise _unknown(k, "overrides")
-        values[k] = _coerce(k, v, "overrides")
+        put(k, v, "overrides")
+    if loss_args:
+        values["loss_args"] = loss_args
     _derive_schedule(values)
     _mirror_reward_mode(values)
     cfg = RunConfig(**values)
     validate(cfg)
     return cfg
+
+
+def _put_loss_arg(loss_args: dict[str, Any], key: str, value: Any, where: str) -> None:
+    """Store ``key``, a setting of a registered loss's own settings class, type-checked against that class;
+    ConfigError listing near matches when no registered loss declares it. Whether ``policy_loss`` is its
+    loss, and its range, are checked with the config (``_validate_policy_loss``)."""
+    owners = loss_settings_owners().get(key)
+    if not owners:
+        raise _unknown(key, where)
+    v = _coerce(key, value, where, owner=loss_spec(owners[0]).settings)
+    if isinstance(v, float) and not math.isfinite(v):
+        raise ConfigError(f"{key}={v}: must be a finite number (NaN and inf are refused)")
+    loss_args[key] = v
 
 
 def _derive_schedule(values: dict[str, Any]) -> None:
@@ -461,17 +508,27 @@ def _validate_algo(cfg: RunConfig, bad) -> None:
 
 
 def _validate_policy_loss(cfg: RunConfig, bad) -> str:
-    """What the registered losses declare (rftlib.algo.loss_spec): each loss's checks of its own settings
-    (every loss's, in use or not: a bad value is wrong either way), and for cfg.policy_loss its clip
-    settings, its dual clip and its aggregations. Returns the aggregation the loss will run."""
-    values = {f.name: getattr(cfg, f.name) for f in fields(cfg)}
+    """What the registered losses declare (rftlib.algo.loss_spec): the settings in loss_args belong to
+    cfg.policy_loss; each loss's settings class checks its values (every loss's, in use or not: a bad value
+    is wrong either way; its ranges and rules, Section.check); and for cfg.policy_loss its dual clip and its
+    aggregations. Returns the aggregation the loss will run."""
+    owners = loss_settings_owners()
+    for key in cfg.loss_args:
+        if key in config_fields():
+            bad(f"loss_args holds '{key}', a RunConfig field: set {key} itself")
+        if key not in owners:
+            raise _unknown(key, "loss_args")
+        if cfg.policy_loss not in owners[key]:
+            losses = " or ".join(f"'{n}'" for n in owners[key])
+            bad(f"{key} is a setting of policy_loss {losses}; with policy_loss '{cfg.policy_loss}' it would change "
+                f"nothing: set policy_loss {owners[key][0]}, or leave {key} out")
+    checked: set[type] = set()
     for name in POLICY_LOSSES.names():
-        spec = loss_spec(name)
-        for f in spec.clip_fields:
-            if f not in values:
-                bad(f"policy_loss '{name}' takes its clip from '{f}', which is not a RunConfig field")
-        for msg in spec.validate(values):
-            bad(msg)
+        settings = loss_spec(name).settings
+        if settings not in checked:
+            checked.add(settings)
+            for msg in cfg.section(settings).check():
+                bad(msg)
     spec = loss_spec(cfg.policy_loss)
     if cfg.dual_clip is not None and not spec.dual_clip:
         bad(f"dual_clip={cfg.dual_clip} with policy_loss {cfg.policy_loss}: dual clip is a token-level PPO device "
@@ -483,7 +540,16 @@ def _validate_policy_loss(cfg: RunConfig, bad) -> str:
 
 
 def to_dict(cfg: RunConfig) -> dict[str, Any]:
-    return dataclasses.asdict(cfg)
+    """The config as {field: value}, flat: loss_args is written as its settings (``toy_clip: 0.3``), and a
+    registered policy loss's own settings that are not RunConfig fields with their values (defaults too), so
+    config.yaml says what ran and make_config reads it back. Without such a loss: RunConfig's fields alone."""
+    d = dataclasses.asdict(cfg)
+    args = d.pop("loss_args")
+    if cfg.policy_loss in POLICY_LOSSES:
+        own = dataclasses.asdict(cfg.section(loss_spec(cfg.policy_loss).settings))
+        d.update({k: v for k, v in own.items() if k not in d})
+    d.update(args)
+    return d
 
 
 def diff(a: RunConfig | dict, b: RunConfig | dict) -> dict[str, tuple[Any, Any]]:

@@ -1,7 +1,8 @@
 """Loop steps that are not pure tensor math: what the trainer calls between rollout and update.
 
-- ``loss_kwargs(cfg)``: the grpo_loss settings of a RunConfig, with each loss's own clip range and
-  aggregation read from its LossSpec (the trainer never branches on a loss name).
+- ``loss_kwargs(cfg)``: the grpo_loss settings of a RunConfig, with each loss's own clip range (its
+  settings class's ``clip_range()``) and aggregation read from its LossSpec (the trainer never branches on
+  a loss name).
 - ``loss_totals``: an optimizer batch's normalisers (rows and tokens in the loss, over every rank).
 - ``shape_rewards``: task rewards -> the rewards the advantage estimator sees (DAPO's soft overlong
   penalty, then KL in the reward).
@@ -27,10 +28,10 @@ from rftlib.algo.shaping import kl_in_reward, kl_tokens, overlong_penalty
 
 
 def clip_range(cfg) -> tuple[float, float]:
-    """(clip_low, clip_high) for cfg.policy_loss, from the settings its LossSpec names (a clip_high
-    setting of None means clip_low's: eps_clip_high None is eps_clip)."""
-    low_f, high_f = POLICY_LOSSES.get(cfg.policy_loss).clip_fields
-    low, high = getattr(cfg, low_f), getattr(cfg, high_f)
+    """(clip_low, clip_high) for cfg.policy_loss: its settings class's ``clip_range()`` on this config's
+    values of it (``cfg.section(spec.settings)``; a loss's own settings outside RunConfig's fields come from
+    ``cfg.loss_args``). A clip_high of None means clip_low's: eps_clip_high None is eps_clip."""
+    low, high = cfg.section(POLICY_LOSSES.get(cfg.policy_loss).settings).clip_range()
     return low, (low if high is None else high)
 
 
