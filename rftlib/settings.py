@@ -24,14 +24,17 @@ from typing import Any, Literal
 
 
 def ranged(default: Any = dataclasses.MISSING, *, ge: float | None = None, gt: float | None = None,
-           le: float | None = None, lt: float | None = None, msg: str = "", **kw: Any) -> Any:
+           le: float | None = None, lt: float | None = None, why: str = "", msg: str = "", **kw: Any) -> Any:
     """A dataclass field whose value must lie in a range (None passes: an optional field's None means "off").
 
-    The error reads ``name=value: <msg>``; without ``msg``, ``name=value: must be in [ge, le]``. A
-    ``msg`` says the range and why, e.g. ``temperature: float = ranged(1.0, gt=0, msg="training rollouts
-    must sample (temperature > 0); ...")``.
+    The error reads ``name=value: must be in [ge, le]``, with `` (why)`` after it when ``why`` is given
+    (``eps_clip: float = ranged(0.2, gt=0, lt=1, why="seed 003 uses 0.1-0.2")``); a ``msg`` replaces
+    everything after ``name=value: `` and must then say the range itself (``temperature: float =
+    ranged(1.0, gt=0, msg="training rollouts must sample (temperature > 0); ...")``).
     """
     meta: dict[str, Any] = {k: v for k, v in dict(ge=ge, gt=gt, le=le, lt=lt).items() if v is not None}
+    if why:
+        meta["why"] = why
     if msg:
         meta["msg"] = msg
     return field(default=default, metadata=meta, **kw)
@@ -77,7 +80,8 @@ def declared_problems(obj: Any) -> list[str]:
             continue
         if (("ge" in meta and not v >= meta["ge"]) or ("gt" in meta and not v > meta["gt"])
                 or ("le" in meta and not v <= meta["le"]) or ("lt" in meta and not v < meta["lt"])):
-            out.append(f"{f.name}={v}: {meta.get('msg') or 'must be in ' + _bounds(meta)}")
+            why = f" ({meta['why']})" if meta.get("why") else ""
+            out.append(f"{f.name}={v}: {meta.get('msg') or 'must be in ' + _bounds(meta) + why}")
     return out
 
 
