@@ -36,7 +36,7 @@ from rftlib.monitor.trackers import TRACKERS
 from rftlib.rewards.math import MODES
 from rftlib.rewards.registry import TASK_REWARD
 from rftlib.rollout.kinds import ENGINES, engine_kind
-from rftlib.train.backends import BACKENDS, check_config as backend_rules
+from rftlib.backends import BACKENDS, check_config as backend_rules
 
 PARAMS_DIR = Path(__file__).resolve().parent.parent / "params"
 

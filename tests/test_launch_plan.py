@@ -279,7 +279,7 @@ def test_launch_and_preflight_refuse_offload_optimizer_where_cpu_adam_cannot_bui
     """Issue 29 item 6: seed 003's 120B plan offloads the optimizer (DeepSpeed's CPU Adam, a C++ build at
     start-up). On a machine without ninja the launch refuses with the fix (a dry run lists it), and rft
     preflight prints it; before the fix both said nothing and the trainer died after loading 234 GB."""
-    import rftlib.train.backends.deepspeed as dsb
+    import rftlib.backends.deepspeed as dsb
     from rftlib.preflight.memory import memory_preflight_text
 
     no_ninja = dict(unavailable="", prebuilt=False, needs_cuda=False, ninja=False, cxx="/usr/bin/c++", cuda_home=None,

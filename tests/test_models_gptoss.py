@@ -148,7 +148,7 @@ def worker(out: str, model: str, mode: str) -> None:
     from rftlib.config import make_config
     from rftlib.models.gptoss import gptoss_mxfp4_dir
     from rftlib.models.loading import load_model_and_tokenizer, load_policy
-    from rftlib.train.backends.deepspeed import deepspeed_config_for
+    from rftlib.backends.deepspeed import deepspeed_config_for
     from rftlib.train.dist import init_dist
 
     cfg = make_config("tiny", dict(model=model, backend="deepspeed", zero_stage=3, lora_rank=0, dtype="float32",

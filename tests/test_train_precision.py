@@ -132,7 +132,7 @@ def test_the_residual_stream_runs_in_the_embeddings_dtype(tiny_dir, lora_rank, s
     the embedding too; autocast leaves the lookup and the residual adds alone, so every decoder layer's input
     (what gradient checkpointing keeps) is float32. Under LoRA the frozen bf16 base keeps it bfloat16."""
     from rftlib.models.loading import apply_lora, load_model_and_tokenizer
-    from rftlib.train.backends.torch_backend import keep_float32_masters
+    from rftlib.backends.torch_backend import keep_float32_masters
 
     model, tok = load_model_and_tokenizer(str(tiny_dir), "bfloat16")
     model = apply_lora(model, rank=lora_rank, alpha=2 * max(lora_rank, 1), dropout=0.0,

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from rftlib.config import make_config
-from rftlib.train.backends.deepspeed import gather_fits
+from rftlib.backends.deepspeed import gather_fits
 from rftlib.train.dist import without_group_env
 
 REPO = Path(__file__).resolve().parents[1]

@@ -36,7 +36,7 @@ from rftlib.models.precision import describe as describe_precision
 from rftlib.rollout.vllm import (API_KEY_ENV, VLLMSettings, engine_dtype, engine_gpu_memory, engine_max_len,
                                  trainer_compute)
 from rftlib.rollout.vllm_server import physical_gpus, server_command, server_env, visible_gpus
-from rftlib.train.backends import backend_class, machine_problems, sharding_of
+from rftlib.backends import backend_class, machine_problems, sharding_of
 from rftlib.train.build import check_world
 from rftlib.train.launch import torchrun_command
 

@@ -756,7 +756,7 @@ def estimate_for_config(cfg, shape: str | ModelShape, *, gpu: str | float, world
     """estimate_train_memory for a RunConfig (duck-typed: its fields), one trainer GPU of ``world_size`` ranks.
 
     What depends on the backend and the engine comes from their declarations, passed in by the caller (this
-    layer knows neither registry): ``sharding`` (rftlib.train.backends.sharding_of: ZeRO stage, CPU offload)
+    layer knows neither registry): ``sharding`` (rftlib.backends.sharding_of: ZeRO stage, CPU offload)
     and ``hf_generate`` (the engine generates on the trainer's module: EngineKind.on_trainer_module).
     ``attention``: the estimator's name for what runs (a loaded model's), else :func:`config_attention`.
 

@@ -7,7 +7,7 @@ here, and each choice of implementation from a registry, never from a branch on 
 
     task      rftlib.data.base.TASKS           (RunConfig.task, task_args)
     reward    rftlib.rewards.registry.REWARDS  (RunConfig.rewards; {} keeps the task's own)
-    backend   rftlib.train.backends.BACKENDS   (RunConfig.backend)
+    backend   rftlib.backends.BACKENDS   (RunConfig.backend)
     engine    rftlib.rollout.factory.ENGINES   (RunConfig.rollout_engine; it reads its needs off the backend)
     sampler   the task's own (Task.make_sampler) or the seeded PromptSampler
 
@@ -43,7 +43,7 @@ from rftlib.models.loading import (Reference, adapter_mismatch, adapter_refusal,
 from rftlib.monitor.metrics import MetricsLogger
 from rftlib.rewards.registry import Reward, combine_rewards
 from rftlib.rollout.factory import make_engine
-from rftlib.train.backends import machine_problems, make_backend, partitioned_load_config
+from rftlib.backends import machine_problems, make_backend, partitioned_load_config
 from rftlib.train.dist import Dist, init_dist, resolve_dtype
 from rftlib.train.sampler import PromptSampler
 
@@ -61,7 +61,7 @@ class Parts:
     model: torch.nn.Module  # the (peft-wrapped) policy on dist.device
     tok: Any
     reference: Reference  # the KL reference: the adapter disabled, never a second copy
-    backend: Any  # rftlib.train.backends
+    backend: Any  # rftlib.backends
     engine: Any  # rftlib.rollout.base.RolloutEngine
     sampler: Sampler  # rftlib.data.base.Sampler: next(k) / state() / load_state(); update() when adaptive
     logger: MetricsLogger | None  # rank 0 only

@@ -46,8 +46,8 @@ from rftlib.monitor.metrics import read_metrics
 from rftlib.rewards.registry import Reward, as_reward
 from rftlib.train import checkpoint as ckpt
 from rftlib.train import steps
-from rftlib.train.backends import checkpoint_format_of
-from rftlib.train.backends.scheduler import restart_schedule
+from rftlib.backends import checkpoint_format_of
+from rftlib.backends.scheduler import restart_schedule
 from rftlib.train.build import Parts, build
 from rftlib.train.dist import Dist
 from rftlib.train.evaluation import EVAL_KEY, eval_outcome, evaluate_probes  # noqa: F401  EVAL_KEY: importers of loop

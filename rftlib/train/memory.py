@@ -23,7 +23,7 @@ import torch
 
 from rftlib.models.memory import estimate_for_config, estimator_attention, shape_from_hf_config
 from rftlib.rollout.kinds import engine_kind
-from rftlib.train.backends import sharding_of
+from rftlib.backends import sharding_of
 
 
 def peak_rss_gib() -> float:
