@@ -33,9 +33,9 @@ from rftlib.monitor.quiet import quiet_libraries
 from rftlib.preflight.lr import lr_preflight_for_steps
 from rftlib.report.live import LiveView, TextView
 from rftlib.report.plots import Plot, honest_axis
-from rftlib.report.templates import NOTEBOOK_PARAMS, parameters_cell  # noqa: F401  (re-exported: train.ipynb's cell)
+from rftlib.notebooks import NOTEBOOK_PARAMS, parameters_cell  # noqa: F401  (re-exported: train.ipynb's cell)
 from rftlib.train.checkpoint import latest_dir, load_checkpoint
-from rftlib.train.launch import run_ranks
+from rftlib.train.torchrun import run_ranks
 from rftlib.train.loop import EVAL_KEY, Trainer, resume_config
 
 _IPY_NAMES = {"In", "Out", "get_ipython", "exit", "quit", "open"}

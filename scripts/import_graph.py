@@ -32,9 +32,9 @@ LAYERS: list[list[str]] = [
     ["data", "rollout", "monitor", "backends"],  # tasks; engines + ENGINES; metrics/health/trackers; BACKENDS
     ["config", "attempts", "eval"],              # the RunConfig (checks names against the registries); run dirs; eval
     ["train"],                                  # the builder and the loop
-    ["preflight"],                              # LR / memory preflight (reads the schedule and the model shapes)
-    ["report"],                                 # reports, live view, plots, the notebook templates
-    ["launch", "sft", "ab", "smoke"],            # detached runs; the SFT stage; A/B runs; the first-run smoke test
+    ["preflight", "eval_checkpoints"],           # LR / memory preflight; every checkpoint of an attempt evaluated
+    ["report", "notebooks"],                     # reports, live view, plots; the notebook templates (one builder)
+    ["launch", "sft", "ab", "smoke", "validate"],  # detached runs; the SFT stage; A/B runs; the smoke test; seed 002's loop validation
     ["workbench", "cli"],                        # the notebooks' and the shell's entry points
 ]
 """Declared layers, lowest first. A package not named here is reported (add it)."""

@@ -280,7 +280,7 @@ def test_launch_and_preflight_refuse_offload_optimizer_where_cpu_adam_cannot_bui
     start-up). On a machine without ninja the launch refuses with the fix (a dry run lists it), and rft
     preflight prints it; before the fix both said nothing and the trainer died after loading 234 GB."""
     import rftlib.backends.deepspeed as dsb
-    from rftlib.preflight.memory import memory_preflight_text
+    from rftlib.preflight.memory_check import memory_preflight_text
 
     no_ninja = dict(unavailable="", prebuilt=False, needs_cuda=False, ninja=False, cxx="/usr/bin/c++", cuda_home=None,
                     nvcc=False, curand=False)

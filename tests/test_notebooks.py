@@ -7,7 +7,7 @@ import papermill as pm
 import pytest
 import yaml
 
-from rftlib.report.templates import train_notebook
+from rftlib.notebooks import train_notebook
 from rftlib.workbench import collect, parameters_cell
 
 NB = "notebooks/train.ipynb"

@@ -255,7 +255,7 @@ def test_rft_train_nproc_launches_torchrun_ranks(tmp_path):
 
 
 def test_torchrun_command_for_one_and_two_nodes():
-    from rftlib.train.launch import torchrun_command
+    from rftlib.train.torchrun import torchrun_command
 
     one = torchrun_command(2, ["train", "-p", "x"], python="py")
     assert one == ["py", "-m", "torch.distributed.run", "--nproc_per_node=2", "--standalone", "-m", "rftlib.cli",

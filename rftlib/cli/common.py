@@ -18,7 +18,7 @@ from rftlib.attempts import claim_attempt_dir, run_dir_path, runs_root as resolv
 from rftlib.config import make_config, value_from_text
 from rftlib.report import publish
 from rftlib.report.index import reports_dir_for
-from rftlib.report.templates import NOTEBOOK_PARAMS
+from rftlib.notebooks import NOTEBOOK_PARAMS
 
 REPO = Path(__file__).resolve().parent.parent.parent
 TRAIN_NB = REPO / "notebooks" / "train.ipynb"

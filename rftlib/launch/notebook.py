@@ -7,8 +7,8 @@ running attempt again, ``stop=True`` with ``attach=...`` stops it (checkpoint fi
 
     papermill notebooks/launch.ipynb out.ipynb -p preset seed003-gpt-oss-20b-a28b -p dry_run True
 
-The notebook itself is built with the others by rftlib.report.templates (``launch_notebook``);
-``python -m rftlib.report.templates`` writes it. This module holds the one call its cell makes.
+The notebook itself is built with the others by rftlib.notebooks (``launch_notebook``);
+``python -m rftlib.notebooks`` writes it. This module holds the one call its cell makes.
 """
 
 from __future__ import annotations

@@ -8,7 +8,8 @@
     sampler       the seeded, resumable prompt order
     checkpoint    atomic step_N directories, step_latest, RNG state
     dist          ranks, devices, dtypes under torchrun
-    launch        rft train --nproc: starting the ranks
+    torchrun      rft train --nproc: starting the ranks under torchrun
+    step_memory   memory per step (RSS, CUDA peak) beside the estimate
 
 How to add a backend: rftlib.backends (its docstring). An engine: rftlib.rollout.factory. A
 reward: rftlib.rewards.registry. A loss: rftlib.algo.loss_spec. Each is one module and one

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from rftlib.report.validate import (KL_SMALL, PHASES, PhaseMeter, StepRecord, Validation, criteria_rows, phase_rows,
+from rftlib.validate import (KL_SMALL, PHASES, PhaseMeter, StepRecord, Validation, criteria_rows, phase_rows,
                                     sandbox_summary)
 from rftlib.rewards.sandbox import check_available
 
@@ -105,7 +105,7 @@ def test_phase_meter_charges_the_running_phase():
 
 def _run(preset, tmp_path, **over):
     from rftlib.config import make_config
-    from rftlib.report.validate import run_validation
+    from rftlib.validate import run_validation
 
     cfg = make_config(preset, {"runs_root": str(tmp_path), **over})
     return run_validation(cfg, tmp_path / "attempt", log=lambda s: None)
@@ -138,7 +138,7 @@ def test_seed002_cpu_validation_on_the_embedded_model(tmp_path):
 def test_validate_start_keeps_overrides_equal_to_0_or_false(tmp_path):
     """Item 9 of issue 30: beta=0 (seed 003's 120b setting) came back as the preset's 0.04: start() dropped every
     override equal to 0 or False. Only the notebook's own parameters at their "keep the preset's" value are kept."""
-    from rftlib.report import validate as V
+    from rftlib import validate as V
 
     cfg, _ = V.start("seed002-fizzbuzz-rtx3080-tiny-cpu", runs_root=str(tmp_path), beta=0, model="", task="",
                      num_steps=0, notes="n")
@@ -154,7 +154,7 @@ def test_validation_with_a_composite_reward_records_it_and_controls_it(tmp_path)
     main's recording wrapper and control reward never reached (control steps got -0.1 with advantage std 0, then an
     IndexError and no validation.json). Now every recorded reward is the composite's, the control steps score the
     coin flip, the criteria judge the task's component, and validation.json is written."""
-    from rftlib.report.validate import control_reward
+    from rftlib.validate import control_reward
 
     v = _run("seed002-fizzbuzz-rtx3080-tiny-cpu", tmp_path, num_steps=2,
              rewards={"task": 1.0, "truncated_penalty": 0.1})

@@ -1,5 +1,5 @@
 """The notebook templates in notebooks/, built from code so they never drift from the library.
-``python -m rftlib.report.templates`` rewrites them (outputs cleared, stable cell ids).
+``python -m rftlib.notebooks`` rewrites them (outputs cleared, stable cell ids).
 
 Each has one ``parameters`` cell of typed, commented literals (papermill ``-p NAME VALUE``;
 ``papermill --help-notebook`` lists them) and cells that only call into rftlib: the logic is in
@@ -28,7 +28,7 @@ from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
 from rftlib.config import RunConfig, config_fields, field_docs, to_dict
 
-NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
+NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
 
 # parameters of the notebook itself (not of the RunConfig)
 NOTEBOOK_PARAMS: dict[str, tuple[Any, str]] = {
@@ -95,7 +95,7 @@ def train_notebook() -> nbformat.NotebookNode:
         md("## Every checkpoint, the final one included\n\n`training_state/step_N` evaluated greedily on the "
            "held-out set into `eval/ckpt_step_N.json` (resumable; a state the trainer already evaluated is "
            "reused). Then the attempt's report, `reports/<attempt-id>.html`, and the index are (re)written."),
-        code("from rftlib.report import checkpoints, publish\n\nckpt = checkpoints.eval_checkpoints(run.run_dir)"),
+        code("from rftlib import eval_checkpoints\nfrom rftlib.report import publish\n\nckpt = eval_checkpoints.eval_checkpoints(run.run_dir)"),
         code("report = publish.write_report(run.run_dir)\nprint(f\"report: {report}\\nindex:  {report.parent / 'index.html'}\")"),
         md("## Format compliance\n\nSeed 003 section 12: when the base model's \\\\boxed{} rate on the step-0 held-out eval "
            "is below 95%, run SFT first (`rft sft`, notebooks/sft.ipynb) and start RL from its adapter."),
@@ -149,7 +149,7 @@ def sft_notebook() -> nbformat.NotebookNode:
 
 
 VALIDATE_PARAMS = '''\
-# Parameters (papermill -p NAME VALUE). Typed literals only; the work is in rftlib.report.validate.
+# Parameters (papermill -p NAME VALUE). Typed literals only; the work is in rftlib.validate.
 preset: str = "seed002-fizzbuzz-rtx3080-cpu"  # params/<name>.yaml; -cpu: SmolLM2-135M on sandboxed FizzBuzz-like code here (~1 min), -tiny-cpu: the untrained tiny model (a plumbing check, ~10 s), no suffix: the seed's GPU setup (Qwen2.5-Coder-0.5B-Instruct)
 model: str = ""  # override the preset's model (HF id or local dir); "" keeps the preset's
 task: str = ""  # override the preset's task; "" keeps the preset's
@@ -172,7 +172,7 @@ def validate_notebook() -> nbformat.NotebookNode:
            "marked as such.\n\nOn a GPU box: `papermill notebooks/validate.ipynb out.ipynb -p preset "
            "seed002-fizzbuzz-rtx3080`."),
         _params(VALIDATE_PARAMS),
-        code("from rftlib.report import validate as V\n\n"
+        code("from rftlib import validate as V\n\n"
              "cfg, run_dir = V.start(preset, attempt_id=attempt_id, overrides=overrides, model=model, task=task,\n"
              "                       num_steps=num_steps, runs_root=runs_root, notes=notes)\n"
              "v = V.run_validation(cfg, run_dir, control_steps=control_steps)\n"
