@@ -135,14 +135,15 @@ def test_seed002_cpu_validation_on_the_embedded_model(tmp_path):
     assert gen["seconds"] > 0 and math.isfinite(gen["share"]) and gen["peak_rss"] > 2 ** 27
 
 
-def test_validate_start_keeps_overrides_equal_to_0_or_false(tmp_path):
-    """Item 9 of issue 30: beta=0 (seed 003's 120b setting) came back as the preset's 0.04: start() dropped every
-    override equal to 0 or False. Only the notebook's own parameters at their "keep the preset's" value are kept."""
+def test_validate_start_keeps_values_equal_to_0_false_or_empty_and_none_is_the_presets(tmp_path):
+    """The notebooks' one convention: a named field None keeps the preset's; 0, False and "" are values (beta=0 is
+    seed 003's 120b setting, not the preset's 0.04; notes "" is an empty note, not the preset's)."""
     from rftlib import validate as V
 
-    cfg, _ = V.start("seed002-fizzbuzz-rtx3080-tiny-cpu", runs_root=str(tmp_path), beta=0, model="", task="",
-                     num_steps=0, notes="n")
+    cfg, _ = V.start("seed002-fizzbuzz-rtx3080-tiny-cpu", runs_root=str(tmp_path), beta=0, model=None, task=None,
+                     num_steps=None, notes="")
     assert cfg.beta == 0 and cfg.model == "tiny" and cfg.task == "code_problems" and cfg.num_steps == 5
+    assert cfg.notes == ""  # the preset's note is "Seed 002 loop plumbing check ..."
     cfg, _ = V.start("seed002-fizzbuzz-rtx3080-tiny-cpu", runs_root=str(tmp_path),
                      overrides={"beta": 0.0, "save_steps": 0, "gradient_checkpointing": False}, num_steps=2)
     assert cfg.beta == 0.0 and cfg.save_steps == 0 and cfg.num_steps == 2

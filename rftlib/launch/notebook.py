@@ -21,9 +21,11 @@ from rftlib.launch.supervise import stop as stop_attempt
 
 
 def run(preset: str = "default", overrides: dict[str, Any] | None = None, *, dry_run: bool = True,
-        machine_gpus: int | None = None, resume: str = "", attach: str = "", stop: bool = False,
-        watch_seconds: float = 0.0, write=print) -> str | None:
-    """The notebook's one call: plan / launch / attach / stop; the attempt's run directory (None on a dry run)."""
+        machine_gpus: int | None = None, resume: str | None = None, attach: str | None = None, stop: bool = False,
+        watch_seconds: float | None = None, write=print) -> str | None:
+    """The notebook's one call: plan / launch / attach / stop; the attempt's run directory (None on a dry run).
+    ``overrides`` are RunConfig fields over the preset, kept as given (rftlib.notebooks: one convention);
+    None is "not given" for resume, attach and watch_seconds."""
     if attach:
         if stop:
             stop_attempt(attach, write=write)
