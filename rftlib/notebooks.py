@@ -3,7 +3,7 @@
 
 Each has one ``parameters`` cell of typed, commented literals (papermill ``-p NAME VALUE``;
 ``papermill --help-notebook`` lists them) and cells that only call into rftlib: the logic is in
-rftlib.report.* where the tests reach it.
+rftlib (report, workbench, validate, sft, launch) where the tests reach it.
 
     train.ipynb     one attempt: config -> train -> plots -> every checkpoint evaluated -> report
     sft.ipynb       the SFT stage: format compliance and accuracy before/after, the adapter RL starts from

@@ -1,4 +1,4 @@
-"""Issue 19 item 7 / issue 20 item 4: each registered policy loss declares its clip settings, the
+"""Each registered policy loss declares its clip settings, the
 aggregations its objective is defined under and its own checks (rftlib.algo.loss_spec); the config
 and the trainer read the declaration and name no loss.
 

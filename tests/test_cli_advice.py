@@ -1,4 +1,4 @@
-"""A refusal's advice works where it is printed (issue 30 item 14).
+"""A refusal's advice works where it is printed.
 
 The LR preflight ended with "(pass skip_preflight=True to launch anyway)", and
 ``rft train -p tiny --set num_steps=1 --set skip_preflight=True`` answered "unknown parameter

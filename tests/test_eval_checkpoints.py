@@ -1,4 +1,4 @@
-"""``rft eval`` scores checkpoints on the trainer's own held-out set, in its precision (issue 30 item 2).
+"""``rft eval`` scores checkpoints on the trainer's own held-out set, in its precision.
 
 ``eval_checkpoints.py`` rebuilt the task without its ``task_args``: for ``code-cpu`` 120 problems of 10
 families where the trainer's held-out set was 100 of 5, for ``arithmetic-boxed`` prompts without their

@@ -1,4 +1,4 @@
-"""gpt-oss from MXFP4 (issue 22 item 3): dequantised on load, trainable with LoRA, and under ZeRO-3 loaded
+"""gpt-oss from MXFP4: dequantised on load, trainable with LoRA, and under ZeRO-3 loaded
 partitioned so that no rank ever holds the whole model.
 
 The checkpoint is rftlib.models.gptoss's: gpt-oss-shaped, experts stored as HF's gpt-oss checkpoints store
@@ -271,7 +271,7 @@ if __name__ == "__main__":
 
 
 def test_gpt_oss_loads_flex_attention_on_cuda_and_eager_elsewhere(gptoss_dir, tiny_dir):
-    """Issue 29 item 3: attn_implementation auto picks, from the class transformers builds (5.23:
+    """attn_implementation auto picks, from the class transformers builds (5.23:
     GptOssPreTrainedModel._supports_sdpa = False, _supports_flex_attn = True), flex_attention for gpt-oss on
     CUDA, which never holds eager's (heads, T, T) scores; the model's default on a CPU (transformers' flex path
     cannot apply gpt-oss's sinks there) and for a model with SDPA. The name reaches from_pretrained: the loaded

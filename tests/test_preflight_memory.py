@@ -169,7 +169,7 @@ def test_bad_inputs_name_the_valid_ones():
 
 
 def test_gpt_oss_counts_eager_attention():
-    """Issue 22 item 4: transformers runs gpt-oss with eager attention (no SDPA path; tests/test_models_gptoss.py
+    """transformers runs gpt-oss with eager attention (no SDPA path; tests/test_models_gptoss.py
     checks the loaded model says so), which holds (heads, T, T) score tensors; SDPA models do not.
 
     gpt-oss-20b, N=1, T=5120, bf16: the computed layer's scores x 2 + 2 causal masks =
@@ -188,7 +188,7 @@ def test_gpt_oss_counts_eager_attention():
 
 
 def test_load_and_host_ram_of_gpt_oss_120b():
-    """Issue 22 item 4: the load-time peak and host RAM. gpt-oss-120b, 4 ranks on one node, bf16:
+    """The load-time peak and host RAM. gpt-oss-120b, 4 ranks on one node, bf16:
     P = 116,829,156,672 params -> 233.66 GB. Loading whole (every rank, then to its GPU): 233.66 GB on an
     85.5 GB GPU (OOM) and 4 x 233.66 GB of host RAM + every rank's dequantisation of one layer's fused
     experts (128 x 2880 x 5760 = 2,123,366,400 values x (2.5 + 2.5 x 2) B = 15.93 GB). Partitioned with
@@ -228,7 +228,7 @@ def test_rft_preflight_prints_memory_for_seed003_presets():
 
 
 def test_seed000_counts_the_float32_residual_stream_its_masters_make():
-    """Issue 29 item 9: seed 000's preset (Qwen2.5-1.5B, full fine-tuning in bf16 on the single backend,
+    """Seed 000's preset (Qwen2.5-1.5B, full fine-tuning in bf16 on the single backend,
     gradient checkpointing, 128 sequences in one micro-batch) trains float32 master weights under bf16
     autocast, so the embedding's output and every residual add are float32 (tests/test_train_precision.py
     checks the running model): each checkpointed layer input is 4 bytes per element, not 2.

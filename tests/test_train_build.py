@@ -209,7 +209,7 @@ def _named_outside(root, owner: str, names: set[str], fields: set[str]) -> list[
 
 
 def test_no_module_outside_its_package_names_a_backend_or_branches_on_an_engine(tmp_path):
-    """Issue 20's rule, held: only rftlib/backends names 'deepspeed' or compares cfg.backend with a name,
+    """Only rftlib/backends names 'deepspeed' or compares cfg.backend with a name,
     only rftlib/rollout compares cfg.rollout_engine with one. attempts.PACKAGES lists installed distributions
     for an attempt's provenance (the package, not the backend): the one allowed spelling."""
     import shutil
@@ -245,7 +245,7 @@ def _saved_adapter(path, **lora):
 
 
 def test_init_adapter_of_another_lora_is_refused_naming_the_difference(tiny_cfg, tmp_path):
-    """Item 6 of issue 30: an adapter saved with lora_alpha 32 loaded into an alpha-16 policy scaled every update by
+    """An adapter saved with lora_alpha 32 loaded into an alpha-16 policy scaled every update by
     half without a word (main loaded it); a rank mismatch failed with a tensor-size error. Each is refused before
     anything loads, naming the field and the --set that builds the adapter's LoRA; the matching LoRA starts exactly
     where the adapter ended; a dropout difference (training noise only) is said and allowed."""

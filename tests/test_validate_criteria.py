@@ -1,4 +1,4 @@
-"""`rft validate`'s success criteria (seed 002), each measured, and each able to fail (issue 24).
+"""`rft validate`'s success criteria (seed 002), each measured, and each able to fail.
 
 Synthetic validations check that a criterion fails when its evidence says so (weights that did
 not change, a NaN loss, a KL that ran away, a reward out of range); a real run on the untrained
@@ -151,7 +151,7 @@ def test_validate_start_keeps_values_equal_to_0_false_or_empty_and_none_is_the_p
 
 @pytest.mark.skipif(not check_available()[0], reason=f"no sandbox here: {check_available()[1]}")
 def test_validation_with_a_composite_reward_records_it_and_controls_it(tmp_path):
-    """Item 9 of issue 30: with rewards {task: 1, truncated_penalty: 0.1} the trainer scores with the composite, which
+    """With rewards {task: 1, truncated_penalty: 0.1} the trainer scores with the composite, which
     main's recording wrapper and control reward never reached (control steps got -0.1 with advantage std 0, then an
     IndexError and no validation.json). Now every recorded reward is the composite's, the control steps score the
     coin flip, the criteria judge the task's component, and validation.json is written."""
@@ -180,7 +180,7 @@ def test_validation_with_a_composite_reward_records_it_and_controls_it(tmp_path)
 
 @pytest.mark.skipif(not check_available()[0], reason=f"no sandbox here: {check_available()[1]}")
 def test_rft_validate_passes_every_set_to_the_notebook(tmp_path):
-    """Item 9 of issue 30, end to end: `rft validate --set beta=0 --set rewards=...` (main passed only model, task,
+    """End to end: `rft validate --set beta=0 --set rewards=...` (main passed only model, task,
     num_steps and notes to the notebook, and its start() dropped values equal to 0 or False)."""
     from rftlib import cli
 
