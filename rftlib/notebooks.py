@@ -158,9 +158,9 @@ SFT_PARAMS = '''\
 # Parameters (papermill -p NAME VALUE). Typed literals only; the work is in rftlib.sft.
 preset: str = "sft-arithmetic-boxed"  # params/<name>.yaml: model, task, sft_data (the SFT split) and the schedule
 overrides: dict = {}  # RunConfig fields over the preset, kept as given (0 and False too), e.g. {"num_steps": 10, "report_to": ["tensorboard", "mlflow"]}
-notes: str | None = None  # the hypothesis, shown in the report and the index; None: the preset's
-runs_root: str | None = None  # where the attempt's run directory is made; None: the preset's
-attempt_id: str | None = None  # run directory name; None picks the next attempt-NN-<name>
+notes: str = None  # the hypothesis, shown in the report and the index; None: the preset's
+runs_root: str = None  # where the attempt's run directory is made; None: the preset's
+attempt_id: str = None  # run directory name; None picks the next attempt-NN-<name>
 '''
 
 
@@ -188,13 +188,13 @@ VALIDATE_PARAMS = '''\
 # Parameters (papermill -p NAME VALUE). Typed literals only; the work is in rftlib.validate.
 preset: str = "seed002-fizzbuzz-rtx3080-cpu"  # params/<name>.yaml; -cpu: SmolLM2-135M on sandboxed FizzBuzz-like code here (~1 min), -tiny-cpu: the untrained tiny model (a plumbing check, ~10 s), no suffix: the seed's GPU setup (Qwen2.5-Coder-0.5B-Instruct)
 overrides: dict = {}  # RunConfig fields over the preset, kept as given (0 and False too), e.g. {"rewards": {"task": 1, "truncated_penalty": 0.1}}
-model: str | None = None  # the policy (HF id or local dir); None: the preset's
-task: str | None = None  # None: the preset's
-num_steps: int | None = None  # steps with the task reward; None: the preset's (seed 002: 5)
-beta: float | None = None  # KL coefficient; None: the preset's (seed 002: 0.04); 0 is no KL term (seed 003's 120b runs)
-notes: str | None = None  # the hypothesis, shown in reports and the index; None: the preset's
-runs_root: str | None = None  # where the validation attempt's run directory is made; None: the preset's
-attempt_id: str | None = None  # run directory name; None picks the next attempt-NN-<name>
+model: str = None  # the policy (HF id or local dir); None: the preset's
+task: str = None  # None: the preset's
+num_steps: int = None  # steps with the task reward; None: the preset's (seed 002: 5)
+beta: float = None  # KL coefficient; None: the preset's (seed 002: 0.04); 0 is no KL term (seed 003's 120b runs)
+notes: str = None  # the hypothesis, shown in reports and the index; None: the preset's
+runs_root: str = None  # where the validation attempt's run directory is made; None: the preset's
+attempt_id: str = None  # run directory name; None picks the next attempt-NN-<name>
 control_steps: int = 2  # extra steps with a coin-flip reward, run only if no task step changed the weights
 '''
 
@@ -233,7 +233,7 @@ def validate_notebook() -> nbformat.NotebookNode:
 ANALYSIS_PARAMS = '''\
 # Parameters (papermill -p NAME VALUE). Typed literals only; the work is in rftlib.report.analysis.
 run_dir: str = "runs/attempt-01-smollm2-arithmetic"  # the attempt's run directory
-baseline_attempt: str = ""  # a run directory to diff the config against; "": the RunConfig defaults
+baseline_attempt: str = None  # a run directory to diff the config against; None: the RunConfig defaults
 n_samples: int = 4  # completions shown per samples table
 '''
 
