@@ -111,6 +111,11 @@ def test_train_notebook_takes_the_overrides_dict_as_the_others_do():
     assert nb["overrides"] == {"beta": 0, "save_steps": 0} and over == {"beta": 0, "save_steps": 0, "eps_clip": 0.1}
     with pytest.raises(ConfigError, match="eps_clip is given twice"):
         collect({"preset": "tiny", "overrides": {"eps_clip": 0.2}, "eps_clip": 0.1})
+    # `rft train --set overrides={...}` (the CLI checks the config and, with --nproc, makes the attempt itself)
+    from rftlib.cli.common import config_overrides
+
+    assert config_overrides({"preset": "tiny", "overrides": {"beta": 0}, "eps_clip": 0.1, "nproc": 2,
+                             "init_adapter": None}) == {"beta": 0, "eps_clip": 0.1, "init_adapter": None}
 
 
 def test_papermill_validate_beta_0_reaches_the_config(tmp_path):
