@@ -43,7 +43,7 @@ def main() -> dict:
     out = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True, check=True).stdout
     m = json.loads(out.strip().splitlines()[-1])
     measured_gb = (m["peak_mb"] - m["baseline_mb"]) * 2**20 / 1e9
-    from rftlib.preflight.memory import estimate_train_memory
+    from rftlib.preflight.memory_check import estimate_train_memory
 
     prompt = 37  # SmolLM2's chat template with its default system prompt around "Calculate a - b."
     est = estimate_train_memory("SmolLM2-135M", gpu=24.0, train_dtype="fp32", finetune="lora", lora_rank=m["rank"],

@@ -24,7 +24,7 @@ import torch
 
 from rftlib.config import ConfigError, RunConfig, config_fields, make_config, value_from_text
 from rftlib.eval import eval_dtypes
-from rftlib.report.templates import NOTEBOOK_PARAMS
+from rftlib.notebooks import NOTEBOOK_PARAMS
 from rftlib.train.steps import aggregation
 
 

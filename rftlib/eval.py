@@ -100,7 +100,7 @@ def eval_numerics(engine, precision: str | None):
 def examples_digest(examples: list[Example]) -> str:
     """A short fingerprint of an eval set (every example's id, prompt and gold answer, in order): two evals with
     the same digest scored the same problems. Eval files record it; ``rft eval`` reuses a result only when it
-    matches the set the attempt's own task gives (rftlib.report.checkpoints)."""
+    matches the set the attempt's own task gives (rftlib.eval_checkpoints)."""
     h = hashlib.sha256()
     for e in examples:
         h.update(json.dumps([e.id, e.prompt, e.answer]).encode())

@@ -552,7 +552,7 @@ class LaunchSettings(Section):
     nccl_env: dict[str, str] = field(default_factory=dict)
     """extra environment for every process of the launch (NCCL_*, e.g. NCCL_SOCKET_IFNAME for multi-node)"""
     launch_gpu_type: str = "H100-80GB"
-    """the GPU model of the nodes, for the memory preflight of each role (a name in rftlib.preflight.memory.GPUS)"""
+    """the GPU model of the nodes, for the memory preflight of each role (a name in rftlib.preflight.memory_check.GPUS)"""
 
     def rules(self) -> list[str]:
         """The layout's own consistency (rftlib.launch.plan checks it against the machine)."""

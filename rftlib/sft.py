@@ -56,6 +56,7 @@ from rftlib.data.jsonl import read_jsonl
 from rftlib.eval import eval_dtypes, greedy_eval, scored_on
 from rftlib.models.loading import apply_lora, compute_dtype, load_model_and_tokenizer
 from rftlib.monitor.metrics import MetricsLogger, read_metrics
+from rftlib.notebooks import preset_overrides
 from rftlib.report.html import Html, table
 from rftlib.report.plots import Plot
 from rftlib.rollout.hf import HFEngine
@@ -306,15 +307,11 @@ def sft_config(cfg: RunConfig, run_dir: Path, bf16: bool, max_length: int | None
         dataloader_num_workers=0, gradient_checkpointing=cfg.gradient_checkpointing)
 
 
-def start(preset: str, overrides: dict[str, Any] | None = None, *, notes: str = "", runs_root: str = "runs",
-          attempt_id: str = "") -> tuple[RunConfig, Path]:
-    """The notebook's first cell: resolve the config (preset <- overrides), create the attempt."""
-    over = dict(overrides or {})
-    if notes:
-        over["notes"] = notes
-    if runs_root != "runs":
-        over.setdefault("runs_root", runs_root)
-    cfg = make_config(preset, over)
+def start(preset: str, overrides: dict[str, Any] | None = None, *, notes: str | None = None,
+          runs_root: str | None = None, attempt_id: str | None = None) -> tuple[RunConfig, Path]:
+    """The notebook's first cell: resolve the config (the preset, ``overrides`` and the named fields by the
+    notebooks' one convention, rftlib.notebooks.preset_overrides: None keeps the preset's), create the attempt."""
+    cfg = make_config(preset, preset_overrides(overrides, notes=notes, runs_root=runs_root))
     check_sft_data(cfg)  # fail before the attempt is made and the model loads
     return cfg, create_attempt(cfg, attempt_id or None)
 

@@ -41,7 +41,7 @@ import torch
 from rftlib.attempts import runs_root as default_runs_root
 from rftlib.config import make_config
 from rftlib.models.tiny import tiny_model_dir
-from rftlib.train.backends import ZERO_BACKEND
+from rftlib.backends import ZERO_BACKEND
 from rftlib.train.dist import init_dist, shutdown_dist, without_group_env
 from rftlib.train.loop import Trainer
 

@@ -33,9 +33,9 @@ from rftlib.monitor.quiet import quiet_libraries
 from rftlib.preflight.lr import lr_preflight_for_steps
 from rftlib.report.live import LiveView, TextView
 from rftlib.report.plots import Plot, honest_axis
-from rftlib.report.templates import NOTEBOOK_PARAMS, parameters_cell  # noqa: F401  (re-exported: train.ipynb's cell)
+from rftlib.notebooks import NOTEBOOK_PARAMS, parameters_cell, preset_overrides  # noqa: F401  (re-exported: train.ipynb's cell)
 from rftlib.train.checkpoint import latest_dir, load_checkpoint
-from rftlib.train.launch import run_ranks
+from rftlib.train.torchrun import run_ranks
 from rftlib.train.loop import EVAL_KEY, Trainer, resume_config
 
 _IPY_NAMES = {"In", "Out", "get_ipython", "exit", "quit", "open"}
@@ -53,7 +53,8 @@ def collect(ns: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
             msgs.append(f"'{k}'" + (f" (did you mean {', '.join(near)}?)" if near else ""))
         raise ConfigError(f"unknown notebook parameter {', '.join(msgs)}; valid names: {', '.join(sorted(known))}")
     nb = {k: ns.get(k, v) for k, (v, _) in NOTEBOOK_PARAMS.items()}
-    overrides = {k: ns[k] for k in config_fields() if ns.get(k) is not None}
+    # the notebooks' one convention (rftlib.notebooks): the overrides dict as given, then each named field not None
+    overrides = preset_overrides(nb["overrides"], **{k: ns.get(k) for k in config_fields()})
     return nb, overrides
 
 

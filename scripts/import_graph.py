@@ -6,7 +6,7 @@ Reads every ``rftlib/**/*.py`` with ``ast`` (no import is executed), so it runs 
     python scripts/import_graph.py --root /path/to/other/checkout
     python scripts/import_graph.py --fn-imports    # also every import inside a function, classified
 
-A node is a package of rftlib (``rftlib/train/backends/x.py`` counts as ``train``) or a top-level
+A node is a package of rftlib (``rftlib/backends/x.py`` counts as ``backends``) or a top-level
 module (``config``, ``eval``, ...). Both the imports at the top of a file and those inside functions
 are counted (the second are marked ``fn``): an import hidden in a function is still an arrow. Edges
 inside one package are left out of the package graph, but module-level circles are found over every
@@ -29,20 +29,15 @@ from pathlib import Path
 LAYERS: list[list[str]] = [
     ["algo", "settings"],                       # pure maths: losses, advantages, KL, logprobs, LR schedule, registries
     ["evalmath", "models", "rewards"],           # model loading + the policy forward; reward functions + REWARDS
-    ["data", "rollout", "monitor", "train.backends"],  # tasks; engines + ENGINES; metrics/health/trackers; BACKENDS
+    ["data", "rollout", "monitor", "backends"],  # tasks; engines + ENGINES; metrics/health/trackers; BACKENDS
     ["config", "attempts", "eval"],              # the RunConfig (checks names against the registries); run dirs; eval
     ["train"],                                  # the builder and the loop
-    ["preflight"],                              # LR / memory preflight (reads the schedule and the model shapes)
-    ["report"],                                 # reports, live view, plots, the notebook templates
-    ["launch", "sft", "ab", "smoke"],            # detached runs; the SFT stage; A/B runs; the first-run smoke test
+    ["preflight", "eval_checkpoints"],           # LR / memory preflight; every checkpoint of an attempt evaluated
+    ["report", "notebooks"],                     # reports, live view, plots; the notebook templates (one builder)
+    ["launch", "sft", "ab", "smoke", "validate"],  # detached runs; the SFT stage; A/B runs; the smoke test; seed 002's loop validation
     ["workbench", "cli"],                        # the notebooks' and the shell's entry points
 ]
 """Declared layers, lowest first. A package not named here is reported (add it)."""
-
-
-SEAMS = ("train.backends",)
-"""sub-packages that are nodes of their own: a seam below the package that holds it (the backends wrap
-one module and know nothing of the loop, so the config can check names against their registry)"""
 
 
 REQUIRED: frozenset[str] = frozenset({
@@ -87,7 +82,7 @@ EXCEPTIONS: dict[tuple[str, str], str] = {
                                      "reading attempts (rft status, note, index) needs no torch",
     ("rftlib/monitor/trackers.py", "torch"): "TensorBoard's SummaryWriter, when a run starts: the config checks "
                                              "report_to against TRACKERS, and reports read trackers.json",
-    ("rftlib/train/backends/__init__.py", "torch"): "join_group's torch.distributed: the config reads BACKENDS "
+    ("rftlib/backends/__init__.py", "torch"): "join_group's torch.distributed: the config reads BACKENDS "
                                                     "and each backend's declared check_config",
     ("rftlib/launch/supervise.py", "rftlib"): "the plan, the ranks' env, resume_config and the report, where a "
                                               "launch starts or ends: rft status and rft stop read this module's "
@@ -102,14 +97,11 @@ why this file imports it, inside a function, besides its one module)."""
 
 
 def node_of(module: str) -> str | None:
-    """'rftlib.train.loop' -> 'train'; 'rftlib.train.backends.x' -> 'train.backends' (a seam); 'rftlib.config'
-    -> 'config'; non-rftlib -> None."""
+    """'rftlib.train.loop' -> 'train'; 'rftlib.backends.x' -> 'backends'; 'rftlib.config' -> 'config';
+    non-rftlib -> None."""
     parts = module.split(".")
     if parts[0] != "rftlib" or len(parts) < 2:
         return None
-    for seam in SEAMS:
-        if ".".join(parts[1:]).startswith(seam):
-            return seam
     return parts[1]
 
 

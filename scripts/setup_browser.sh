@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Idempotent install of Debian's headless-capable Chromium, used only by the report screenshot
-# tests (tests/test_notebooks_more.py): they open reports/<attempt>.html and reports/index.html,
+# tests (tests/test_notebooks_reports.py): they open reports/<attempt>.html and reports/index.html,
 # check the DOM for the embedded figures and save a screenshot of each. Without a browser those
 # tests skip with the reason; nothing else in rftlib needs one.
 #   bash scripts/setup_browser.sh        (as root, or with passwordless sudo)

@@ -10,7 +10,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # test_algo_*.py or test_rollout_vllm_*.py is in without a list to update; of train/ the modules that
 # compare floats through the model (its checkpoint, device and build tests do not).
 NUMERIC_MODULES = ("test_algo_", "test_rollout_hf", "test_rollout_vllm_", "test_eval_precision", "test_train_loop",
-                   "test_train_defects", "test_train_guardrails", "test_train_precision", "test_train_speed",
+                   "test_train_guardrails", "test_train_precision", "test_train_speed",
                    "test_train_variants", "test_train_distributed", "test_train_logprob_batch",
                    "test_train_zero3_gather")
 

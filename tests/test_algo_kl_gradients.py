@@ -1,4 +1,4 @@
-"""Issue 12 defect 4: which KL estimators regularise when they sit in the loss.
+"""Which KL estimators regularise when they sit in the loss.
 
 On a categorical policy pi = softmax(theta) over V = 5 tokens and a fixed pi_ref, each estimator is
 evaluated at every token y of the support and weighted by pi(y) (detached: a sampled token is data,

@@ -1,4 +1,4 @@
-"""The LR schedule (rftlib.algo.schedule; the optimizer's LambdaLR from rftlib.train.backends.scheduler):
+"""The LR schedule (rftlib.algo.schedule; the optimizer's LambdaLR from rftlib.backends.scheduler):
 warmup + cosine-to-min-LR, checked by hand and against transformers."""
 
 import math
@@ -8,7 +8,7 @@ import torch
 from transformers import get_scheduler
 
 from rftlib.algo.schedule import lr_at, warmup_steps_for
-from rftlib.train.backends.scheduler import make_scheduler
+from rftlib.backends.scheduler import make_scheduler
 
 CONFIGS = [  # (total_steps, warmup_ratio, lr)
     (200, 0.05, 5e-7),  # seed 003 a28: 400 prompts * 8 samples // 16 * 1 episode

@@ -1,4 +1,4 @@
-"""Issue 19 item 8: which rows the seq-mean aggregations divide by.
+"""Which rows the seq-mean aggregations divide by.
 
 ``dynamic_sampling: mask`` empties the loss mask of groups whose rewards are all equal. Those rows
 have advantage 0, so their policy loss is 0 whatever the normaliser; if the normaliser still counts

@@ -1,4 +1,4 @@
-"""Issue 19 item 4: a step whose update ran no row (every group constant, so every advantage is 0 and
+"""A step whose update ran no row (every group constant, so every advantage is 0 and
 ``skip_zero_advantage_rows`` leaves every row out) logs no entropy, rather than 0 nats, and the
 readers of the metrics (health verdicts, plots) take the missing key as "not measured".
 """

@@ -1,4 +1,4 @@
-"""Attempt numbers are claimed atomically (issue 30 item 12): two attempts started at once get two
+"""Attempt numbers are claimed atomically: two attempts started at once get two
 directories, each holding its own config.
 
 Two ``create_attempt`` calls at once once both got ``attempt-01-arm`` and one config.yaml held the

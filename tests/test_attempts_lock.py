@@ -1,4 +1,4 @@
-"""One trainer per attempt (issue 19 item 12): the live trainer holds ``<run_dir>/control/trainer.lock``.
+"""One trainer per attempt: the live trainer holds ``<run_dir>/control/trainer.lock``.
 
 After ``kill -9`` of ``rft train`` its kernel can run on and finish a checkpoint while a resume of the
 same attempt starts; with the lock the second trainer (``Trainer``, ``rft resume``, ``rft launch

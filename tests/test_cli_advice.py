@@ -1,4 +1,4 @@
-"""A refusal's advice works where it is printed (issue 30 item 14).
+"""A refusal's advice works where it is printed.
 
 The LR preflight ended with "(pass skip_preflight=True to launch anyway)", and
 ``rft train -p tiny --set num_steps=1 --set skip_preflight=True`` answered "unknown parameter
@@ -68,7 +68,7 @@ def test_the_preflight_refusal_from_rft_and_its_advice_followed(tmp_path):
 
 def test_the_preflight_refusal_names_the_notebook_and_papermill_forms_that_exist():
     from rftlib.config import ConfigError
-    from rftlib.report.templates import NOTEBOOK_PARAMS
+    from rftlib.notebooks import NOTEBOOK_PARAMS
     from rftlib.workbench import start
 
     with pytest.raises(ConfigError) as e:

@@ -1,4 +1,4 @@
-"""Every preset resolves to the same config as before the registries and the CLI were made light (issue 31).
+"""Every preset resolves to the same config as before the registries and the CLI were made light.
 
 tests/data/presets_golden.json was written from main at cd6017e, before any of that change, as
 ``{preset: to_dict(make_config(preset))}`` for every params/*.yaml plus ``<defaults>`` (make_config()), json

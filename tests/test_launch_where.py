@@ -1,4 +1,4 @@
-"""Where a launched attempt goes (issue 30 item 1): ``rft launch`` from any working directory, and with
+"""Where a launched attempt goes: ``rft launch`` from any working directory, and with
 ``RFTLIB_RUNS`` set, tells the trainer the directory it created the attempt in.
 
 It once built the trainer's ``--run-dir`` from ``runs_root`` relative to the working directory while

@@ -1,4 +1,4 @@
-"""gpt-oss from MXFP4 (issue 22 item 3): dequantised on load, trainable with LoRA, and under ZeRO-3 loaded
+"""gpt-oss from MXFP4: dequantised on load, trainable with LoRA, and under ZeRO-3 loaded
 partitioned so that no rank ever holds the whole model.
 
 The checkpoint is rftlib.models.gptoss's: gpt-oss-shaped, experts stored as HF's gpt-oss checkpoints store
@@ -149,8 +149,8 @@ def worker(out: str, model: str, mode: str) -> None:
     from rftlib.models.gptoss import gptoss_mxfp4_dir
     from rftlib.models.loading import load_model_and_tokenizer, load_policy
     from rftlib.settings import ModelSettings, ScaleSettings
-    from rftlib.train.backends import BackendInputs
-    from rftlib.train.backends.deepspeed import deepspeed_config_for
+    from rftlib.backends import BackendInputs
+    from rftlib.backends.deepspeed import deepspeed_config_for
     from rftlib.train.dist import init_dist
 
     cfg = make_config("tiny", dict(model=model, backend="deepspeed", zero_stage=3, lora_rank=0, dtype="float32",
@@ -275,7 +275,7 @@ if __name__ == "__main__":
 
 
 def test_gpt_oss_loads_flex_attention_on_cuda_and_eager_elsewhere(gptoss_dir, tiny_dir):
-    """Issue 29 item 3: attn_implementation auto picks, from the class transformers builds (5.23:
+    """attn_implementation auto picks, from the class transformers builds (5.23:
     GptOssPreTrainedModel._supports_sdpa = False, _supports_flex_attn = True), flex_attention for gpt-oss on
     CUDA, which never holds eager's (heads, T, T) scores; the model's default on a CPU (transformers' flex path
     cannot apply gpt-oss's sinks there) and for a model with SDPA. The name reaches from_pretrained: the loaded

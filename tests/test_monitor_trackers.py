@@ -169,7 +169,7 @@ def _crash_before_step(monkeypatch, n):
 
 
 def test_a_crashed_run_is_marked_failed_in_every_tracker(tiny_cfg, monkeypatch):
-    """Item 11 of issue 30: a run that ends by an exception was ended as FINISHED (MLflow), exit code 0 (wandb) and
+    """A run that ends by an exception was ended as FINISHED (MLflow), exit code 0 (wandb) and
     "finished" in trackers.json. Now each run is marked failed, and trackers.json says crashed and why."""
     pytest.importorskip("wandb")
     pytest.importorskip("mlflow")
@@ -193,7 +193,7 @@ def test_a_crashed_run_is_marked_failed_in_every_tracker(tiny_cfg, monkeypatch):
 
 
 def test_a_resume_mirrors_the_metrics_truncation_in_the_trackers(tiny_cfg, monkeypatch):
-    """Item 11 of issue 30: a crash after step 3 with the checkpoint at step 2; the resume drops step 3's row from
+    """A crash after step 3 with the checkpoint at step 2; the resume drops step 3's row from
     metrics.jsonl and logs steps 3 and 4 again. main's trackers kept the old step 3 too (MLflow history 1, 2, 3,
     3, 4), wandb wrote a second offline segment of the same id and trackers.json kept only its path, TensorBoard had
     no purge_step. Now each tracker holds every step once, with the values of the metrics file."""

@@ -1,4 +1,4 @@
-"""notebooks/train.ipynb as a researcher meets it (issue 15 items 1-3): papermill started from another
+"""notebooks/train.ipynb as a researcher meets it: papermill started from another
 directory with the kernel's working directory elsewhere (as a JupyterLab kernel in notebooks/ is),
 no rftlib runner setting RFTLIB_HEADLESS. The attempt must land in the one runs root, the executed
 notebook must hold one text line per step (not a widget) and the plot cell's PNG."""

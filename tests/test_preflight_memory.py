@@ -1,8 +1,8 @@
-"""rftlib.preflight.memory: term formulas by hand, then the four memory situations of the seeds."""
+"""rftlib.preflight.memory_check: term formulas by hand, then the four memory situations of the seeds."""
 
 import pytest
 
-from rftlib.preflight.memory import (
+from rftlib.preflight.memory_check import (
     ALL_LINEAR, GB, LOGITS_NAIVE, MODELS, estimate_rollout_memory, estimate_train_memory, lora_params,
 )
 
@@ -169,13 +169,13 @@ def test_bad_inputs_name_the_valid_ones():
 
 
 def test_gpt_oss_counts_eager_attention():
-    """Issue 22 item 4: transformers runs gpt-oss with eager attention (no SDPA path; tests/test_models_gptoss.py
+    """transformers runs gpt-oss with eager attention (no SDPA path; tests/test_models_gptoss.py
     checks the loaded model says so), which holds (heads, T, T) score tensors; SDPA models do not.
 
     gpt-oss-20b, N=1, T=5120, bf16: the computed layer's scores x 2 + 2 causal masks =
     5120 * (2*64*5120 + 2*5120) * 2 B = 6.816 GB; the saved softmax output, per token per layer,
     64 heads x 5121 columns (the sink) x 2 B, enters the activations (x2: one layer recomputed with grads)."""
-    from rftlib.preflight.memory import estimate_train_memory
+    from rftlib.preflight.memory_check import estimate_train_memory
 
     plan = dict(gpu="H100-80GB", zero_stage=3, world_size=4, sequences=1, seq_len=5120, lora_rank=32)
     e = estimate_train_memory("gpt-oss-20b", **plan)
@@ -188,14 +188,14 @@ def test_gpt_oss_counts_eager_attention():
 
 
 def test_load_and_host_ram_of_gpt_oss_120b():
-    """Issue 22 item 4: the load-time peak and host RAM. gpt-oss-120b, 4 ranks on one node, bf16:
+    """The load-time peak and host RAM. gpt-oss-120b, 4 ranks on one node, bf16:
     P = 116,829,156,672 params -> 233.66 GB. Loading whole (every rank, then to its GPU): 233.66 GB on an
     85.5 GB GPU (OOM) and 4 x 233.66 GB of host RAM + every rank's dequantisation of one layer's fused
     experts (128 x 2880 x 5760 = 2,123,366,400 values x (2.5 + 2.5 x 2) B = 15.93 GB). Partitioned with
     --offload --adam_offload: the GPU holds one gathered parameter (that tensor, 4.25 GB) + 0.5 GB context;
     host RAM the 4 offloaded partitions (233.66 GB), rank 0's dequantisation, CPU Adam on the LoRA
     (47.8M x 12 B) and 4 x 3 GB process allowances."""
-    from rftlib.preflight.memory import estimate_load_memory, lora_params
+    from rftlib.preflight.memory_check import estimate_load_memory, lora_params
 
     P, n = 116_829_156_672, 128 * 2880 * 5760
     whole_gpu, whole_host = estimate_load_memory("gpt-oss-120b", world_size=4, zero_stage=3, partitioned=False)
@@ -215,7 +215,7 @@ def test_load_and_host_ram_of_gpt_oss_120b():
 
 def test_rft_preflight_prints_memory_for_seed003_presets():
     from rftlib.config import make_config
-    from rftlib.preflight.memory import memory_preflight, memory_preflight_text
+    from rftlib.preflight.memory_check import memory_preflight, memory_preflight_text
 
     train, load, host = memory_preflight(make_config("seed003-gpt-oss-120b"))
     # flex attention on the GPUs (issue 29 item 3): no (heads, T, T) scores, in the update or the no-grad passes
@@ -228,7 +228,7 @@ def test_rft_preflight_prints_memory_for_seed003_presets():
 
 
 def test_seed000_counts_the_float32_residual_stream_its_masters_make():
-    """Issue 29 item 9: seed 000's preset (Qwen2.5-1.5B, full fine-tuning in bf16 on the single backend,
+    """Seed 000's preset (Qwen2.5-1.5B, full fine-tuning in bf16 on the single backend,
     gradient checkpointing, 128 sequences in one micro-batch) trains float32 master weights under bf16
     autocast, so the embedding's output and every residual add are float32 (tests/test_train_precision.py
     checks the running model): each checkpointed layer input is 4 bytes per element, not 2.
@@ -238,7 +238,7 @@ def test_seed000_counts_the_float32_residual_stream_its_masters_make():
     projections and MLP) + 8h (the norms' fp32 upcasts) = 119,296 B; checkpointing keeps L inputs of 4h B
     plus two layers' share: N*T*(28*4*1536 + 2*119,296) = 80.73 GB, where the bf16 count said 58.99 GB."""
     from rftlib.config import make_config
-    from rftlib.preflight.memory import memory_preflight
+    from rftlib.preflight.memory_check import memory_preflight
 
     cfg = make_config("seed000-phase15")
     assert (cfg.backend, cfg.dtype, cfg.lora_rank, cfg.gradient_checkpointing) == ("single", "bfloat16", 0, True)
@@ -272,7 +272,7 @@ def test_the_eager_term_scales_with_the_rows_the_no_grad_passes_run():
     eager attention each row holds 3 (heads, T, T + sink) score tensors and 2 causal masks at T = 1024 + 4096:
     5120 * (3 * 64 * 5121 + 2 * 5120) * 2 B = 10.17 GB a row. Before the fix the preflight counted 1 row of
     scores (micro_batch_size) and said 8 rows fit; 8 rows of scores alone are 81 GB."""
-    from rftlib.preflight.memory import memory_preflight
+    from rftlib.preflight.memory_check import memory_preflight
 
     T = 1024 + 4096
     one = T * (3 * 64 * (T + 1) + 2 * T) * 2
@@ -292,7 +292,7 @@ def test_auto_no_grad_rows_are_sized_from_memory_where_eager_scores_dominate():
     at run time). One row by hand (gpt-oss-20b, bf16, LoRA under ZeRO-3: residual stream bf16): the scores above,
     plus the stream in and out of a layer and one layer's intermediates, per token
     2*2*2880 + [2*4*2880 + 2*(3*4096 + 3*512) + 8*2880 + 2*(4*(4*2880 + 2880) + 32)] = 11,520 + 188,992 B."""
-    from rftlib.preflight.memory import memory_preflight
+    from rftlib.preflight.memory_check import memory_preflight
 
     T = 1024 + 4096
     per_row = T * (3 * 64 * (T + 1) + 2 * T) * 2 + T * (11_520 + 188_992)
@@ -313,7 +313,7 @@ def test_gpt_oss_plans_flex_attention_on_gpus_and_holds_no_scores():
     """attn_implementation auto: gpt-oss (no SDPA path in transformers, a flex one) runs flex_attention on the
     GPUs a preflight plans for, so neither the update nor the no-grad passes hold (heads, T, T) scores, and the
     no-grad passes run their 8 rows. Before the fix the preflight counted eager scores for every gpt-oss plan."""
-    from rftlib.preflight.memory import memory_preflight
+    from rftlib.preflight.memory_check import memory_preflight
 
     e = memory_preflight(_a28b())[0]
     assert _term(e, "eager attention scores") == 0 and _term(e, "no-grad eager attention scores") == 0

@@ -1,4 +1,4 @@
-"""What the notebooks rftlib executes print: only what a user should read (issue 30 item 16).
+"""What the notebooks rftlib executes print: only what a user should read.
 
 ``make demo``'s output carried three "[IPKernelApp] WARNING | Kernel is running over TCP without encryption"
 lines, one per kernel papermill started (the train notebook, the report's analysis notebook, ...).

@@ -1,4 +1,4 @@
-"""Issue 15 items 6-7 and issue 12 defect 9, without a kernel: a void A/B, honest axes, visible
+"""The report and live view without a kernel: a void A/B, honest axes, visible
 overlapping curves; the live view's Stop button, time left, memory, a whole group of samples;
 the demo's goal checked on both of its parts. Trainer rows are synthetic (the trainer's contract:
 ``_group``, ``memory/*``, ``timing/step``, ``<run_dir>/control/stop``)."""

@@ -183,11 +183,11 @@ def test_live_view_updates_widgets_with_curves_and_verdicts():
 # ---- templates -----------------------------------------------------------------------------------
 @pytest.mark.parametrize("name", ["train.ipynb", "sft.ipynb", "validate.ipynb", "analysis.ipynb", "compare.ipynb"])
 def test_committed_notebook_is_generated_clean_with_literal_parameters(name):
-    from rftlib.report.templates import TEMPLATES
+    from rftlib.notebooks import TEMPLATES
 
     nb = nbformat.read(f"notebooks/{name}", as_version=4)
     assert [c.source for c in nb.cells] == [c.source for c in TEMPLATES[name]().cells], \
-        "notebook out of date: run python -m rftlib.report.templates"
+        "notebook out of date: run python -m rftlib.notebooks"
     assert all(not c.get("outputs") and c.get("execution_count") is None for c in nb.cells if c.cell_type == "code")
     params = [c for c in nb.cells if "parameters" in c.metadata.get("tags", [])]
     assert len(params) == 1
@@ -202,7 +202,7 @@ def test_committed_notebook_is_generated_clean_with_literal_parameters(name):
 # ---- validation's controls on seed 002's problem --------------------------------------------------
 def test_validation_controls_on_fizzbuzz_run_in_the_sandbox():
     from rftlib.data.code_problems import code_problems_task
-    from rftlib.report.validate import control_completions, control_example
+    from rftlib.validate import control_completions, control_example
 
     task = code_problems_task(train_size=8)
     ex = control_example(task)

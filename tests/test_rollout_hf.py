@@ -1,4 +1,4 @@
-"""The HF rollout engine samples exactly the policy the loss assumes (issue 12: defects 5, 6, 8).
+"""The HF rollout engine samples exactly the policy the loss assumes.
 
 - a checkpoint's generation_config.json cannot change the sampling distribution: behaviour
   logprobs still equal the trainer's logprobs at temperature T;

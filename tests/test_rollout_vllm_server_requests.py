@@ -1,4 +1,4 @@
-"""Issue 29 item 5: a trainer rank hands its server engines every prompt of a call at once. Two stub vLLM
+"""A trainer rank hands its server engines every prompt of a call at once. Two stub vLLM
 servers (the OpenAI-compatible routes the engine uses: /health, /v1/completions) record how many sequences
 each was given at the same time; vLLM itself is not needed, so this runs anywhere."""
 

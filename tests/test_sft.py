@@ -87,7 +87,7 @@ def test_sft_refuses_a_split_that_holds_held_out_prompts(tmp_path):
 
 
 def test_sft_takes_seed003_prepared_data_and_compares_problems_not_prompt_text(tmp_path):
-    """Item 3 of issue 30: the prepared task appends an instruction to every problem, prepare's sft_train.jsonl holds
+    """The prepared task appends an instruction to every problem, prepare's sft_train.jsonl holds
     bare problems; the split is accepted, shown to the model as the task shows its prompts, and held-out problems
     are found by the prepare pipeline's identity (its hash), whatever the wording around them."""
     from rftlib.data import prepare as prep
@@ -130,7 +130,7 @@ def test_sft_takes_seed003_prepared_data_and_compares_problems_not_prompt_text(t
 
 
 def test_sft_trains_every_row_whole_within_the_attempts_budget(tmp_path, monkeypatch):
-    """Item 4 of issue 30: a row longer than TRL's default max_length (1024) that fits the attempt's budget is trained
+    """A row longer than TRL's default max_length (1024) that fits the attempt's budget is trained
     whole, not cut from its end; a row whose answer is longer than max_new_tokens (the RL stage would cut it) is left
     out and reported, never trained cut."""
     from rftlib.data.base import build_task
@@ -223,7 +223,7 @@ def test_rl_starts_from_the_sft_adapter_and_its_report_links_the_parent(sft_run,
 
 
 def test_rl_from_an_sft_adapter_refuses_a_held_out_set_the_sft_trained_on(sft_run, tiny_cfg, tmp_path):
-    """Item 7 of issue 30: the SFT split is the 100 training problems of the arithmetic task at eval_size 100; an RL
+    """The SFT split is the 100 training problems of the arithmetic task at eval_size 100; an RL
     attempt from its adapter at eval_size 150 holds 50 of them in its held-out set (main trained on it and reported
     held-out accuracy on memorised problems). Refused, from the SFT attempt's record of its rows, from an older SFT
     attempt's config (no record), and through an RL checkpoint's adapter whose attempt started from the SFT one."""

@@ -1,4 +1,4 @@
-"""One precision rule for every eval, the SFT stage's included, shown beside every number (issue 30 item 5).
+"""One precision rule for every eval, the SFT stage's included, shown beside every number.
 
 SFT's evals ignored ``eval_dtype`` (they ran in whatever autocast the stage trained under) and resolved the
 dtype as if on a CPU: ``auto`` became float32 on any machine and ``dtype: float16`` was refused even with

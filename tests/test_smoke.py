@@ -93,7 +93,7 @@ open({pidfile!r}, "w").write(str(p.pid))
 @pytest.mark.parametrize("then,why", [("time.sleep(300)", "timed out after 3 s"),
                                       ("sys.exit(3)", "exited with code 3")], ids=["hangs", "dies"])
 def test_a_line_leaves_no_process_behind_whatever_session_it_started(tmp_path, monkeypatch, then, why):
-    """Issue 29 item 8: a line that times out (or dies) with its vLLM server running must not leave the
+    """A line that times out (or dies) with its vLLM server running must not leave the
     server holding a GPU for every later run. The server is in a session of its own, so neither
     subprocess.run's kill of the line nor a kill of the line's process group reaches it: before the fix
     the grandchild below outlived the smoke."""

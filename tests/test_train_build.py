@@ -12,8 +12,8 @@ from rftlib.data.arithmetic import all_problems
 from rftlib.data.base import Task
 from rftlib.rollout.factory import ENGINES, EngineInputs, engine_kind, make_engine, register_engine
 from rftlib.rollout.hf import HFEngine
-from rftlib.train.backends import BACKENDS, BackendInputs
-from rftlib.train.backends.torch_backend import TorchBackend
+from rftlib.backends import BACKENDS, BackendInputs
+from rftlib.backends.torch_backend import TorchBackend
 from rftlib.train.build import build
 from rftlib.train.loop import Trainer
 
@@ -210,7 +210,7 @@ def _named_outside(root, owner: str, names: set[str], fields: set[str]) -> list[
 
 
 def test_no_module_outside_its_package_names_a_backend_or_branches_on_an_engine(tmp_path):
-    """Issue 20's rule, held: only rftlib/train/backends names 'deepspeed' or compares cfg.backend with a name,
+    """Only rftlib/backends names 'deepspeed' or compares cfg.backend with a name,
     only rftlib/rollout compares cfg.rollout_engine with one. attempts.PACKAGES lists installed distributions
     for an attempt's provenance (the package, not the backend): the one allowed spelling."""
     import shutil
@@ -218,7 +218,7 @@ def test_no_module_outside_its_package_names_a_backend_or_branches_on_an_engine(
 
     root = Path(__file__).resolve().parents[1]
     allowed = {"rftlib/attempts.py"}
-    backends = [h for h in _named_outside(root, "rftlib/train/backends/", {"deepspeed"}, {"backend"})
+    backends = [h for h in _named_outside(root, "rftlib/backends/", {"deepspeed"}, {"backend"})
                 if h.split(":")[0] not in allowed]
     engines = _named_outside(root, "rftlib/rollout/", set(), {"rollout_engine"})
     assert not backends, backends
@@ -246,7 +246,7 @@ def _saved_adapter(path, **lora):
 
 
 def test_init_adapter_of_another_lora_is_refused_naming_the_difference(tiny_cfg, tmp_path):
-    """Item 6 of issue 30: an adapter saved with lora_alpha 32 loaded into an alpha-16 policy scaled every update by
+    """An adapter saved with lora_alpha 32 loaded into an alpha-16 policy scaled every update by
     half without a word (main loaded it); a rank mismatch failed with a tensor-size error. Each is refused before
     anything loads, naming the field and the --set that builds the adapter's LoRA; the matching LoRA starts exactly
     where the adapter ended; a dropout difference (training noise only) is said and allowed."""
@@ -288,7 +288,7 @@ NO_NINJA = {**CAN_BUILD, "ninja": False}
 def test_cpu_adam_refusal_names_what_is_missing_and_the_fix():
     """The sentence a researcher gets: what is missing, the conda packages that bring it, and the two other ways
     out (DeepSpeed with the op prebuilt, or no optimizer offload)."""
-    from rftlib.train.backends.deepspeed import cpu_adam_build_problems
+    from rftlib.backends.deepspeed import cpu_adam_build_problems
 
     assert cpu_adam_build_problems(CAN_BUILD) == []
     (p,) = cpu_adam_build_problems(NO_NINJA)
@@ -312,7 +312,7 @@ def test_the_cpu_adam_probe_reads_the_installed_deepspeed():
     (deepspeed/accelerator/cuda_accelerator.py: CPUAdamBuilder from op_builder/cpu), a plain C++ build: ninja
     and a compiler, no CUDA toolkit. This machine has both, so the probe finds nothing to refuse."""
     pytest.importorskip("deepspeed")
-    from rftlib.train.backends.deepspeed import cpu_adam_probe, cpu_adam_problems
+    from rftlib.backends.deepspeed import cpu_adam_probe, cpu_adam_problems
 
     facts = cpu_adam_probe()
     assert facts["unavailable"] == "" and facts["needs_cuda"] is False
@@ -322,7 +322,7 @@ def test_the_cpu_adam_probe_reads_the_installed_deepspeed():
 def test_offload_optimizer_is_refused_before_the_model_loads(tiny_cfg, monkeypatch):
     """Before the fix the trainer loaded the policy (minutes for gpt-oss-120b) and failed in deepspeed.initialize
     at the CPU Adam build; now it refuses first, with the fix, and joins no process group."""
-    import rftlib.train.backends.deepspeed as dsb
+    import rftlib.backends.deepspeed as dsb
     import rftlib.train.build as build_mod
 
     monkeypatch.setattr(dsb, "cpu_adam_probe", lambda: NO_NINJA, raising=False)

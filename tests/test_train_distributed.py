@@ -87,7 +87,7 @@ def test_ddp_two_ranks_match_one_process(single, ddp):
     ("scale_rewards=batch", "loss_agg_mode=seq-mean-token-sum-norm"),
 ], ids=["reinforce_pp-token_mean", "batch_scale-seq_sum_norm"])
 def test_batch_statistics_and_aggregations_match_one_process_on_two_ranks(tmp_path, sets):
-    """Issue 21 item 9: advantages that use batch statistics (REINFORCE++'s batch mean/std, GRPO with
+    """Advantages that use batch statistics (REINFORCE++'s batch mean/std, GRPO with
     scale_rewards: batch) are computed over the global batch, so 2 ranks equal one process; and the
     token-mean and seq-mean-token-sum-norm aggregations normalise by global totals as the default does.
     Per-rank statistics (the old code) give other advantages, so other losses and weights."""
@@ -98,7 +98,7 @@ def test_batch_statistics_and_aggregations_match_one_process_on_two_ranks(tmp_pa
 
 
 def test_one_rank_deepspeed_with_row_skipping_follows_one_process(tmp_path):
-    """Issue 21 item 8: DeepSpeed steps its optimizer after a fixed count of micro-batches; skipping
+    """DeepSpeed steps its optimizer after a fixed count of micro-batches; skipping
     zero-advantage rows (on by default) ran fewer, so optimizer steps fell out of line with the schedule
     and gradients spilled into the next rollout. One DeepSpeed rank (no torchrun) with skipping asked for
     must train as one process does: the same losses, grad norms and weights. (entropy_mean is not
@@ -175,7 +175,7 @@ def test_zero3_stop_and_resume_equals_uninterrupted(zero3, tmp_path):
 
 
 def test_zero3_lora_checkpoints_are_adapter_sized_and_deepspeed_state_optional(zero3, tmp_path):
-    """Issue 21 item 11: a LoRA checkpoint under ZeRO-3 holds adapter-sized files only (seed 003's PeftModel
+    """A LoRA checkpoint under ZeRO-3 holds adapter-sized files only (seed 003's PeftModel
     + ZeRO-3 save wrote ~203 GB of full-model shards beside a 91 MB adapter), and DeepSpeed's own
     checkpoint can be left out as the seed's --disable_ds_ckpt does; such a checkpoint still resumes the
     weights and the LR schedule exactly (AdamW's moments restart)."""
@@ -255,7 +255,7 @@ def test_rft_train_nproc_launches_torchrun_ranks(tmp_path):
 
 
 def test_torchrun_command_for_one_and_two_nodes():
-    from rftlib.train.launch import torchrun_command
+    from rftlib.train.torchrun import torchrun_command
 
     one = torchrun_command(2, ["train", "-p", "x"], python="py")
     assert one == ["py", "-m", "torch.distributed.run", "--nproc_per_node=2", "--standalone", "-m", "rftlib.cli",

@@ -1,4 +1,4 @@
-"""Nothing accumulates over a run (issue 30 item 15): a step leaves no tensors or Python memory behind,
+"""Nothing accumulates over a run: a step leaves no tensors or Python memory behind,
 and the metrics row carries the memory a step leaves, not only the run's high-water mark.
 
 The tiny model with B x G = 8 x 8 rows and a reward that varies with the completion (non-zero advantages,

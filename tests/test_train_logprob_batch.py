@@ -1,4 +1,4 @@
-"""The reference and old-logprob passes run in their own, wider forwards (issue 22 item 6a).
+"""The reference and old-logprob passes run in their own, wider forwards.
 
 Seed 003 trains at micro-batch 1; its no-grad passes (reference logprobs for the KL, old logprobs when
 the update is off-policy) keep no activations for a backward, so they run ``logprob_batch_size`` rows
@@ -77,7 +77,7 @@ def test_logprob_batch_size_is_validated(tiny_cfg):
 
 @pytest.mark.parametrize("eager", [True, False], ids=["gpt-oss-eager", "llama-sdpa"])
 def test_auto_no_grad_rows_fit_the_free_memory_where_eager_scores_dominate(tiny_cfg, task_with, monkeypatch, eager):
-    """Issue 29 item 3: with eager attention (gpt-oss: no SDPA path; here the MXFP4 gpt-oss-shaped test model on
+    """With eager attention (gpt-oss: no SDPA path; here the MXFP4 gpt-oss-shaped test model on
     the CPU) auto logprob_batch_size is the most rows, of max(micro_batch_size, 8), whose no-grad scores fit 80%
     of the memory free now. The free memory is set to what 3.5 rows need (a GPU's torch.cuda.mem_get_info is
     the one call this cannot run): 3 rows a forward. Before the fix the passes ran 8 rows whatever the memory.

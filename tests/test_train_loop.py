@@ -17,7 +17,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-import rftlib.train.backends.torch_backend as torch_backend
+import rftlib.backends.torch_backend as torch_backend
 import rftlib.train.loop as loop
 from rftlib.config import make_config
 from rftlib.monitor.metrics import read_metrics

@@ -1,4 +1,4 @@
-"""Mixed precision keeps float32 master weights (issue 22 items 1-2): training with half-precision
+"""Mixed precision keeps float32 master weights: training with half-precision
 weights moves them as float32 training does, and float16 full fine-tuning steps.
 
 Why the comparison holds exactly enough to test: AdamW's first step is
@@ -102,7 +102,7 @@ def _all_pass(text, ex, truncated):
 
 
 def test_float16_steps_through_an_optimizer_batch_with_no_live_row(tiny_cfg, task_with, monkeypatch):
-    """Issue 29 item 4, seed 002's setting: float16 with a GradScaler, LoRA, row skipping on, no KL term, and
+    """Seed 002's setting: float16 with a GradScaler, LoRA, row skipping on, no KL term, and
     every group scoring 1.0, so every advantage is 0 and the update runs no micro-batch. The scaler must
     still see a backward before it unscales: before the fix the loop zero-filled the gradients and stepped,
     and GradScaler.unscale_ raised ("Attempted unscale_ but _scale is None"): the first all-solved batch
@@ -127,12 +127,12 @@ def test_float16_steps_through_an_optimizer_batch_with_no_live_row(tiny_cfg, tas
 
 @pytest.mark.parametrize("lora_rank,stream", [(0, torch.float32), (4, torch.bfloat16)], ids=["full", "lora"])
 def test_the_residual_stream_runs_in_the_embeddings_dtype(tiny_dir, lora_rank, stream):
-    """Issue 29 item 9, what the memory preflight counts (tests/test_preflight_memory.py): bf16 weights with the
+    """What the memory preflight counts (tests/test_preflight_memory.py): bf16 weights with the
     torch backends' float32 masters under bf16 autocast. Full fine-tuning makes every weight a float32 master,
     the embedding too; autocast leaves the lookup and the residual adds alone, so every decoder layer's input
     (what gradient checkpointing keeps) is float32. Under LoRA the frozen bf16 base keeps it bfloat16."""
     from rftlib.models.loading import apply_lora, load_model_and_tokenizer
-    from rftlib.train.backends.torch_backend import keep_float32_masters
+    from rftlib.backends.torch_backend import keep_float32_masters
 
     model, tok = load_model_and_tokenizer(str(tiny_dir), "bfloat16")
     model = apply_lora(model, rank=lora_rank, alpha=2 * max(lora_rank, 1), dropout=0.0,

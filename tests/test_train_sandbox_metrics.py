@@ -1,4 +1,4 @@
-"""The code sandbox under a training load, in the metrics rows (issue 24 item 3): executions,
+"""The code sandbox under a training load, in the metrics rows: executions,
 executions/s, timeouts, crashes and the reward's share of the step.
 
 The end-to-end test trains the tiny model one step on a task whose reward runs four known

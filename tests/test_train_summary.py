@@ -1,4 +1,4 @@
-"""An attempt's summary says what happened (issue 30 item 8).
+"""An attempt's summary says what happened.
 
 When ``max_train_minutes`` cut a run there was no final eval, so ``final`` was the step-0 baseline, the gain
 0 and the best step 0; a run that finished all its steps was still tagged ``stop_reason: time budget

@@ -1,4 +1,4 @@
-"""HF generate under ZeRO-3 gathers the whole model once per rollout (issue 22 item 6b).
+"""HF generate under ZeRO-3 gathers the whole model once per rollout.
 
 Without the gather, DeepSpeed's module hooks all-gather every layer at every decode step of HF generate;
 with ``zero3_gather_for_generation`` on, the backend gathers every parameter once for the call (TRL's
@@ -16,7 +16,7 @@ import pytest
 
 from rftlib.config import make_config
 from rftlib.settings import ScaleSettings
-from rftlib.train.backends.deepspeed import gather_fits
+from rftlib.backends.deepspeed import gather_fits
 from rftlib.train.dist import without_group_env
 
 REPO = Path(__file__).resolve().parents[1]

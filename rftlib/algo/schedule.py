@@ -11,7 +11,7 @@ This is the schedule OpenRLHF 0.9.x builds for the actor (``openrlhf/trainer/ray
 and transformers implements it as ``_get_cosine_schedule_with_warmup_lr_lambda`` with
 ``num_cycles=0.5``. :func:`lr_at` is that lambda times ``lr``, in pure python, so a notebook or the
 LR preflight can tabulate the schedule without building an optimizer. Pure python (no torch):
-rftlib.train.backends.scheduler builds the optimizer's LambdaLR from :func:`lr_factor`.
+rftlib.backends.scheduler builds the optimizer's LambdaLR from :func:`lr_factor`.
 
 Units: ``step`` counts optimizer steps already taken (the LambdaLR's ``last_epoch``), so
 ``lr_at(0)`` is the LR used by the first ``optimizer.step()``. Two consequences of following

@@ -18,7 +18,7 @@ from rftlib.attempts import claim_attempt_dir, run_dir_path, runs_root as resolv
 from rftlib.config import make_config, value_from_text
 from rftlib.report import publish
 from rftlib.report.index import reports_dir_for
-from rftlib.report.templates import NOTEBOOK_PARAMS
+from rftlib.notebooks import NOTEBOOK_PARAMS, preset_overrides
 
 REPO = Path(__file__).resolve().parent.parent.parent
 TRAIN_NB = REPO / "notebooks" / "train.ipynb"
@@ -44,8 +44,12 @@ def add_preset_and_sets(parser, default_preset: str = "default") -> None:
 def config_overrides(params: dict[str, Any]) -> dict[str, Any]:
     """The RunConfig fields among ``--set`` values: train.ipynb's own parameters (NOTEBOOK_PARAMS: preset,
     skip_preflight, nproc, ...) go to the notebook, not the config, so ``--set skip_preflight=True`` (the LR
-    preflight's advice) works from the shell as it does in the notebook and with papermill's ``-p``."""
-    return {k: v for k, v in params.items() if k not in NOTEBOOK_PARAMS}
+    preflight's advice) works from the shell as it does in the notebook and with papermill's ``-p``. A
+    ``--set overrides={...}`` dict joins them as the notebook joins it (rftlib.notebooks.preset_overrides), but
+    a ``--set NAME=None`` is kept: from the shell it sets the field to None, it is not "not given"."""
+    sets = {k: v for k, v in params.items() if k not in NOTEBOOK_PARAMS}
+    named = {k: v for k, v in sets.items() if v is not None}
+    return {**preset_overrides(params.get("overrides"), **named), **sets}
 
 
 def run_notebook(parameters: dict[str, Any], *, runs_root: str | None = None) -> tuple[Path, dict]:

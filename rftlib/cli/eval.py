@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from rftlib.report.checkpoints import eval_checkpoints
+from rftlib.eval_checkpoints import eval_checkpoints
 
 
 def add_arguments(e) -> None:

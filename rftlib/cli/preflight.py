@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from rftlib.cli.common import add_preset_and_sets, parse_sets
 from rftlib.config import make_config
-from rftlib.preflight.memory import memory_preflight_text
+from rftlib.preflight.memory_check import memory_preflight_text
 from rftlib.train.loop import lr_schedule_preview
 from rftlib.workbench import lr_preflight
 

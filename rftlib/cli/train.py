@@ -14,7 +14,7 @@ from rftlib.cli.common import add_preset_and_sets, config_overrides, parse_sets,
 from rftlib.config import ConfigError, make_config
 from rftlib.report.live import TextView
 from rftlib.train.dist import exit_rank, init_dist, shutdown_dist
-from rftlib.train.launch import run_ranks
+from rftlib.train.torchrun import run_ranks
 from rftlib.train.loop import Trainer, resume_config
 from rftlib.workbench import result_text
 

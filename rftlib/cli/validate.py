@@ -15,7 +15,7 @@ from rftlib.report.index import reports_dir_for, write_index
 def add_arguments(v) -> None:
     v.add_argument("-p", "--preset", default="seed002-fizzbuzz-rtx3080-cpu")
     v.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
-                   help="model, task, num_steps, notes or runs_root")
+                   help="a RunConfig field over the preset (model, task, num_steps, beta, notes, runs_root, ...)")
     v.add_argument("--control-steps", type=int, default=None)
     v.add_argument("--out", default=None, help="reports directory (default: reports/ beside the runs root)")
     v.add_argument("--no-report", action="store_true", help="skip reports/<attempt-id>.html and the index")
@@ -28,7 +28,7 @@ def run(args) -> int:
     cfg = make_config(args.preset, sets)  # fails fast, before a kernel starts
     root = resolve_runs(sets.get("runs_root") or cfg.runs_root)
     attempt_id = claim_attempt_dir(root, cfg.name).name
-    named = ("model", "task", "num_steps", "notes")  # the notebook's own parameters; every other --set is an override
+    named = ("model", "task", "num_steps", "beta", "notes")  # the notebook's named fields; every other --set is an override
     params = {"preset": args.preset, "runs_root": str(root), "attempt_id": attempt_id,
               **{k: v for k, v in sets.items() if k in named},
               "overrides": {k: v for k, v in sets.items() if k not in named and k != "runs_root"}}

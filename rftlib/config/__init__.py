@@ -41,7 +41,7 @@ from rftlib.settings import (SECTIONS, AlgorithmSettings, AttemptSettings, CISPO
                              GMPOSettings, GSPOSettings, LaunchSettings, LossSettings, ModelSettings, OptimizationSettings,
                              PPOClipSettings, RolloutSettings, ScaleSettings, SeedScheduleSettings, ShapingSettings,
                              TaskSettings, declared_problems)
-from rftlib.train.backends import BACKENDS, BackendInputs, check_config as backend_rules
+from rftlib.backends import BACKENDS, BackendInputs, check_config as backend_rules
 
 S = typing.TypeVar("S")
 

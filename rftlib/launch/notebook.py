@@ -7,8 +7,8 @@ running attempt again, ``stop=True`` with ``attach=...`` stops it (checkpoint fi
 
     papermill notebooks/launch.ipynb out.ipynb -p preset seed003-gpt-oss-20b-a28b -p dry_run True
 
-The notebook itself is built with the others by rftlib.report.templates (``launch_notebook``);
-``python -m rftlib.report.templates`` writes it. This module holds the one call its cell makes.
+The notebook itself is built with the others by rftlib.notebooks (``launch_notebook``);
+``python -m rftlib.notebooks`` writes it. This module holds the one call its cell makes.
 """
 
 from __future__ import annotations
@@ -21,9 +21,11 @@ from rftlib.launch.supervise import stop as stop_attempt
 
 
 def run(preset: str = "default", overrides: dict[str, Any] | None = None, *, dry_run: bool = True,
-        machine_gpus: int | None = None, resume: str = "", attach: str = "", stop: bool = False,
-        watch_seconds: float = 0.0, write=print) -> str | None:
-    """The notebook's one call: plan / launch / attach / stop; the attempt's run directory (None on a dry run)."""
+        machine_gpus: int | None = None, resume: str | None = None, attach: str | None = None, stop: bool = False,
+        watch_seconds: float | None = None, write=print) -> str | None:
+    """The notebook's one call: plan / launch / attach / stop; the attempt's run directory (None on a dry run).
+    ``overrides`` are RunConfig fields over the preset, kept as given (rftlib.notebooks: one convention);
+    None is "not given" for resume, attach and watch_seconds."""
     if attach:
         if stop:
             stop_attempt(attach, write=write)

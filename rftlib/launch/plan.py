@@ -30,16 +30,16 @@ import torch
 
 from rftlib.algo.logprobs import auto_chunk_size
 from rftlib.config import ConfigError, RunConfig
-from rftlib.preflight.memory import MODELS, estimate_for_config, estimate_rollout_memory, shape_name_for_model
+from rftlib.preflight.memory_check import MODELS, estimate_for_config, estimate_rollout_memory, shape_name_for_model
 from rftlib.rollout.kinds import engine_kind
 from rftlib.models.precision import describe as describe_precision
 from rftlib.rollout.vllm import (API_KEY_ENV, VLLMSettings, engine_dtype, engine_gpu_memory, engine_max_len,
                                  trainer_compute)
 from rftlib.rollout.vllm_server import physical_gpus, server_command, server_env, visible_gpus
-from rftlib.train.backends import backend_class, machine_problems, sharding_of
+from rftlib.backends import backend_class, machine_problems, sharding_of
 from rftlib.settings import EngineSettings, ModelSettings, OptimizationSettings, RolloutSettings
 from rftlib.train.build import backend_inputs, check_world, engine_inputs
-from rftlib.train.launch import torchrun_command
+from rftlib.train.torchrun import torchrun_command
 
 DEFAULT_RDZV_PORT = 29400
 NCCL_DEFAULTS = {"NCCL_DEBUG": "WARN", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1"}
@@ -236,7 +236,7 @@ def _max_len(cfg: RunConfig) -> int:
 
 
 def memory_checks(plan: LaunchPlan, cfg: RunConfig) -> list[tuple[str, Any]]:
-    """(role, MemoryEstimate) for one trainer GPU and one engine GPU of the plan (rftlib.preflight.memory)."""
+    """(role, MemoryEstimate) for one trainer GPU and one engine GPU of the plan (rftlib.preflight.memory_check)."""
     shape = shape_name_for_model(cfg.model)
     if shape is None or not any(p.gpus for p in plan.processes):
         return []

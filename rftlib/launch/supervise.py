@@ -43,7 +43,7 @@ from rftlib.attempts import (claim_attempt_dir, create_attempt, ensure_unlocked,
 from rftlib.config import make_config
 from rftlib.monitor.metrics import read_metrics
 
-# launch.plan, train.launch and train.loop (torch) and report.publish (papermill) are imported in the
+# launch.plan, train.torchrun and train.loop (torch) and report.publish (papermill) are imported in the
 # functions that start or end a run: rft status and rft stop read this module's file helpers and must
 # answer without them (tests/test_cli_light.py)
 
@@ -113,7 +113,7 @@ def launch(preset: str = "default", overrides: dict[str, Any] | None = None, *, 
     plan's trainer is told that very directory (absolute); ``resume`` is found the same way (run_dir_path).
     """
     from rftlib.launch.plan import check_plan, format_plan, make_plan
-    from rftlib.train.launch import rank_env
+    from rftlib.train.torchrun import rank_env
     from rftlib.train.loop import resume_config
 
     overrides = dict(overrides or {})
@@ -232,7 +232,7 @@ def supervise(run_dir: str | Path, node: int = 0, poll: float = 0.5, handle_sign
     """The supervisor's body: start node ``node``'s processes, wait, stop all when one ends.
     ``handle_signals`` (the detached supervisor process): SIGTERM/SIGINT terminate every process."""
     from rftlib.launch.plan import LaunchPlan
-    from rftlib.train.launch import rank_env
+    from rftlib.train.torchrun import rank_env
 
     run_dir = Path(run_dir)
     plan = LaunchPlan.from_json(json.loads((run_dir / "plan.json").read_text()))

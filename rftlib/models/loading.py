@@ -239,7 +239,7 @@ def load_policy(model_settings: ModelSettings, scale: ScaleSettings, dist, ds_co
 
     - dtype: ``model_settings.dtype`` (already resolved per device); an MXFP4 checkpoint is dequantised to it.
     - ZeRO-3 (``backend: deepspeed``, ``zero_stage: 3``): loaded partitioned (:func:`load_partitioned`), under
-      ``ds_config`` (the DeepSpeed config the backend will run, rftlib.train.backends.deepspeed), so each rank
+      ``ds_config`` (the DeepSpeed config the backend will run, rftlib.backends.deepspeed), so each rank
       holds 1/world of the weights from the start, on its GPU or, with ``offload_params``, in host RAM.
     - otherwise: the whole model on CPU, then moved to ``dist.device`` (single, DDP and ZeRO-1/2 keep whole
       weights on every rank anyway).
@@ -247,7 +247,7 @@ def load_policy(model_settings: ModelSettings, scale: ScaleSettings, dist, ds_co
       flex_attention, which never holds the (heads, T, T) scores eager attention does).
     - then gradient checkpointing, LoRA (``lora_rank`` > 0) and ``init_adapter``.
     """
-    zero3 = ds_config is not None  # the backend's partitioned_load_config (rftlib.train.backends)
+    zero3 = ds_config is not None  # the backend's partitioned_load_config (rftlib.backends)
     attn = attention_for(model_settings.model, model_settings.attn_implementation, dist.device.type)
     if zero3:
         model, tok = load_partitioned(model_settings.model, model_settings.dtype, ds_config,
@@ -472,7 +472,7 @@ def autocast_dtype(mode: str) -> torch.dtype | None:
 
 def compute_dtype(weights_dtype: str, mode: str) -> torch.dtype | None:
     """The dtype forward passes run in: the half dtype the weights were loaded in (bfloat16/float16: the
-    trainable ones are float32 masters, rftlib.train.backends.torch_backend), else ``autocast_dtype(mode)``."""
+    trainable ones are float32 masters, rftlib.backends.torch_backend), else ``autocast_dtype(mode)``."""
     if weights_dtype in ("bfloat16", "float16"):
         return DTYPES[weights_dtype]
     return autocast_dtype(mode)

@@ -1,7 +1,7 @@
 """Memory arithmetic of a training run: the peak of one GPU, the load-time peak per rank, host RAM per node.
 
-Pure numbers in, numbers out (no torch): rftlib.preflight.memory shows these estimates before a launch,
-and the trainer logs its own (rftlib.train.memory) beside the measured peak, so both read the same
+Pure numbers in, numbers out (no torch): rftlib.preflight.memory_check shows these estimates before a launch,
+and the trainer logs its own (rftlib.train.step_memory) beside the measured peak, so both read the same
 formulas from this one module below them in the package graph (models < train < preflight).
 
 Three seeds lost time to memory: seed 000 OOMed a 40 GB A100 with a 1.5B policy plus a frozen
@@ -761,7 +761,7 @@ def estimate_for_config(model: ModelSettings, rollout: RolloutSettings, optim: O
     of ``world_size`` ranks.
 
     What depends on the backend and the engine comes from their declarations, passed in by the caller (this
-    layer knows neither registry): ``sharding`` (rftlib.train.backends.sharding_of: ZeRO stage, CPU offload)
+    layer knows neither registry): ``sharding`` (rftlib.backends.sharding_of: ZeRO stage, CPU offload)
     and ``hf_generate`` (the engine generates on the trainer's module: EngineKind.on_trainer_module).
     ``attention``: the estimator's name for what runs (a loaded model's), else :func:`config_attention`.
     ``beta`` (LossSettings) and ``optimizer_steps_per_rollout`` (RunConfig's derived value) say which no-grad

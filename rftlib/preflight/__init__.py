@@ -5,7 +5,7 @@ printable ``table()`` and a verdict in words.
 """
 
 from rftlib.preflight.lr import LRPreflight, lr_preflight, lr_preflight_for_steps, openrlhf_total_steps
-from rftlib.preflight.memory import (
+from rftlib.preflight.memory_check import (
     GPUS, MODELS, MemoryEstimate, ModelShape, estimate_rollout_memory, estimate_train_memory, lora_params,
 )
 

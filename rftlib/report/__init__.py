@@ -4,12 +4,12 @@
     analysis    the sections of one attempt's report (notebooks/analysis.ipynb)
     plots       seed 003's Tier 1/2/3 metric figures, eval curves, A/B overlays
     compare     A/B tables with paired-bootstrap CIs (notebooks/compare.ipynb)
-    checkpoints evaluate every training_state/step_N (eval/ckpt_step_N.json), resumable
-    validate    seed 002's loop validation (notebooks/validate.ipynb)
     index       reports/index.html, rebuilt from the run directories
     publish     papermill + nbconvert: reports/<attempt-id>.html, reports/compare-*.html
     live        the JupyterLab panel and the headless log lines
-    templates   builds notebooks/*.ipynb
+
+Beside it, a layer up: rftlib.eval_checkpoints evaluates every training_state/step_N, rftlib.validate
+runs seed 002's loop validation, rftlib.notebooks builds notebooks/*.ipynb.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 ``load_attempt(run_dir)`` reads config.yaml (config + provenance), summary.json (absent while a run
 is going or after a crash), logs/metrics.jsonl, eval/step_N.json (in-training evals),
-eval/ckpt_step_N.json (checkpoint evals, :mod:`rftlib.report.checkpoints`), the latest samples and
+eval/ckpt_step_N.json (checkpoint evals, :mod:`rftlib.eval_checkpoints`), the latest samples and
 the spike log. The health verdicts are :func:`rftlib.monitor.health.check_health` over the metrics,
 with the attempt's own clip norm and spike threshold.
 """

@@ -83,7 +83,7 @@ def planned_steps(rows: list[dict[str, Any]], cfg: RunConfig) -> int:
 
 
 def memory_text(row: dict[str, Any]) -> str:
-    """Peak memory of the run so far: process RSS here (and the RSS the step left, rftlib.train.memory), and
+    """Peak memory of the run so far: process RSS here (and the RSS the step left, rftlib.train.step_memory), and
     on a GPU the CUDA peak beside the preflight's estimate (``memory/*`` keys of the row; empty when none
     were logged)."""
     parts = []

@@ -95,7 +95,7 @@ def write_report(run_dir: str | Path, reports_dir: str | Path | None = None, *, 
     run_dir = run_dir_path(run_dir)
     a = load_attempt(run_dir)  # fails here, with the path, before a kernel starts
     out = _reports_dir(run_dir, reports_dir)
-    params = {"run_dir": str(run_dir), "baseline_attempt": str(Path(baseline_attempt).resolve()) if baseline_attempt else ""}
+    params = {"run_dir": str(run_dir), "baseline_attempt": str(Path(baseline_attempt).resolve()) if baseline_attempt else None}
     nb = execute(NOTEBOOKS / "analysis.ipynb", run_dir / "analysis.ipynb", params, log=log)
     html = to_html(nb, out / f"{a.attempt_id}.html", title=f"{a.attempt_id} report")
     if index:

@@ -7,7 +7,7 @@ here, and each choice of implementation from a registry, never from a branch on 
 
     task      rftlib.data.base.TASKS           (RunConfig.task, task_args)
     reward    rftlib.rewards.registry.REWARDS  (RunConfig.rewards; {} keeps the task's own)
-    backend   rftlib.train.backends.BACKENDS   (RunConfig.backend)
+    backend   rftlib.backends.BACKENDS   (RunConfig.backend)
     engine    rftlib.rollout.factory.ENGINES   (RunConfig.rollout_engine; it reads its needs off the backend)
     sampler   the task's own (Task.make_sampler) or the seeded PromptSampler
 
@@ -44,7 +44,7 @@ from rftlib.rewards.registry import Reward, combine_rewards
 from rftlib.rollout.factory import make_engine
 from rftlib.rollout.kinds import EngineInputs
 from rftlib.settings import ModelSettings, ScaleSettings
-from rftlib.train.backends import BackendInputs, machine_problems, make_backend, partitioned_load_config
+from rftlib.backends import BackendInputs, machine_problems, make_backend, partitioned_load_config
 from rftlib.train.dist import Dist, init_dist, resolve_dtype
 from rftlib.train.sampler import PromptSampler
 
@@ -62,7 +62,7 @@ class Parts:
     model: torch.nn.Module  # the (peft-wrapped) policy on dist.device
     tok: Any
     reference: Reference  # the KL reference: the adapter disabled, never a second copy
-    backend: Any  # rftlib.train.backends
+    backend: Any  # rftlib.backends
     engine: Any  # rftlib.rollout.base.RolloutEngine
     sampler: Sampler  # rftlib.data.base.Sampler: next(k) / state() / load_state(); update() when adaptive
     logger: MetricsLogger | None  # rank 0 only
@@ -219,7 +219,7 @@ def build_policy(cfg: RunConfig, dist: Dist) -> tuple[torch.nn.Module, Any]:
 
 
 def backend_inputs(cfg: RunConfig) -> BackendInputs:
-    """The sections of ``cfg`` a training backend reads (rftlib.train.backends.BackendInputs)."""
+    """The sections of ``cfg`` a training backend reads (rftlib.backends.BackendInputs)."""
     return BackendInputs.of(cfg.section, train_prompts=cfg.train_prompts)
 
 

@@ -18,8 +18,8 @@ import numpy as np
 import torch
 
 from rftlib.models.loading import is_peft
-from rftlib.train.backends import checkpoint_format_of
-from rftlib.train.backends.scheduler import restart_schedule
+from rftlib.backends import checkpoint_format_of
+from rftlib.backends.scheduler import restart_schedule
 
 STATE = "training_state"
 

@@ -22,7 +22,7 @@ import torch
 import torch.distributed as tdist
 
 from rftlib.models.loading import resolve_dtype  # noqa: F401  (its home is below the layers that call it)
-from rftlib.train.backends import backend_class
+from rftlib.backends import backend_class
 
 
 @dataclass

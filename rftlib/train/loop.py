@@ -47,7 +47,7 @@ from rftlib.train import steps
 from rftlib.train.build import Parts, build
 from rftlib.train.dist import Dist
 from rftlib.train.evaluation import EVAL_KEY, early_stop_reason, eval_outcome, evaluate_probes  # noqa: F401  EVAL_KEY: importers of loop
-from rftlib.train.memory import preflight_gib, step_memory
+from rftlib.train.step_memory import preflight_gib, step_memory
 from rftlib.train.phases import (Advantaged, Around, EvalResult, Forward, Hook, Scored, SyncResult, UpdateResult,
                                  phase)
 from rftlib.train.step_metrics import first_group, step_metrics, write_step_logs
@@ -215,7 +215,7 @@ class Trainer:
 
     def training_reward(self) -> Reward:
         """The reward the rollouts are scored with: the attempt's composite (RunConfig.rewards), else the
-        task's own as it is now (rftlib.report.validate swaps it for a control between steps)."""
+        task's own as it is now (rftlib.validate swaps it for a control between steps)."""
         return self.reward if self.reward is not None else as_reward(self.task.reward)
 
     @phase("advantages")

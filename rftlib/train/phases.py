@@ -4,7 +4,7 @@ One GRPO step is ``rollout`` (generate + score; dynamic sampling may call it aga
 (reference / old logprobs, shaped rewards, group-relative advantages, the loss mask) -> ``update``
 (the micro-batched, gradient-accumulated optimizer steps) -> ``sync`` (the engine gets the new
 weights); ``evaluate`` scores the held-out set. Each returns one of the dataclasses below, so the
-code around the trainer (rftlib.report.validate, bench/, the tests) reads fields instead of keys,
+code around the trainer (rftlib.validate, bench/, the tests) reads fields instead of keys,
 and calls the phases instead of patching private methods.
 
 Observing a phase: ``Trainer.hooks`` are callables ``hook(phase, seconds, result)`` called after each

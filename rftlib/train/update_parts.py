@@ -22,7 +22,7 @@ from rftlib.algo.correction import tis_weights
 from rftlib.algo.diagnostics import simple_noise_scale
 from rftlib.models.loading import causal_lm
 from rftlib.models.memory import nograd_rows, shape_from_hf_config
-from rftlib.train.memory import free_bytes
+from rftlib.train.step_memory import free_bytes
 
 
 def truncated_is(old: torch.Tensor, behaviour: torch.Tensor, mask: torch.Tensor, *, cap: float,

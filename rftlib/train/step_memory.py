@@ -24,7 +24,7 @@ import torch
 from rftlib.models.memory import estimate_for_config, estimator_attention, shape_from_hf_config
 from rftlib.rollout.kinds import engine_kind
 from rftlib.settings import ModelSettings, OptimizationSettings, RolloutSettings
-from rftlib.train.backends import BackendInputs, sharding_of
+from rftlib.backends import BackendInputs, sharding_of
 
 
 def peak_rss_gib() -> float:
@@ -37,7 +37,7 @@ def rss_gib() -> float | None:
     """This process's resident memory now, GiB (/proc/self/statm; None where there is no procfs).
 
     Read from the kernel, not sampled: no reset of the peak counters (``clear_refs`` would also reset
-    ru_maxrss, which :func:`peak_rss_gib` and rftlib.report.validate read as the run's peak)."""
+    ru_maxrss, which :func:`peak_rss_gib` and rftlib.validate read as the run's peak)."""
     try:
         with open("/proc/self/statm") as f:
             return int(f.read().split()[1]) * resource.getpagesize() / 2**30

@@ -85,7 +85,7 @@ def test_train_notebook_writes_checkpoint_evals_and_report(ws):
     ck = {p.name: json.loads(p.read_text()) for p in sorted((a / "eval").glob("ckpt_step_*.json"))}
     assert sorted(ck) == ["ckpt_step_1.json", "ckpt_step_2.json", "ckpt_step_3.json"]  # every checkpoint
     assert ck["ckpt_step_3.json"]["final"] is True and "trainer's eval" in ck["ckpt_step_3.json"]["source"]
-    assert ck["ckpt_step_1.json"]["source"].startswith("rftlib.report.checkpoints")
+    assert ck["ckpt_step_1.json"]["source"].startswith("rftlib.eval_checkpoints")
     assert all(d["mode"] == "greedy_pass@1" and d["n_problems"] == 16 for d in ck.values())
     assert len(_pngs(a / "analysis.ipynb")) == 4  # tier 1, eval curve, tier 2, tier 3
     html = (ws["reports"] / f"{T_ID}.html").read_text()
@@ -94,7 +94,7 @@ def test_train_notebook_writes_checkpoint_evals_and_report(ws):
 
 
 def test_checkpoint_eval_is_resumable(ws):
-    from rftlib.report.checkpoints import eval_checkpoints
+    from rftlib.eval_checkpoints import eval_checkpoints
 
     b = ws["runs"] / T_ID
     logs = []

@@ -1,4 +1,4 @@
-"""`rft validate`'s success criteria (seed 002), each measured, and each able to fail (issue 24).
+"""`rft validate`'s success criteria (seed 002), each measured, and each able to fail.
 
 Synthetic validations check that a criterion fails when its evidence says so (weights that did
 not change, a NaN loss, a KL that ran away, a reward out of range); a real run on the untrained
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from rftlib.report.validate import (KL_SMALL, PHASES, PhaseMeter, StepRecord, Validation, criteria_rows, phase_rows,
+from rftlib.validate import (KL_SMALL, PHASES, PhaseMeter, StepRecord, Validation, criteria_rows, phase_rows,
                                     sandbox_summary)
 from rftlib.rewards.sandbox import check_available
 
@@ -105,7 +105,7 @@ def test_phase_meter_charges_the_running_phase():
 
 def _run(preset, tmp_path, **over):
     from rftlib.config import make_config
-    from rftlib.report.validate import run_validation
+    from rftlib.validate import run_validation
 
     cfg = make_config(preset, {"runs_root": str(tmp_path), **over})
     return run_validation(cfg, tmp_path / "attempt", log=lambda s: None)
@@ -135,14 +135,15 @@ def test_seed002_cpu_validation_on_the_embedded_model(tmp_path):
     assert gen["seconds"] > 0 and math.isfinite(gen["share"]) and gen["peak_rss"] > 2 ** 27
 
 
-def test_validate_start_keeps_overrides_equal_to_0_or_false(tmp_path):
-    """Item 9 of issue 30: beta=0 (seed 003's 120b setting) came back as the preset's 0.04: start() dropped every
-    override equal to 0 or False. Only the notebook's own parameters at their "keep the preset's" value are kept."""
-    from rftlib.report import validate as V
+def test_validate_start_keeps_values_equal_to_0_false_or_empty_and_none_is_the_presets(tmp_path):
+    """The notebooks' one convention: a named field None keeps the preset's; 0, False and "" are values (beta=0 is
+    seed 003's 120b setting, not the preset's 0.04; notes "" is an empty note, not the preset's)."""
+    from rftlib import validate as V
 
-    cfg, _ = V.start("seed002-fizzbuzz-rtx3080-tiny-cpu", runs_root=str(tmp_path), beta=0, model="", task="",
-                     num_steps=0, notes="n")
+    cfg, _ = V.start("seed002-fizzbuzz-rtx3080-tiny-cpu", runs_root=str(tmp_path), beta=0, model=None, task=None,
+                     num_steps=None, notes="")
     assert cfg.beta == 0 and cfg.model == "tiny" and cfg.task == "code_problems" and cfg.num_steps == 5
+    assert cfg.notes == ""  # the preset's note is "Seed 002 loop plumbing check ..."
     cfg, _ = V.start("seed002-fizzbuzz-rtx3080-tiny-cpu", runs_root=str(tmp_path),
                      overrides={"beta": 0.0, "save_steps": 0, "gradient_checkpointing": False}, num_steps=2)
     assert cfg.beta == 0.0 and cfg.save_steps == 0 and cfg.num_steps == 2
@@ -150,11 +151,11 @@ def test_validate_start_keeps_overrides_equal_to_0_or_false(tmp_path):
 
 @pytest.mark.skipif(not check_available()[0], reason=f"no sandbox here: {check_available()[1]}")
 def test_validation_with_a_composite_reward_records_it_and_controls_it(tmp_path):
-    """Item 9 of issue 30: with rewards {task: 1, truncated_penalty: 0.1} the trainer scores with the composite, which
+    """With rewards {task: 1, truncated_penalty: 0.1} the trainer scores with the composite, which
     main's recording wrapper and control reward never reached (control steps got -0.1 with advantage std 0, then an
     IndexError and no validation.json). Now every recorded reward is the composite's, the control steps score the
     coin flip, the criteria judge the task's component, and validation.json is written."""
-    from rftlib.report.validate import control_reward
+    from rftlib.validate import control_reward
 
     v = _run("seed002-fizzbuzz-rtx3080-tiny-cpu", tmp_path, num_steps=2,
              rewards={"task": 1.0, "truncated_penalty": 0.1})
@@ -179,7 +180,7 @@ def test_validation_with_a_composite_reward_records_it_and_controls_it(tmp_path)
 
 @pytest.mark.skipif(not check_available()[0], reason=f"no sandbox here: {check_available()[1]}")
 def test_rft_validate_passes_every_set_to_the_notebook(tmp_path):
-    """Item 9 of issue 30, end to end: `rft validate --set beta=0 --set rewards=...` (main passed only model, task,
+    """End to end: `rft validate --set beta=0 --set rewards=...` (main passed only model, task,
     num_steps and notes to the notebook, and its start() dropped values equal to 0 or False)."""
     from rftlib import cli
 

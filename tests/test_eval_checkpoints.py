@@ -1,6 +1,6 @@
-"""``rft eval`` scores checkpoints on the trainer's own held-out set, in its precision (issue 30 item 2).
+"""``rft eval`` scores checkpoints on the trainer's own held-out set, in its precision.
 
-``report/checkpoints.py`` rebuilt the task without its ``task_args``: for ``code-cpu`` 120 problems of 10
+``eval_checkpoints.py`` rebuilt the task without its ``task_args``: for ``code-cpu`` 120 problems of 10
 families where the trainer's held-out set was 100 of 5, for ``arithmetic-boxed`` prompts without their
 ``\\boxed{}`` instruction; and it reused the trainer's evals whatever set or precision they were on, so one
 curve mixed two sets.
@@ -12,7 +12,7 @@ import json
 
 import pytest
 
-from rftlib.report.checkpoints import eval_checkpoints
+from rftlib.eval_checkpoints import eval_checkpoints
 from rftlib.train.loop import Trainer
 
 INSTRUCTION = "Put the final answer in \\boxed{}."
@@ -43,7 +43,7 @@ def test_checkpoint_evals_use_the_attempts_task_args(trained):
     step0 = _doc(trained, "step_0.json")  # the trainer's own held-out eval
     assert sorted(res) == [1, 2]
     for s, d in res.items():
-        assert d["source"].startswith("rftlib.report.checkpoints")  # scored here, not copied
+        assert d["source"].startswith("rftlib.eval_checkpoints")  # scored here, not copied
         assert [r["prompt"] for r in d["results"]] == [r["prompt"] for r in step0["results"]]
         assert all(r["prompt"].endswith(INSTRUCTION) for r in d["results"])
         assert d["examples_digest"] == step0["examples_digest"] and d["n_problems"] == step0["n_problems"] == 16
@@ -60,14 +60,14 @@ def test_the_trainers_eval_is_reused_only_when_it_scored_the_same_set_in_the_sam
     (trained / "eval" / "step_2.json").write_text(json.dumps(other_set))
     (trained / "eval" / "ckpt_step_2.json").unlink()
     res = eval_checkpoints(trained, log=lambda s: None)
-    assert res[2]["source"].startswith("rftlib.report.checkpoints")
+    assert res[2]["source"].startswith("rftlib.eval_checkpoints")
     assert res[2]["greedy_pass@1"] == own["greedy_pass@1"]  # same weights, same set, same precision
 
     other_precision = dict(own, precision="bfloat16" if own["precision"] != "bfloat16" else "float32")
     (trained / "eval" / "step_2.json").write_text(json.dumps(other_precision))
     (trained / "eval" / "ckpt_step_2.json").write_text(json.dumps({**other_precision, "step": 2}))  # a stale cache
     res = eval_checkpoints(trained, log=lambda s: None)
-    assert res[2]["source"].startswith("rftlib.report.checkpoints") and res[2]["precision"] == own["precision"]
+    assert res[2]["source"].startswith("rftlib.eval_checkpoints") and res[2]["precision"] == own["precision"]
     (trained / "eval" / "step_2.json").write_text(json.dumps(own))
 
 
@@ -79,7 +79,7 @@ def test_the_code_task_is_rebuilt_with_its_families(tmp_path, monkeypatch, tiny_
     from rftlib.attempts import create_attempt
     from rftlib.config import make_config
     from rftlib.models.loading import load_model_and_tokenizer
-    from rftlib.report import checkpoints
+    from rftlib import eval_checkpoints as checkpoints
     from rftlib.train.build import build_task
 
     cfg = make_config("code-cpu", {"runs_root": str(tmp_path / "runs")})

@@ -1,9 +1,9 @@
 """The notebook templates in notebooks/, built from code so they never drift from the library.
-``python -m rftlib.report.templates`` rewrites them (outputs cleared, stable cell ids).
+``python -m rftlib.notebooks`` rewrites them (outputs cleared, stable cell ids).
 
 Each has one ``parameters`` cell of typed, commented literals (papermill ``-p NAME VALUE``;
 ``papermill --help-notebook`` lists them) and cells that only call into rftlib: the logic is in
-rftlib.report.* where the tests reach it.
+rftlib (report, workbench, validate, sft, launch) where the tests reach it.
 
     train.ipynb     one attempt: config -> train -> plots -> every checkpoint evaluated -> report
     sft.ipynb       the SFT stage: format compliance and accuracy before/after, the adapter RL starts from
@@ -16,6 +16,23 @@ This is the one notebook builder: each template is a function returning its note
 ``TEMPLATES``; ``_notebook`` gives every cell a stable id, so regenerating gives the same bytes.
 train.ipynb's parameters cell is :func:`parameters_cell`, generated from RunConfig (and
 ``NOTEBOOK_PARAMS``, the notebook's own parameters, which rftlib.workbench.collect reads back).
+
+One convention for "a preset plus what this run changes", in every notebook's parameters cell:
+
+    preset      a params/<name>.yaml preset (or a path to one): where every RunConfig field starts
+    overrides   a dict of RunConfig fields over the preset, each value kept as given (0, False, "" too):
+                ``-p overrides '{"beta": 0}'`` works in every notebook
+    NAME        a named setting: a RunConfig field the notebook shows on its own line (train.ipynb shows
+                every field); None means "the preset's value", anything else, 0, False and "" included,
+                is the value (``-p beta 0`` is beta 0, ``-p num_steps 0`` is asked for, and refused by
+                the config if it is out of range, never silently replaced)
+
+A field given both in ``overrides`` and by name with two different values is refused (which one was
+meant?). :func:`preset_overrides` applies the convention (train.ipynb through rftlib.workbench.collect, sft.ipynb
+and validate.ipynb through their ``start``); launch.ipynb names no field and hands ``overrides`` on as given.
+Settings of the notebook itself, not of the RunConfig (``attempt_id``, ``resume``, ``attach``,
+``watch_seconds``, ...), use None for "not given" too; those with a real default (``dry_run = True``,
+``control_steps = 2``) show it.
 """
 
 from __future__ import annotations
@@ -26,13 +43,32 @@ from typing import Any
 import nbformat
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
-from rftlib.config import RunConfig, config_fields, field_docs, to_dict
+from rftlib.config import ConfigError, RunConfig, config_fields, field_docs, to_dict
 
-NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
+NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
+
+
+def preset_overrides(overrides: dict[str, Any] | None = None, **named: Any) -> dict[str, Any]:
+    """The RunConfig fields a notebook sets over its preset, by the one convention (module docstring):
+    ``overrides`` as given (0, False and "" kept), then each named setting that is not None. A field given
+    both ways with two different values is a ConfigError naming it."""
+    if overrides is not None and not isinstance(overrides, dict):
+        raise ConfigError(f"overrides must be a dict of RunConfig fields, e.g. {{'beta': 0}}; got {overrides!r}")
+    out = dict(overrides or {})
+    for k, v in named.items():
+        if v is None:
+            continue  # the preset's value
+        if k in out and out[k] != v:
+            raise ConfigError(f"{k} is given twice: {k} = {v!r} and overrides[{k!r}] = {out[k]!r}; keep one")
+        out[k] = v
+    return out
+
 
 # parameters of the notebook itself (not of the RunConfig)
 NOTEBOOK_PARAMS: dict[str, tuple[Any, str]] = {
     "preset": ("default", "a params/<name>.yaml preset or a path to one"),
+    "overrides": ({}, "RunConfig fields over the preset, kept as given (0 and False too), e.g. {'beta': 0}; "
+                      "the named fields below do the same one by one (None: the preset's)"),
     "attempt_id": (None, "run directory name; None picks the next attempt-NN-<name>"),
     "resume": (None, "an attempt directory to continue from its step_latest (seed 001 resume)"),
     "additional_steps": (None, "with resume: train this many more steps than the attempt had"),
@@ -95,7 +131,7 @@ def train_notebook() -> nbformat.NotebookNode:
         md("## Every checkpoint, the final one included\n\n`training_state/step_N` evaluated greedily on the "
            "held-out set into `eval/ckpt_step_N.json` (resumable; a state the trainer already evaluated is "
            "reused). Then the attempt's report, `reports/<attempt-id>.html`, and the index are (re)written."),
-        code("from rftlib.report import checkpoints, publish\n\nckpt = checkpoints.eval_checkpoints(run.run_dir)"),
+        code("from rftlib import eval_checkpoints\nfrom rftlib.report import publish\n\nckpt = eval_checkpoints.eval_checkpoints(run.run_dir)"),
         code("report = publish.write_report(run.run_dir)\nprint(f\"report: {report}\\nindex:  {report.parent / 'index.html'}\")"),
         md("## Format compliance\n\nSeed 003 section 12: when the base model's \\\\boxed{} rate on the step-0 held-out eval "
            "is below 95%, run SFT first (`rft sft`, notebooks/sft.ipynb) and start RL from its adapter."),
@@ -121,10 +157,10 @@ def conclusion_cells(run_dir: str) -> list:
 SFT_PARAMS = '''\
 # Parameters (papermill -p NAME VALUE). Typed literals only; the work is in rftlib.sft.
 preset: str = "sft-arithmetic-boxed"  # params/<name>.yaml: model, task, sft_data (the SFT split) and the schedule
-overrides: dict = {}  # RunConfig fields over the preset, e.g. {"num_steps": 10, "report_to": ["tensorboard", "mlflow"]}
-notes: str = ""  # the hypothesis, shown in the report and the index ("" keeps the preset's)
-runs_root: str = "runs"  # where the attempt's run directory is made
-attempt_id: str = ""  # run directory name; "" picks the next attempt-NN-<name>
+overrides: dict = {}  # RunConfig fields over the preset, kept as given (0 and False too), e.g. {"num_steps": 10, "report_to": ["tensorboard", "mlflow"]}
+notes: str = None  # the hypothesis, shown in the report and the index; None: the preset's
+runs_root: str = None  # where the attempt's run directory is made; None: the preset's
+attempt_id: str = None  # run directory name; None picks the next attempt-NN-<name>
 '''
 
 
@@ -149,16 +185,17 @@ def sft_notebook() -> nbformat.NotebookNode:
 
 
 VALIDATE_PARAMS = '''\
-# Parameters (papermill -p NAME VALUE). Typed literals only; the work is in rftlib.report.validate.
+# Parameters (papermill -p NAME VALUE). Typed literals only; the work is in rftlib.validate.
 preset: str = "seed002-fizzbuzz-rtx3080-cpu"  # params/<name>.yaml; -cpu: SmolLM2-135M on sandboxed FizzBuzz-like code here (~1 min), -tiny-cpu: the untrained tiny model (a plumbing check, ~10 s), no suffix: the seed's GPU setup (Qwen2.5-Coder-0.5B-Instruct)
-model: str = ""  # override the preset's model (HF id or local dir); "" keeps the preset's
-task: str = ""  # override the preset's task; "" keeps the preset's
-num_steps: int = 0  # steps with the task reward; 0 keeps the preset's (seed 002: 5)
+overrides: dict = {}  # RunConfig fields over the preset, kept as given (0 and False too), e.g. {"rewards": {"task": 1, "truncated_penalty": 0.1}}
+model: str = None  # the policy (HF id or local dir); None: the preset's
+task: str = None  # None: the preset's
+num_steps: int = None  # steps with the task reward; None: the preset's (seed 002: 5)
+beta: float = None  # KL coefficient; None: the preset's (seed 002: 0.04); 0 is no KL term (seed 003's 120b runs)
+notes: str = None  # the hypothesis, shown in reports and the index; None: the preset's
+runs_root: str = None  # where the validation attempt's run directory is made; None: the preset's
+attempt_id: str = None  # run directory name; None picks the next attempt-NN-<name>
 control_steps: int = 2  # extra steps with a coin-flip reward, run only if no task step changed the weights
-overrides: dict = {}  # RunConfig fields over the preset, as given (0 and False too), e.g. {"beta": 0, "rewards": {"task": 1, "truncated_penalty": 0.1}}
-runs_root: str = "runs"  # where the validation attempt's run directory is made
-attempt_id: str = ""  # run directory name; "" picks the next attempt-NN-<name>
-notes: str = "seed 002 loop validation: does every component of the GRPO loop work?"  # shown in reports and the index
 '''
 
 
@@ -172,9 +209,9 @@ def validate_notebook() -> nbformat.NotebookNode:
            "marked as such.\n\nOn a GPU box: `papermill notebooks/validate.ipynb out.ipynb -p preset "
            "seed002-fizzbuzz-rtx3080`."),
         _params(VALIDATE_PARAMS),
-        code("from rftlib.report import validate as V\n\n"
+        code("from rftlib import validate as V\n\n"
              "cfg, run_dir = V.start(preset, attempt_id=attempt_id, overrides=overrides, model=model, task=task,\n"
-             "                       num_steps=num_steps, runs_root=runs_root, notes=notes)\n"
+             "                       num_steps=num_steps, beta=beta, notes=notes, runs_root=runs_root)\n"
              "v = V.run_validation(cfg, run_dir, control_steps=control_steps)\n"
              "print(V.summary_text(v))"),
         md("## Component Validation"),
@@ -196,7 +233,7 @@ def validate_notebook() -> nbformat.NotebookNode:
 ANALYSIS_PARAMS = '''\
 # Parameters (papermill -p NAME VALUE). Typed literals only; the work is in rftlib.report.analysis.
 run_dir: str = "runs/attempt-01-smollm2-arithmetic"  # the attempt's run directory
-baseline_attempt: str = ""  # a run directory to diff the config against; "": the RunConfig defaults
+baseline_attempt: str = None  # a run directory to diff the config against; None: the RunConfig defaults
 n_samples: int = 4  # completions shown per samples table
 '''
 
@@ -264,13 +301,13 @@ def compare_notebook() -> nbformat.NotebookNode:
 
 LAUNCH_PARAMETERS = '''\
 preset = "seed003-gpt-oss-20b-a28b"  # a preset in params/ (its launch layout: train_gpus, rollout_gpus, engines)
-overrides = {}                       # RunConfig fields on top of the preset, e.g. {"num_steps": 50}
+overrides = {}                       # RunConfig fields over the preset, kept as given (0 and False too), e.g. {"num_steps": 50}
 dry_run = True                       # True: print the GPU map and the commands, start nothing
 machine_gpus = None                  # GPUs to assume on this machine (None: detect); for planning elsewhere
-resume = ""                          # a run directory: relaunch that attempt from its step_latest
-attach = ""                          # a run directory: re-attach to it (nothing is launched)
+resume = None                        # a run directory: relaunch that attempt from its step_latest
+attach = None                        # a run directory: re-attach to it (nothing is launched)
 stop = False                         # with attach: stop that attempt cleanly (checkpoint first)
-watch_seconds = 0.0                  # after a launch / with attach: stream progress this long, then detach
+watch_seconds = None                 # after a launch / with attach: stream progress this long, then detach (None: don't)
 smoke = False                        # True: first `rft smoke` (one step per set-up on this machine, ~10 min)
 '''
 

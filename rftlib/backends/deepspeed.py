@@ -25,8 +25,8 @@ import torch
 from rftlib.models.forward import PolicyForward
 from rftlib.models.loading import cpu_adam_probe, import_deepspeed  # deepspeed's one place (the partitioned load needs it too)
 from rftlib.settings import ScaleSettings
-from rftlib.train.backends import Backend, BackendInputs, Sharding, zero_rules
-from rftlib.train.backends.scheduler import make_scheduler
+from rftlib.backends import Backend, BackendInputs, Sharding, zero_rules
+from rftlib.backends.scheduler import make_scheduler
 
 DS_TAG = "ds"  # the tag of the one DeepSpeed checkpoint inside a step directory
 
@@ -133,7 +133,7 @@ class DeepSpeedBackend(Backend):
     fixed_micro_steps = True
     micro_step_grads = False  # gradients live in DeepSpeed's buffers (partitioned): no per-micro-batch p.grad (GNS probe)
 
-    check_config = staticmethod(zero_rules)  # declared with the name (rftlib.train.backends), read by the config
+    check_config = staticmethod(zero_rules)  # declared with the name (rftlib.backends), read by the config
 
     @staticmethod
     def check_machine(inputs: BackendInputs) -> list[str]:

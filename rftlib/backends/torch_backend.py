@@ -1,6 +1,6 @@
 """``single`` (one process) and ``ddp`` (torch DistributedDataParallel under torchrun) backends.
 
-Both run torch's AdamW and the LR schedule of rftlib.train.backends.scheduler. Under DDP every rank holds the
+Both run torch's AdamW and the LR schedule of rftlib.backends.scheduler. Under DDP every rank holds the
 whole model and optimizer; gradients are all-reduced (averaged) on the last micro-step of each
 optimizer batch only (``no_sync`` before it, as nanoGPT does), so a rank's optimizer state equals
 every other rank's and rank 0's copy is the checkpoint.
@@ -14,7 +14,7 @@ plausible; and a GradScaler refuses to unscale float16 gradients, so float16 ful
 its first step. Frozen parameters (the base model under LoRA, a reference copy) stay in the load dtype,
 so LoRA keeps its memory saving; full fine-tuning holds float32 weights as HF Trainer's mixed precision
 does. float16 trains with a GradScaler on the model's device (the config refuses float16 on CPU for speed,
-not correctness). DeepSpeed keeps its own float32 masters (rftlib.train.backends.deepspeed).
+not correctness). DeepSpeed keeps its own float32 masters (rftlib.backends.deepspeed).
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from rftlib.models.forward import PolicyForward
 from rftlib.models.loading import load_trainable_state
-from rftlib.train.backends import Backend, BackendInputs
-from rftlib.train.backends.scheduler import make_scheduler
+from rftlib.backends import Backend, BackendInputs
+from rftlib.backends.scheduler import make_scheduler
 
 
 def keep_float32_masters(params: list[torch.nn.Parameter]) -> None:

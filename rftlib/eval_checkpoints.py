@@ -148,7 +148,7 @@ def _evaluate(run_dir: Path, cfg: RunConfig, steps: list[int], *, task, examples
                           precision=precision)
         res.update(scored_on(cfg))
         res.update(step=s, limit=limit, final=s == final_step, checkpoint=f"training_state/step_{s}",
-                   source="rftlib.report.checkpoints (checkpoint reloaded)", seconds=round(time.time() - t, 2))
+                   source="rftlib.eval_checkpoints (checkpoint reloaded)", seconds=round(time.time() - t, 2))
         write_json(run_dir / "eval" / f"ckpt_step_{s}.json", res)
         out[s] = res
         log(f"[eval] step {s}{' (final)' if s == final_step else ''}: greedy_pass@1 {res['greedy_pass@1']:.3f} "

@@ -14,7 +14,7 @@ import dataclasses
 from rftlib.algo.logprobs import auto_chunk_size
 from rftlib.rollout.kinds import engine_kind
 from rftlib.settings import ModelSettings, OptimizationSettings, RolloutSettings
-from rftlib.train.backends import BackendInputs, machine_problems, sharding_of
+from rftlib.backends import BackendInputs, machine_problems, sharding_of
 from rftlib.models.memory import (  # noqa: F401  (re-exported: the preflight's public names)
     ALL_LINEAR, ATTENTION, BYTES, GB, GPUS, LOGITS_LEAN, LOGITS_NAIVE, MODELS, TIGHT, MemoryEstimate, ModelShape,
     estimate_for_config, estimate_load_memory, estimate_rollout_memory, estimate_train_memory, get_model,

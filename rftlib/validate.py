@@ -53,6 +53,7 @@ import torch
 from rftlib.algo.advantages import compute_advantages
 from rftlib.attempts import create_attempt, write_json
 from rftlib.config import RunConfig, make_config
+from rftlib.notebooks import preset_overrides
 from rftlib.report import register_tasks
 from rftlib.report.html import Html, esc, fmt, join, pre, status_badge, table
 from rftlib.rewards.code import extract_code
@@ -786,23 +787,13 @@ def summary_text(v: Validation) -> str:
     return s
 
 
-KEEP_PRESET = {"model": "", "task": "", "num_steps": 0, "notes": ""}
-"""the validate notebook's own parameters and the value each takes for "keep the preset's" (num_steps 0 is no
-run; "" no model, task or note); any other override is a RunConfig value as given, 0 and False included"""
-
-
 def start(preset: str, *, attempt_id: str | None = None, overrides: dict[str, Any] | None = None,
           **named: Any) -> tuple[RunConfig, Path]:
-    """The validation attempt's config and run dir: the preset, then ``overrides`` (RunConfig fields, as the
-    notebook's ``overrides`` dict and ``rft validate --set`` give them), then the named ones; a named notebook
-    parameter at its KEEP_PRESET value (or None) keeps the preset's. Nothing else is dropped: beta=0 (seed 003's
-    120b setting) is beta 0, not the preset's."""
+    """The validation attempt's config and run dir: the preset, then ``overrides`` and the named RunConfig fields
+    (model, task, num_steps, beta, notes, runs_root) by the notebooks' one convention
+    (rftlib.notebooks.preset_overrides): None keeps the preset's, any other value is used as given, so beta=0
+    (seed 003's 120b setting) is beta 0 and num_steps=0 is asked for, not read as "keep the preset's"."""
     register_tasks()
-    over = dict(overrides or {})
-    for k, v in named.items():
-        keep = k in KEEP_PRESET and type(v) is type(KEEP_PRESET[k]) and v == KEEP_PRESET[k]
-        if v is not None and not keep:
-            over[k] = v
-    cfg = make_config(preset, over)
+    cfg = make_config(preset, preset_overrides(overrides, **named))
     return cfg, create_attempt(cfg, attempt_id or None)
 

@@ -31,7 +31,7 @@ the launch plan, the process group) and default to a backend that holds a whole 
 whole RunConfig), built from a config with ``BackendInputs.of(run_config.section, train_prompts=...)``.
     checkpoint_format   which backends can resume each other's checkpoints (checkpoint_format_of(name))
 
-``single`` and ``ddp`` are torch (rftlib.train.backends.torch_backend); ``deepspeed`` is DeepSpeed's
+``single`` and ``ddp`` are torch (rftlib.backends.torch_backend); ``deepspeed`` is DeepSpeed's
 engine (ZeRO-2/3, CPU offload), imported only when asked for (DeepSpeed is an optional heavy
 dependency, imported in one place: rftlib.models.loading.import_deepspeed).
 
@@ -41,7 +41,7 @@ of this module, by their class's ``"module:attr"`` and their config rules (the c
 is the same function); ``backend_class`` imports the class on first use.
 
 How to add a backend (one place): a :class:`Backend` subclass with the methods above in its own module
-here, declared at the end of this module (``BACKENDS.declare("name", "rftlib.train.backends.mine:MyBackend",
+here, declared at the end of this module (``BACKENDS.declare("name", "rftlib.backends.mine:MyBackend",
 check_config=...)``), or registered where it is defined with ``BACKENDS.register("name")(MyBackend)``
 (its ``check_config`` read off the class; tests/test_train_build.py registers a toy one).
 """
@@ -219,6 +219,6 @@ def make_backend(inputs: BackendInputs, dist, model, *, total_opt_steps: int, wa
 
 
 # ---- the built-in backends, declared once: their classes' "module:attr" (imported on first use) and rules ----
-BACKENDS.declare("single", "rftlib.train.backends.torch_backend:TorchBackend", check_config=whole_model_rules)
-BACKENDS.declare("ddp", "rftlib.train.backends.torch_backend:DDPBackend", check_config=whole_model_rules)
-BACKENDS.declare(ZERO_BACKEND, "rftlib.train.backends.deepspeed:DeepSpeedBackend", check_config=zero_rules)
+BACKENDS.declare("single", "rftlib.backends.torch_backend:TorchBackend", check_config=whole_model_rules)
+BACKENDS.declare("ddp", "rftlib.backends.torch_backend:DDPBackend", check_config=whole_model_rules)
+BACKENDS.declare(ZERO_BACKEND, "rftlib.backends.deepspeed:DeepSpeedBackend", check_config=zero_rules)

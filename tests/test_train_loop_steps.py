@@ -1,4 +1,6 @@
-"""Issue 12 defect 8, the loop's part: each test fails on the loop as it was before the fix."""
+"""The loop's step, detail by detail: the importance ESS over the whole batch, the LR schedule on a skipped
+step, a fresh row order for each PPO epoch, float16 refused on CPU, prompt_max_len, a probe's eval mode, and
+micro-batches trimmed to their own lengths."""
 
 import math
 
@@ -100,7 +102,7 @@ def test_a_probe_with_eval_samples_is_evaluated_in_its_mode(tiny_cfg):
 
 
 def test_micro_batches_trimmed_to_their_own_lengths_give_the_same_logprobs(tiny_cfg):
-    """Issue 13: a micro-batch pays for its own padding only. Trimmed rows score every valid token as
+    """A micro-batch pays for its own padding only. Trimmed rows score every valid token as
     the untrimmed rollout does (positions come from the mask)."""
     from rftlib.eval import format_prompts
     from rftlib.models.forward import completion_logprobs
