@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 LAYERS: list[list[str]] = [
-    ["algo", "settings"],                       # pure maths: losses, advantages, KL, logprobs, LR schedule, registries
+    ["algo", "settings"],                       # pure maths (losses, advantages, KL, logprobs, LR schedule, registries); the settings sections
     ["evalmath", "models", "rewards"],           # model loading + the policy forward; reward functions + REWARDS
     ["data", "rollout", "monitor", "backends"],  # tasks; engines + ENGINES; metrics/health/trackers; BACKENDS
     ["config", "attempts", "eval"],              # the RunConfig (checks names against the registries); run dirs; eval
