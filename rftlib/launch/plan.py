@@ -248,8 +248,8 @@ def memory_checks(plan: LaunchPlan, cfg: RunConfig) -> list[tuple[str, Any]]:
         # the plan's GPUs: dtype auto is bf16 there
         gcfg = cfg if cfg.dtype != "auto" else dataclasses.replace(cfg, dtype="bfloat16")
         est = estimate_for_config(gcfg.section(ModelSettings), cfg.section(RolloutSettings),
-                                  cfg.section(OptimizationSettings), shape, beta=cfg.beta,
-                                  optimizer_steps_per_rollout=cfg.optimizer_steps_per_rollout,
+                                  cfg.section(OptimizationSettings), shape, needs_reference=cfg.needs_reference,
+                                  on_policy=cfg.on_policy,
                                   gpu=cfg.launch_gpu_type, world_size=plan.world_size,
                                   seq_len=_max_len(cfg), chunk_rows=cfg.logprob_chunk_size
                                   or auto_chunk_size(MODELS[shape].vocab), sharding=sharding,

@@ -754,7 +754,7 @@ def config_attention(attn_implementation: str, shape: str | ModelShape, device_t
 
 
 def estimate_for_config(model: ModelSettings, rollout: RolloutSettings, optim: OptimizationSettings,
-                        shape: str | ModelShape, *, beta: float, optimizer_steps_per_rollout: int, gpu: str | float,
+                        shape: str | ModelShape, *, needs_reference: bool, on_policy: bool, gpu: str | float,
                         world_size: int, seq_len: int, chunk_rows: int, sharding, hf_generate: bool,
                         attention: str | None = None) -> MemoryEstimate:
     """estimate_train_memory for a run's settings (its model, rollout and optimization sections), one trainer GPU
@@ -764,14 +764,13 @@ def estimate_for_config(model: ModelSettings, rollout: RolloutSettings, optim: O
     layer knows neither registry): ``sharding`` (rftlib.backends.sharding_of: ZeRO stage, CPU offload)
     and ``hf_generate`` (the engine generates on the trainer's module: EngineKind.on_trainer_module).
     ``attention``: the estimator's name for what runs (a loaded model's), else :func:`config_attention`.
-    ``beta`` (LossSettings) and ``optimizer_steps_per_rollout`` (RunConfig's derived value) say which no-grad
+    ``needs_reference`` and ``on_policy`` (RunConfig's derived values, computed there once) say which no-grad
     passes run.
 
     The no-grad passes are counted where the trainer runs them (rftlib.train.loop: the reference logprobs when
     beta > 0, the old logprobs when the update is off-policy: several optimizer steps per rollout, or an engine
     that is not the trainer's module), at ``logprob_batch_size`` rows (0: auto, up to max(micro_batch_size, 8))."""
-    off_policy = optimizer_steps_per_rollout > 1 or not hf_generate
-    nograd = beta > 0 or off_policy
+    nograd = needs_reference or not on_policy
     return estimate_train_memory(
         shape, gpu=gpu, train_dtype=train_dtype_of(model.dtype), finetune="lora" if model.lora_rank else "full",
         lora_rank=max(model.lora_rank, 1), lora_targets=tuple(t for t in model.lora_target_modules

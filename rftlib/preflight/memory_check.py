@@ -51,8 +51,8 @@ def memory_preflight(cfg) -> list[MemoryEstimate]:
     seq_len = (cfg.prompt_max_len or 1024) + cfg.max_new_tokens
     dtype_cfg = cfg if cfg.dtype != "auto" else _with_dtype(cfg, "bfloat16")  # auto on a GPU: bf16
     train = estimate_for_config(dtype_cfg.section(ModelSettings), cfg.section(RolloutSettings),
-                                cfg.section(OptimizationSettings), shape, beta=cfg.beta,
-                                optimizer_steps_per_rollout=cfg.optimizer_steps_per_rollout,
+                                cfg.section(OptimizationSettings), shape, needs_reference=cfg.needs_reference,
+                                on_policy=cfg.on_policy,
                                 gpu=cfg.launch_gpu_type, world_size=world, seq_len=seq_len,
                                 chunk_rows=cfg.logprob_chunk_size or auto_chunk_size(shape.vocab), sharding=sharding,
                                 hf_generate=engine_kind(cfg.rollout_engine).on_trainer_module)

@@ -50,8 +50,9 @@ def preflight_gib(cfg, hf_config, world_size: int, prompt_len: int, chunk_rows: 
     try:
         total = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory / 1e9
         est = estimate_for_config(cfg.section(ModelSettings), cfg.section(RolloutSettings),
-                                  cfg.section(OptimizationSettings), shape_from_hf_config(hf_config), beta=cfg.beta,
-                                  optimizer_steps_per_rollout=cfg.optimizer_steps_per_rollout, gpu=total,
+                                  cfg.section(OptimizationSettings), shape_from_hf_config(hf_config),
+                                  needs_reference=cfg.needs_reference,
+                                  on_policy=cfg.on_policy, gpu=total,
                                   world_size=world_size,
                                   seq_len=prompt_len + cfg.max_new_tokens, chunk_rows=chunk_rows,
                                   sharding=sharding_of(BackendInputs.of(cfg.section, train_prompts=cfg.train_prompts)),
