@@ -16,20 +16,24 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
+import types
 import typing
 from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
 
 def ranged(default: Any = dataclasses.MISSING, *, ge: float | None = None, gt: float | None = None,
-           le: float | None = None, lt: float | None = None, why: str = "", **kw: Any) -> Any:
-    """A dataclass field whose value must lie in a range (None passes: optional fields mean "off").
+           le: float | None = None, lt: float | None = None, msg: str = "", **kw: Any) -> Any:
+    """A dataclass field whose value must lie in a range (None passes: an optional field's None means "off").
 
-    ``why`` is added to the error, e.g. ``temperature = ranged(1.0, gt=0, why="greedy rollouts ...")``.
+    The error reads ``name=value: <msg>``; without ``msg``, ``name=value: must be in [ge, le]``. A
+    ``msg`` says the range and why, e.g. ``temperature: float = ranged(1.0, gt=0, msg="training rollouts
+    must sample (temperature > 0); ...")``.
     """
-    meta = {k: v for k, v in dict(ge=ge, gt=gt, le=le, lt=lt).items() if v is not None}
-    if why:
-        meta["why"] = why
+    meta: dict[str, Any] = {k: v for k, v in dict(ge=ge, gt=gt, le=le, lt=lt).items() if v is not None}
+    if msg:
+        meta["msg"] = msg
     return field(default=default, metadata=meta, **kw)
 
 
@@ -43,7 +47,7 @@ def _choices(tp: Any) -> tuple[Any, ...] | None:
     """The values a ``Literal[...]`` (or ``Literal[...] | None``) annotation allows; None if not a Literal."""
     if typing.get_origin(tp) is Literal:
         return typing.get_args(tp)
-    if typing.get_origin(tp) in (typing.Union, getattr(__import__("types"), "UnionType")):
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
         for a in typing.get_args(tp):
             c = _choices(a)
             if c is not None:
@@ -73,8 +77,7 @@ def declared_problems(obj: Any) -> list[str]:
             continue
         if (("ge" in meta and not v >= meta["ge"]) or ("gt" in meta and not v > meta["gt"])
                 or ("le" in meta and not v <= meta["le"]) or ("lt" in meta and not v < meta["lt"])):
-            why = f" ({meta['why']})" if meta.get("why") else ""
-            out.append(f"{f.name}={v}: must be in {_bounds(meta)}{why}")
+            out.append(f"{f.name}={v}: {meta.get('msg') or 'must be in ' + _bounds(meta)}")
     return out
 
 
@@ -110,10 +113,10 @@ class ModelSettings(Section):
 
     model: str = "smollm2-135m"
     """HF model dir, a .gguf file, or an alias: smollm2-135m (embedded default), tiny (tests)"""
-    dtype: str = "auto"
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     """auto (bfloat16 on a GPU that supports it, else float32) | float32 | bfloat16 | float16 (seed 003
     trains in bf16; fp32 is the CPU default; float16 only on CUDA, with a GradScaler)"""
-    autocast: str = "auto"
+    autocast: Literal["auto", "bf16", "none"] = "auto"
     """bf16 autocast for forward passes: auto (on where the hardware has native bf16: CUDA, or a CPU
     with avx512_bf16/AMX, where it measured ~1.5x faster here) | bf16 | none"""
     gradient_checkpointing: bool = False
@@ -122,7 +125,7 @@ class ModelSettings(Section):
     """the trainer's attention (transformers' attn_implementation): auto (the model's default, except
     flex_attention on CUDA for a model with no SDPA path but a flex one: gpt-oss, whose eager scores are
     (heads, T, T) per sequence) | eager | sdpa | flex_attention | flash_attention_2 | a hub kernel"""
-    lora_rank: int = 16
+    lora_rank: int = ranged(16, ge=0, msg="use 0 for full fine-tuning or a positive rank")
     """LoRA rank; 0 means full fine-tuning (seed 003: 32 for 20B, 64 for 120B)"""
     lora_alpha: int = 32
     """LoRA alpha; the seeds keep alpha = 2 x rank"""
@@ -132,6 +135,15 @@ class ModelSettings(Section):
     """a peft LoRA adapter dir to start from (seed 001 starts RL from an SFT adapter, checkpoint-156)"""
     lora_target_modules: list = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
     """modules LoRA wraps; attention-only is the MoE-safe default (seed 003 section 6)"""
+
+    def rules(self) -> list[str]:
+        out = []
+        if not isinstance(self.attn_implementation, str) or not self.attn_implementation.strip():
+            out.append(f"attn_implementation={self.attn_implementation!r}: auto, eager, sdpa, flex_attention, "
+                       "flash_attention_2 or a hub kernel name")
+        if self.init_adapter is not None and self.lora_rank == 0:
+            out.append("init_adapter needs LoRA (lora_rank > 0): it loads a LoRA adapter")
+        return out
 
 
 @dataclass
@@ -152,15 +164,15 @@ class TaskSettings(Section):
 class RolloutSettings(Section):
     """What one rollout step samples: prompts, generations per prompt, sampling (rftlib.rollout)."""
 
-    n_samples_per_prompt: int = 8
+    n_samples_per_prompt: int = ranged(8, ge=2, msg="GRPO needs at least 2 generations per prompt (the group baseline of one sample is itself, so every advantage is 0); set it to 2 or more")
     """G, generations per prompt (seed 003: 8; seed 002: 2, which is the minimum)"""
-    rollout_batch_size: int = 8
+    rollout_batch_size: int = ranged(8, ge=1, msg="must be at least 1 prompt")
     """B, prompts per rollout step; N = B*G sequences (seed 003: 16)"""
-    max_new_tokens: int = 48
+    max_new_tokens: int = ranged(48, ge=1, msg="must be at least 1")
     """generation length cap (seed 003 generate_max_len: 4096 for 20B)"""
-    temperature: float = 1.0
+    temperature: float = ranged(1.0, gt=0, msg="training rollouts must sample (temperature > 0); greedy rollouts give every sample of a group the same reward, so all advantages are 0")
     """sampling temperature for training rollouts; must be > 0"""
-    top_p: float = 1.0
+    top_p: float = ranged(1.0, gt=0, le=1)
     """nucleus sampling for rollouts; 1.0 samples the true policy (the loss assumes it)"""
 
 
@@ -171,7 +183,7 @@ class AlgorithmSettings(Section):
     advantage_estimator: str = "grpo"
     """grpo: (r - mean)/(std + eps); dr_grpo: r - mean (Dr-GRPO, no std scaling); rloo: leave-one-out
     baseline (Ahmadian et al. 2024); reinforce_pp_baseline: group mean, then batch normalisation (REINFORCE++)"""
-    adv_eps: float = 1e-6
+    adv_eps: float = ranged(1e-6, gt=0, msg="must be > 0 (GRPO: 1e-6); it keeps (r - mean) / (std + eps) finite for a group of equal rewards (0 / 0 at 0), and a negative eps can cancel a small std")
     """eps in the GRPO std normalisation"""
     policy_loss: str = "ppo_clip"
     """ppo_clip (GRPO/DAPO) | gspo (sequence ratio, Zheng et al. 2025) | cispo (clipped IS weight, MiniMax-M1)
@@ -183,9 +195,9 @@ class AlgorithmSettings(Section):
 class PPOClipSettings(Section):
     """ppo_clip's own settings: its clip range (GRPO / DAPO)."""
 
-    eps_clip: float = ranged(0.2, gt=0, lt=1, why="seed 003 uses 0.1-0.2")
+    eps_clip: float = ranged(0.2, gt=0, lt=1, msg="must be in (0, 1) (seed 003 uses 0.1-0.2)")
     """PPO ratio clip [1-eps, 1+eps] (seed 003: 0.2 in a26, 0.1 from a27 to cut grad spikes)"""
-    eps_clip_high: float | None = ranged(None, gt=0, why="DAPO's clip-higher uses 0.28")
+    eps_clip_high: float | None = ranged(None, gt=0, msg="must be > 0 (DAPO's clip-higher uses 0.28)")
     """upper clip for clip-higher (DAPO: 0.28); None means eps_clip"""
 
     def clip_range(self) -> tuple[float, float | None]:
@@ -198,21 +210,21 @@ class LossSettings(Section):
     """What every policy loss shares: dual clip, ratio clamp, aggregation, KL and entropy terms;
     and scale_rewards, the advantages' std scaling (kept last for the order of the fields)."""
 
-    dual_clip: float | None = None
+    dual_clip: float | None = ranged(None, gt=1, msg="the dual-clip constant must be > 1 (commonly 3), or null to disable")
     """dual-clip constant c > 1 capping the loss of negative-advantage tokens; None disables"""
-    log_ratio_clamp: float = 20.0
+    log_ratio_clamp: float = ranged(20.0, gt=0, msg="must be > 0 (seed 003: 20); it bounds |log(pi/pi_old)|, and at 0 every ratio would be 1 with no gradient through it")
     """clamp log(pi/pi_old) to +-this before exp (seed 003 ratio_logging_loss patch)"""
     loss_agg_mode: str = "auto"
     """auto (the policy loss's own: seq-mean-token-mean for ppo_clip, gspo and gmpo, token-mean for cispo) |
     seq-mean-token-mean (GRPO) | seq-mean-token-sum-norm (Dr-GRPO) | token-mean (DAPO); a mode the policy loss
     is not defined under is refused (gspo and gmpo: seq-mean-token-mean only; cispo: not seq-mean-token-mean)"""
-    loss_norm_const: float | None = None
+    loss_norm_const: float | None = ranged(None, gt=0, msg="Dr-GRPO's constant normaliser must be > 0 (Dr-GRPO: the generation budget), or null for max_new_tokens")
     """Dr-GRPO's constant normaliser; None means max_new_tokens"""
-    loss_seq_norm: str = "nonempty"
+    loss_seq_norm: Literal["nonempty", "all"] = "nonempty"
     """rows the seq-mean modes divide by: nonempty (rows with a token in the loss mask: verl) | all (every row,
     masked ones included: TRL, under which dynamic_sampling mask changes no gradient); token-mean divides by
     tokens either way"""
-    beta: float = 0.0
+    beta: float = ranged(0.0, ge=0, msg="the KL coefficient cannot be negative")
     """KL coefficient (seed 003 init_kl_coef 0.001; seed 002 0.04; DeepSeek-R1 0.001)"""
     kl_estimator: str = "k3"
     """k1 | k2 | k3 | k3+ (Schulman's estimators). In the loss: k3+ (k3's value, k2's gradient = the reverse
@@ -225,16 +237,16 @@ class LossSettings(Section):
     the estimator's own (grpo: group, dr_grpo: none); only grpo and dr_grpo take it"""
 
 
-_GSPO_RANGE = "GSPO's sequence-ratio range, paper: 3e-4 / 4e-4"
+_GSPO_RANGE = "must be in (0, 1) (GSPO's sequence-ratio range, paper: 3e-4 / 4e-4)"
 
 
 @dataclass
 class GSPOSettings(Section):
     """gspo's own settings: its sequence-ratio clip range (Zheng et al. 2025)."""
 
-    gspo_eps_clip: float = ranged(3e-4, gt=0, lt=1, why=_GSPO_RANGE)
+    gspo_eps_clip: float = ranged(3e-4, gt=0, lt=1, msg=_GSPO_RANGE)
     """GSPO's sequence-ratio clip floor 1 - this, used instead of eps_clip (Zheng et al. 2025: 3e-4)"""
-    gspo_eps_clip_high: float = ranged(4e-4, gt=0, lt=1, why=_GSPO_RANGE)
+    gspo_eps_clip_high: float = ranged(4e-4, gt=0, lt=1, msg=_GSPO_RANGE)
     """GSPO's sequence-ratio clip ceiling 1 + this, instead of eps_clip_high (Zheng et al. 2025: 4e-4)"""
 
     def clip_range(self) -> tuple[float, float | None]:
@@ -246,9 +258,9 @@ class GSPOSettings(Section):
 class CISPOSettings(Section):
     """cispo's own settings: its IS-weight clip range (MiniMax-M1, 2025)."""
 
-    cispo_eps_clip: float = ranged(1.0, ge=0, le=1, why="1: no floor on the IS weight, as MiniMax-M1")
+    cispo_eps_clip: float = ranged(1.0, ge=0, le=1, msg="must be in [0, 1] (1: no floor on the IS weight, as MiniMax-M1)")
     """CISPO's IS-weight floor 1 - this; 1 means no floor, as MiniMax-M1 (2025) sets none"""
-    cispo_eps_clip_high: float = ranged(0.28, gt=0, why="the IS-weight ceiling is 1 + this")
+    cispo_eps_clip_high: float = ranged(0.28, gt=0, msg="must be > 0 (the IS-weight ceiling is 1 + this)")
     """CISPO's IS-weight ceiling 1 + this, the bound MiniMax-M1 tunes (0.28: DAPO's clip-higher, Trinity-RFT's
     CISPO default); replaces eps_clip_high for cispo"""
 
@@ -261,7 +273,7 @@ class CISPOSettings(Section):
 class GMPOSettings(Section):
     """gmpo's own settings: its log-ratio clip (Zhao et al. 2025)."""
 
-    gmpo_eps_clip: float = ranged(0.4, gt=0, why="a log-ratio bound; GMPO's paper uses 0.4")
+    gmpo_eps_clip: float = ranged(0.4, gt=0, msg="must be > 0 (a log-ratio bound; GMPO's paper uses 0.4)")
     """GMPO's log-ratio clip, both sides, instead of eps_clip (Zhao et al. 2025: ratios in (e^-0.4, e^0.4))"""
 
     def clip_range(self) -> tuple[float, float | None]:
@@ -273,19 +285,19 @@ class GMPOSettings(Section):
 class ShapingSettings(Section):
     """Batch shaping around the loss: DAPO's dynamic sampling and overlong handling, KL in the reward."""
 
-    dynamic_sampling: str = "off"
+    dynamic_sampling: Literal["off", "mask", "refill"] = "off"
     """DAPO dynamic sampling of groups whose rewards are all equal (zero advantage): off | mask (keep them,
     out of the loss and, under loss_seq_norm nonempty, out of the seq-mean normaliser) | refill (drop them and
     sample more prompts until the batch is full: DAPO)"""
-    dynamic_sampling_max_rounds: int = 3
+    dynamic_sampling_max_rounds: int = ranged(3, ge=0)
     """refill: at most this many extra generate calls per step (each at most rollout_batch_size prompts);
     a batch still short is topped up with dropped groups, masked out of the loss"""
     mask_truncated_completions: bool = False
     """completions cut at max_new_tokens leave the loss (DAPO overlong filtering; TRL's option of this name)"""
-    overlong_buffer_len: int = 0
+    overlong_buffer_len: int = ranged(0, ge=0, msg="must be in [0, max_new_tokens] (0 disables the soft overlong penalty; DAPO: 4096 of 20480)")
     """DAPO soft overlong penalty: reward ramps from 0 to -overlong_penalty_factor over the last this many
     tokens before max_new_tokens (DAPO: 4096 of 20480); 0 disables"""
-    overlong_penalty_factor: float = 1.0
+    overlong_penalty_factor: float = ranged(1.0, ge=0, msg="must be a finite number >= 0 (DAPO: 1.0)")
     """scale of the soft overlong penalty (DAPO and verl: 1.0)"""
     kl_in_reward: bool = False
     """subtract beta x per-token KL (kl_estimator k1 or k3) from the reward before advantages, instead of
@@ -296,7 +308,7 @@ class ShapingSettings(Section):
 class OptimizationSettings(Section):
     """The update: rollout steps, batch sizes, the optimizer and its LR schedule, the LM-head chunking."""
 
-    num_steps: int = 30
+    num_steps: int = ranged(30, ge=1, msg="must be at least 1")
     """rollout steps in the attempt; derived from num_episodes x pool_size when those are given"""
     stop_after_steps: int | None = None
     """stop this session after this many steps (resume later); None runs to num_steps"""
@@ -305,18 +317,18 @@ class OptimizationSettings(Section):
     OpenRLHF's --train_batch_size counts samples: give its number as train_batch_size_samples"""
     micro_batch_size: int = 16
     """sequences per forward/backward (gradient accumulation inside a train batch)"""
-    logprob_batch_size: int = 0
+    logprob_batch_size: int = ranged(0, ge=0, msg="sequences per reference/old-logprob forward, >= 1 (or 0: max(micro_batch_size, 8))")
     """sequences per no-grad forward in the reference and old-logprob passes (they keep no activations
     for a backward, so they batch wider than training); 0 = auto: max(micro_batch_size, 8), OpenRLHF's
     --micro_rollout_batch_size default 8, which seed 003 left unset while training at micro-batch 1; with
     eager attention, fewer where their (heads, T, T) scores would not fit 80% of the free memory"""
-    num_updates_per_rollout: int = 1
+    num_updates_per_rollout: int = ranged(1, ge=1, msg="must be at least 1")
     """passes over each rollout (PPO epochs); > 1 keeps the rollout's old logprobs"""
-    lr: float = 5e-4
+    lr: float = ranged(5e-4, gt=0, msg="the learning rate must be positive")
     """peak learning rate (seed 003: 5e-7 for 20B full-scale; LoRA on 135M needs far more)"""
-    warmup_ratio: float = 0.05
+    warmup_ratio: float = ranged(0.05, ge=0, lt=1)
     """linear warmup as a fraction of optimizer steps (seed 003: 0.05 for 20B, 0.03 for 120B)"""
-    min_lr_ratio: float = 0.1
+    min_lr_ratio: float = ranged(0.1, ge=0, le=1)
     """cosine decays to min_lr = min_lr_ratio x lr (seed 003 cosine_with_min_lr)"""
     weight_decay: float = 0.0
     """AdamW weight decay"""
@@ -324,13 +336,13 @@ class OptimizationSettings(Section):
     """AdamW beta1"""
     adam_beta2: float = 0.999
     """AdamW beta2"""
-    max_grad_norm: float = 1.0
+    max_grad_norm: float = ranged(1.0, gt=0, msg="must be positive")
     """clip the global grad norm to this; the logged grad_norm is before clipping"""
-    logprob_chunk_size: int = 0
+    logprob_chunk_size: int = ranged(0, ge=0, msg="token rows per chunk, >= 1 (or 0: sized from the vocabulary)")
     """token rows per LM-head chunk when computing logprobs from hidden states ((N,T,V) never whole);
     0 = auto: as many rows as keep one chunk's float32 logits within 64 MiB, at most 1024 (SmolLM2's
     49,152 vocabulary: 341 rows; Qwen's 151,936: 110). The update's peak is ~6 chunks' logits"""
-    logprob_recompute: str = "auto"
+    logprob_recompute: Literal["auto", "always", "never"] = "auto"
     """the chunked LM head in backward: always (recompute each chunk's logits: least memory, one more
     LM-head matmul per chunk), never (keep every chunk's logits: ~chunk_size x V x 4 bytes each),
     auto (recompute only when a micro-batch spans several chunks and keeping all their float32
@@ -344,7 +356,7 @@ class OptimizationSettings(Section):
     sort_micro_batches_by_length: bool = True
     """cut an optimizer batch's micro-batches from its rows sorted by length (prompt + completion),
     so short rows share padding with short ones; the gradient is the same sum in another order"""
-    max_train_minutes: float | None = None
+    max_train_minutes: float | None = ranged(None, gt=0, msg="a positive number of minutes, or None for no time limit")
     """stop this session (checkpoint, stop_reason) after the step that ends this many minutes into
     training; None: no time limit. With a large num_steps, a run that lasts until Stop is clicked"""
 
@@ -360,19 +372,19 @@ class EvalLogSettings(Section):
     ood (out of distribution) when the task defines them (seed 003: ID and OOD probes)"""
     early_stop_probe: str | None = None
     """stop when this probe's greedy_pass@1 drops at early_stop_patience consecutive evals (seed 003: ood)"""
-    early_stop_patience: int = 2
+    early_stop_patience: int = ranged(2, ge=1, msg="must be at least 1")
     """consecutive drops that stop training (seed 003 section 12: 2)"""
     health_abort: bool = False
     """stop the attempt when a health verdict fails (seed 003 section 12 smoke tests); False only warns"""
     eval_batch_size: int = 64
     """prompts per generate call in eval"""
-    eval_dtype: str = "auto"
+    eval_dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     """the one precision every held-out eval computes in, whatever engine samples the rollouts: auto (the
     weights' dtype: float32 on a CPU, bf16 on a GPU; what a vLLM engine serves, so HF and vLLM agree;
     bf16 autocast scored 0.40 where float32 scored 0.47 on one checkpoint here) | float32 | bfloat16 | float16"""
     save_steps: int = 10
     """checkpoint and sample dump every this many steps (seed 001: 1 test / 10 overnight)"""
-    max_ckpt_num: int = 3
+    max_ckpt_num: int = ranged(3, ge=1, msg="keep at least 1 checkpoint")
     """keep at most this many training_state/step_N (seed 003: 2-3)"""
     log_samples: int = 4
     """completions written to samples/ per save"""
@@ -390,27 +402,32 @@ class EvalLogSettings(Section):
     torch_threads: int = 0
     """torch intra-op threads; 0 leaves torch's default (several ranks on one CPU: cores // ranks each)"""
 
+    def rules(self) -> list[str]:
+        if self.early_stop_probe is not None and self.early_stop_probe not in self.eval_probes:
+            return [f"early_stop_probe='{self.early_stop_probe}' is not evaluated: add it to eval_probes {self.eval_probes}"]
+        return []
+
 
 @dataclass
 class SeedScheduleSettings(Section):
     """The schedule as the seeds count it (OpenRLHF's flags), per-probe eval settings, rewards."""
 
-    num_episodes: int | None = None
+    num_episodes: int | None = ranged(None, ge=1, msg="must be at least 1 (or null)")
     """OpenRLHF --num_episodes, passes over pool_size prompts; with pool_size it sets num_steps =
     pool_size // rollout_batch_size x num_episodes (seed 003: 20 for 20B, 50 for 120B, 1 in a28)"""
-    pool_size: int | None = None
+    pool_size: int | None = ranged(None, ge=1, msg="must be at least 1 (or null)")
     """prompts in the training pool the schedule counts, with num_episodes (seed 003: 50,000; a28: 400)"""
-    train_batch_size_samples: int | None = None
+    train_batch_size_samples: int | None = ranged(None, ge=1, msg="must be at least 1 (or null)")
     """OpenRLHF --train_batch_size, in samples (sequences): sets train_batch_size = this //
     n_samples_per_prompt prompts (seed 003 a28: 16 samples with 8 per prompt = 2 prompts)"""
-    prompt_max_len: int | None = None
+    prompt_max_len: int | None = ranged(None, ge=1, msg="must be at least 1 (or null)")
     """prompt length cap in tokens (seed 003 --prompt_max_len 1024; NuminaMath p99.5 is 354); None: no cap"""
     eval_temperature: dict = field(default_factory=dict)
     """per-probe eval temperature {probe: T}; a probe not named is greedy, 0.0 (seed 003 sec. 9:
     OOD probe 0.0 for greedy_pass@1, AIME 0.6 for sampling_pass@8)"""
     eval_n_samples: dict = field(default_factory=dict)
     """per-probe samples per problem {probe: n}; a probe not named takes 1 (seed 003 sec. 9: AIME 8)"""
-    reward_mode: str = "exact"
+    reward_mode: Literal["exact", "math_verify"] = "exact"
     """math answer equivalence: exact (seed 003's normalised exact match) | math_verify (exact, else
     math-verify's symbolic equivalence, so 0.5 matches a gold of 1/2 written as a LaTeX fraction)"""
     rewards: dict = field(default_factory=dict)
@@ -435,7 +452,7 @@ class ScaleSettings(Section):
     """ZeRO-3 CPU offload of parameters (seed 003 --offload; needed for 120B)"""
     offload_optimizer: bool = False
     """ZeRO CPU offload of optimizer states, with DeepSpeed's CPU Adam (seed 003 --adam_offload)"""
-    zero3_gather_for_generation: str = "auto"
+    zero3_gather_for_generation: Literal["auto", "on", "off"] = "auto"
     """HF generate under ZeRO-3: on (gather the whole model once per rollout, TRL's gather_deepspeed3_params)
     | off (DeepSpeed re-gathers every layer at every decode step: ~T x the all-gathers) | auto (on when the
     whole model fits in half the device's free memory beside what the rank holds; the plan says which)"""
@@ -449,6 +466,11 @@ class ScaleSettings(Section):
     seed 003's --disable_ds_ckpt: the trainable weights/adapter and LR schedule only, and a resume restarts
     AdamW's moments"""
 
+    def rules(self) -> list[str]:
+        if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", self.device):
+            return [f"device='{self.device}': choose auto, cpu, cuda or cuda:N"]
+        return []
+
 
 @dataclass
 class EngineSettings(Section):
@@ -456,14 +478,14 @@ class EngineSettings(Section):
 
     rollout_engine: str = "hf"
     """hf (HF generate on the trainer's own module) | vllm (vLLM engine; seed 003)"""
-    vllm_placement: str = "colocate"
+    vllm_placement: Literal["colocate", "server"] = "colocate"
     """colocate (vLLM inside the trainer process) | server (separate vLLM server processes,
     seed 003's 2 engines x TP 2 on GPUs 0-3)"""
-    vllm_num_engines: int = 1
+    vllm_num_engines: int = ranged(1, ge=1, msg="vllm_num_engines and vllm_tensor_parallel_size must be at least 1")
     """vLLM engines (seed 003: 2)"""
-    vllm_tensor_parallel_size: int = 1
+    vllm_tensor_parallel_size: int = ranged(1, ge=1, msg="vllm_num_engines and vllm_tensor_parallel_size must be at least 1")
     """GPUs per vLLM engine (seed 003: 2)"""
-    vllm_gpu_memory_utilization: float | None = None
+    vllm_gpu_memory_utilization: float | None = ranged(None, gt=0, le=1)
     """fraction of an engine GPU's memory vLLM may take; null: 0.85 for server engines on GPUs of their own
     (seed 003), 0.3 colocated (TRL's colocate default: the trainer's weights and activations share the GPU)"""
     vllm_enforce_eager: bool | None = None
@@ -479,19 +501,19 @@ class EngineSettings(Section):
     """the float32 floor of the sync probe's threshold: max |engine - trainer| log-prob on its fixed prompts
     after a weight sync; every sync accepts max(this, 4 x the gap the trainer measures at that sync between its
     forward in the engine's precision and in float32) (rftlib.rollout.sync_probe)"""
-    vllm_dtype: str = "auto"
+    vllm_dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     """the dtype vLLM engines serve in: auto (the trainer's compute precision: bfloat16 on GPUs and on CPUs
     with native bf16 under autocast, as seed 003's engines run; else the weights' float32) | float32 |
     bfloat16 | float16 (CUDA only)"""
-    vllm_weight_sync: str = "auto"
+    vllm_weight_sync: Literal["auto", "nccl", "rpc", "disk"] = "auto"
     """how full weights (lora_rank 0) reach server engines after each step: auto (nccl on GPUs, rpc on a CPU) |
     nccl (vLLM's weight-transfer API: a broadcast from the trainer into the engine's GPUs, as OpenRLHF does) |
     rpc (in memory, through the engine's /collective_rpc in chunks) | disk (save_pretrained + reload: 42 GB a
     step for gpt-oss-20b; also the fallback when nccl cannot start)"""
-    tis_cap: float = 2.0
+    tis_cap: float = ranged(2.0, ge=1, msg="the truncated-IS cap must be >= 1 (verl and TRL use 2)")
     """truncated importance sampling cap C: weights min(exp(old - behaviour), C) correct for
     rollout/trainer mismatch when the engine is not the trainer's module (verl/TRL: 2)"""
-    tis_level: str = "token"
+    tis_level: Literal["token", "sequence"] = "token"
     """token | sequence: truncated IS weights per token or one per sequence"""
 
 
@@ -504,21 +526,21 @@ class LaunchSettings(Section):
     """GPU indices (on each node, counting the GPUs the shell sees: CUDA_VISIBLE_DEVICES when set) the
     trainer ranks use, one rank per GPU (seed 003: [4, 5, 6, 7]; seed 001: [0, 1]); None: every GPU of the
     node that serves no rollouts"""
-    train_ranks: int = 0
+    train_ranks: int = ranged(0, ge=0, msg="train_ranks and gpus_per_node must be >= 0 (0 = derived)")
     """trainer ranks per node; 0 means one per train_gpus entry (set it for CPU ranks, which have no GPUs)"""
     rollout_gpus: list[int] | None = None
     """GPU indices (on each node, counted as train_gpus are) of the vLLM server engines,
     vllm_tensor_parallel_size consecutive ones per engine (seed 003: [0, 1, 2, 3] = 2 engines x TP 2);
     None: the first engines x TP GPUs"""
-    gpus_per_node: int = 0
+    gpus_per_node: int = ranged(0, ge=0, msg="train_ranks and gpus_per_node must be >= 0 (0 = derived)")
     """GPUs of each node the plan may use; 0: as many as this machine shows (torch / nvidia-smi)"""
-    nnodes: int = 1
+    nnodes: int = ranged(1, ge=1, msg="must be at least 1")
     """nodes of the launch (torchrun --nnodes); > 1 needs hosts"""
     hosts: list[str] = field(default_factory=list)
     """the nodes' host names, node 0 first (a hostfile's order); engines are addressed as http://HOST:PORT"""
     rdzv_endpoint: str | None = None
     """torchrun rendezvous HOST:PORT for a multi-node launch; None: hosts[0]:29400"""
-    vllm_base_port: int = 8000
+    vllm_base_port: int = ranged(8000, ge=1, le=65535, msg="not a TCP port")
     """first vLLM server port on each node; engine K listens on vllm_base_port + K"""
     vllm_urls: list[str] = field(default_factory=list)
     """OpenAI-compatible base URLs of vLLM engines already running elsewhere: the launch starts no
@@ -527,6 +549,27 @@ class LaunchSettings(Section):
     """extra environment for every process of the launch (NCCL_*, e.g. NCCL_SOCKET_IFNAME for multi-node)"""
     launch_gpu_type: str = "H100-80GB"
     """the GPU model of the nodes, for the memory preflight of each role (a name in rftlib.preflight.memory.GPUS)"""
+
+    def rules(self) -> list[str]:
+        """The layout's own consistency (rftlib.launch.plan checks it against the machine)."""
+        out = []
+        for name in ("train_gpus", "rollout_gpus"):
+            gpus = getattr(self, name)
+            if gpus is not None and (any(g < 0 for g in gpus) or len(set(gpus)) != len(gpus)):
+                out.append(f"{name}={gpus}: GPU indices must be distinct and >= 0")
+        if self.train_gpus and self.rollout_gpus and set(self.train_gpus) & set(self.rollout_gpus):
+            out.append(f"train_gpus={self.train_gpus} and rollout_gpus={self.rollout_gpus} share GPUs "
+                       f"{sorted(set(self.train_gpus) & set(self.rollout_gpus))}: give each GPU one role")
+        if self.train_gpus and self.train_ranks and self.train_ranks != len(self.train_gpus):
+            out.append(f"train_ranks={self.train_ranks} disagrees with train_gpus={self.train_gpus} (one rank per GPU)")
+        if self.nnodes > 1 and len(self.hosts) != self.nnodes:
+            out.append(f"nnodes={self.nnodes} needs hosts with one name per node, node 0 first (got {self.hosts})")
+        if self.rdzv_endpoint is not None and ":" not in self.rdzv_endpoint:
+            out.append(f"rdzv_endpoint='{self.rdzv_endpoint}': write HOST:PORT")
+        for u in self.vllm_urls:
+            if not u.startswith(("http://", "https://")):
+                out.append(f"vllm_urls entry '{u}': write http://HOST:PORT")
+        return out
 
 
 SECTIONS: tuple[type[Section], ...] = (

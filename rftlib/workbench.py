@@ -98,9 +98,8 @@ def start(ns: dict[str, Any]) -> Run:
 
 def lr_preflight(cfg: RunConfig):
     """Seed 003's LR preflight on the schedule this config will actually run (optimizer steps)."""
-    per_rollout = cfg.optimizer_steps_per_rollout
-    return lr_preflight_for_steps(cfg.num_steps * per_rollout, cfg.warmup_ratio, cfg.lr,
-                                  min_lr_ratio=cfg.min_lr_ratio, steps_per_rollout=per_rollout)
+    return lr_preflight_for_steps(cfg.total_optimizer_steps, cfg.warmup_ratio, cfg.lr,
+                                  min_lr_ratio=cfg.min_lr_ratio, steps_per_rollout=cfg.optimizer_steps_per_rollout)
 
 
 def describe(run: Run) -> str:

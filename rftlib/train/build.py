@@ -31,7 +31,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from rftlib.algo.schedule import warmup_steps_for
 from rftlib.attempts import (SFT_ROWS, AttemptLockedError, attempt_holding, create_attempt, lock_attempt, project_root,
                              read_attempt)
 from rftlib.config import ConfigError, RunConfig
@@ -66,8 +65,6 @@ class Parts:
     sampler: Sampler  # rftlib.data.base.Sampler: next(k) / state() / load_state(); update() when adaptive
     logger: MetricsLogger | None  # rank 0 only
     load_seconds: float  # loading the policy, for the report
-    total_opt_steps: int
-    warmup_steps: int
 
 
 def check_world(cfg: RunConfig, world: int) -> None:
@@ -272,10 +269,8 @@ def build(cfg: RunConfig, run_dir: str | Path | None = None, *, dist: Dist | Non
         t = time.time()
         model, tok = build_policy(cfg, D)
         load_seconds = time.time() - t
-        reference = Reference(model, needed=cfg.beta > 0)
-        total = cfg.num_steps * cfg.optimizer_steps_per_rollout
-        warmup = warmup_steps_for(total, cfg.warmup_ratio)
-        backend = make_backend(cfg, D, model, total_opt_steps=total, warmup_steps=warmup)
+        reference = Reference(model, needed=cfg.needs_reference)
+        backend = make_backend(cfg, D, model, total_opt_steps=cfg.total_optimizer_steps, warmup_steps=cfg.warmup_steps)
         engine = engine or make_engine(cfg, model, tok, run_dir, sync=False, backend=backend)
         check_full_weight_sync(backend, engine, model)
         if cfg.prompt_max_len:
@@ -290,4 +285,4 @@ def build(cfg: RunConfig, run_dir: str | Path | None = None, *, dist: Dist | Non
         raise
     return Parts(cfg=cfg, dist=D, run_dir=run_dir, lock=lock, task=task, reward=reward, model=model, tok=tok,
                  reference=reference, backend=backend, engine=engine, sampler=sampler, logger=logger,
-                 load_seconds=load_seconds, total_opt_steps=total, warmup_steps=warmup)
+                 load_seconds=load_seconds)

@@ -17,6 +17,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from rftlib.models.loading import is_peft
+from rftlib.train.backends import checkpoint_format_of
+from rftlib.train.backends.scheduler import restart_schedule
+
 STATE = "training_state"
 
 
@@ -175,3 +179,52 @@ def load_rng(step_dir: str | Path, rank: int) -> dict[str, Any]:
     d = Path(step_dir)
     path = d / f"rng_rank{rank}.pt"
     return torch.load(path if path.exists() else d / "rng.pt", weights_only=False)
+
+
+# ---- a Trainer's checkpoint (rftlib.train.loop) -------------------------------------------------------------
+
+def trainer_state(tr) -> dict[str, Any]:
+    """What a resume needs beside the backend's weights and optimizer: the step, sampler cursor, evals."""
+    return {"step": tr.step_num, "sampler": tr.sampler.state(), "eval_history": tr.eval_history,
+            "skipped_steps": tr.skipped_steps, "num_steps": tr.cfg.num_steps,
+            "world_size": tr.dist.world_size, "backend": tr.cfg.backend}
+
+
+def save_trainer(tr) -> Path:
+    """Checkpoint a Trainer at its step (every rank takes part: the adapter is gathered under ZeRO-3)."""
+    def write(tmp: Path) -> None:
+        tr.backend.save(tmp)
+        if is_peft(tr.model):  # a peft adapter directory others can load
+            state = tr.backend.adapter_state()  # gathered under ZeRO-3 (every rank takes part)
+            if tr.dist.is_main:
+                tr.model.save_pretrained(tmp / "adapter", **({"state_dict": state} if state else {}))
+
+    return save_step(tr.run_dir, tr.step_num, dist=tr.dist, write=write, trainer_state=trainer_state(tr),
+                     max_keep=tr.cfg.max_ckpt_num)
+
+
+def resume_trainer(tr) -> None:
+    """Continue a Trainer from ``training_state/step_latest``: the backend's weights and optimizer, this config's
+    lr/betas/weight decay on the saved LR schedule, RNG, sampler cursor, eval history, metrics lines."""
+    d = latest_dir(tr.run_dir)
+    ts = json.loads((d / "trainer_state.json").read_text())
+    saved_world, saved_backend = ts.get("world_size", 1), ts.get("backend", "single")
+    same_format = checkpoint_format_of(saved_backend) == checkpoint_format_of(tr.cfg.backend)
+    if saved_world != tr.dist.world_size or not same_format:
+        raise RuntimeError(
+            f"{d} was saved by {saved_world} rank(s) with backend {saved_backend}; resuming with "
+            f"{tr.dist.world_size} rank(s) and backend {tr.cfg.backend} would not continue the same run "
+            f"(per-rank sampling streams{'' if same_format else ' and checkpoint partitions'} differ). Resume "
+            f"with {saved_world} rank(s) and backend {saved_backend}, or start a new attempt from its weights "
+            f"with init_adapter={d / 'adapter'}")
+    tr.backend.load(d)
+    cfg = tr.cfg
+    restart_schedule(tr.optimizer, tr.scheduler, lr=cfg.lr, betas=(cfg.adam_beta1, cfg.adam_beta2),
+                     weight_decay=cfg.weight_decay)
+    set_rng_state(load_rng(d, tr.dist.rank))
+    tr.step_num = ts["step"]
+    tr.sampler.load_state(ts["sampler"])
+    tr.eval_history = ts["eval_history"]
+    tr.skipped_steps = ts.get("skipped_steps", 0)
+    if tr.logger is not None:
+        tr.logger.truncate_after(tr.step_num)

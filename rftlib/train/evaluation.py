@@ -92,3 +92,17 @@ def eval_outcome(eval_history: list[dict[str, Any]], step: int, eval_probes) -> 
     return {"probes": probes, "baseline": base, "final": last, "final_step": step if at_end is not None else None,
             "final_note": note, "gain": None if base is None or last is None else last - base,
             "best_step": best["step"] if best else None, "best": best[EVAL_KEY] if best else None}
+
+
+def early_stop_reason(cfg, eval_history: list[dict[str, Any]]) -> str | None:
+    """Why to stop now (cfg.early_stop_probe's greedy_pass@1 dropped at ``early_stop_patience`` consecutive
+    evals of ``eval_history``), else None (seed 003 section 12: stop when the OOD probe keeps falling)."""
+    if cfg.early_stop_probe is None:
+        return None
+    key = f"eval/{cfg.early_stop_probe}/greedy_pass@1"
+    vals = [e[key] for e in eval_history if key in e]
+    k = cfg.early_stop_patience
+    if len(vals) > k and all(vals[-i] < vals[-i - 1] for i in range(1, k + 1)):
+        trail = " -> ".join(f"{v:.3f}" for v in vals[-k - 1:])
+        return f"{key} dropped at {k} consecutive evals ({trail})"
+    return None

@@ -17,8 +17,6 @@ logprobs *are* the current ones (detached), so no extra forward is spent on them
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import json
 import math
 import sys
 import time
@@ -34,7 +32,7 @@ from rftlib.algo.advantages import compute_advantages
 from rftlib.algo.filtering import constant_groups
 from rftlib.algo.logprobs import auto_chunk_size, recompute_needed
 from rftlib.algo.losses import grpo_loss
-from rftlib.algo.schedule import lr_at, warmup_steps_for
+from rftlib.algo.schedule import lr_at
 from rftlib.attempts import STOP_FILE, read_attempt, write_json
 from rftlib.config import RunConfig, make_config
 from rftlib.eval import check_precision, eval_precision, format_prompts
@@ -46,15 +44,13 @@ from rftlib.monitor.metrics import read_metrics
 from rftlib.rewards.registry import Reward, as_reward
 from rftlib.train import checkpoint as ckpt
 from rftlib.train import steps
-from rftlib.train.backends import checkpoint_format_of
-from rftlib.train.backends.scheduler import restart_schedule
 from rftlib.train.build import Parts, build
 from rftlib.train.dist import Dist
-from rftlib.train.evaluation import EVAL_KEY, eval_outcome, evaluate_probes  # noqa: F401  EVAL_KEY: importers of loop
+from rftlib.train.evaluation import EVAL_KEY, early_stop_reason, eval_outcome, evaluate_probes  # noqa: F401  EVAL_KEY: importers of loop
 from rftlib.train.memory import preflight_gib, step_memory
 from rftlib.train.phases import (Advantaged, Around, EvalResult, Forward, Hook, Scored, SyncResult, UpdateResult,
                                  phase)
-from rftlib.train.step_metrics import first_group, step_metrics
+from rftlib.train.step_metrics import first_group, step_metrics, write_step_logs
 from rftlib.train.update_parts import (NoiseScaleProbe, full_width, no_grad_batch_rows, rows_of, sequence_log_ratio,
                                       token_diagnostics, truncated_is)
 
@@ -83,7 +79,6 @@ class Trainer:
         self.task, self.reward, self.model, self.tok = parts.task, parts.reward, parts.model, parts.tok
         self.ref, self.backend, self.engine = parts.reference, parts.backend, parts.engine
         self.sampler, self.logger, self.load_seconds = parts.sampler, parts.logger, parts.load_seconds
-        self.total_opt_steps, self.warmup_steps = parts.total_opt_steps, parts.warmup_steps
         self.progress = progress
         self.callbacks = list(callbacks or [])  # each metrics row (rank 0)
         self.hooks: list[Hook] = list(hooks or [])  # hook(phase, seconds, result) after each phase (rftlib.train.phases)
@@ -124,7 +119,7 @@ class Trainer:
             self.memory_estimate = preflight_gib(cfg, causal_lm(self.model).config, D.world_size, prompt_len=256,
                                                 chunk_rows=self.logprob_chunk_size)
         if resume:
-            self._resume()
+            ckpt.resume_trainer(self)
         if not self.engine.shares_trainer_module:  # once the weights are final: a resume restored the adapter
             sync = self.sync(verify=True)
             self.engine.initial_sync = sync.details
@@ -271,7 +266,7 @@ class Trainer:
         engine that is not the trainer's module), in their own wider forwards, without dropout or grad."""
         ref_lp = old_lp = None
         self.backend.train(False)  # reference and old logprobs without dropout, or the ratio is noise
-        if self.cfg.beta > 0:
+        if self.cfg.needs_reference:
             with self.ref.active() as ref_model:
                 ref_lp = self.no_grad_logprobs(ro, None if ref_model is self.model else ref_model)  # (N, T)
         if not self.on_policy:
@@ -467,22 +462,8 @@ class Trainer:
             row["memory/preflight_gib"] = self.memory_estimate
         self._group = first_group(allr, G)
         if D.is_main:
-            self._write_step_logs(row, allr, G)
+            write_step_logs(self.logger, self.cfg, self.step_num, row, allr)
         return row
-
-    def _write_step_logs(self, row: dict[str, Any], allr: dict[str, list], G: int) -> None:
-        cfg = self.cfg
-        exs = allr["examples"]
-        if not math.isfinite(row["grad_norm_max"]) or row["grad_norm_max"] > cfg.spike_grad_norm:
-            self.logger.spike({"step": self.step_num, "grad_norm": row["grad_norm_max"],
-                               "prompt_hashes": [hashlib.md5(p.encode()).hexdigest() for p, _ in exs],
-                               **{k: row[k] for k in row if k.startswith(("log_ratio", "ratio_"))}})
-        if cfg.save_steps and self.step_num % cfg.save_steps == 0:
-            self.logger.samples(self.step_num, [
-                {"prompt": exs[i // G][0], "answer": exs[i // G][1], "completion": allr["texts"][i],
-                 "reward": allr["rewards"][i], "advantage": allr["advantages"][i],
-                 "truncated": bool(allr["truncated"][i])}
-                for i in range(min(cfg.log_samples, len(allr["texts"])))])
 
     # ---- the policy's logprobs over some rows -----------------------------------------------------------
     @phase("forward")
@@ -538,7 +519,7 @@ class Trainer:
             is_eval = final or (cfg.eval_steps and self.step_num % cfg.eval_steps == 0)
             if is_eval:
                 row.update(self.evaluate().values())
-                self.stop_reason = self.early_stop_reason()
+                self.stop_reason = early_stop_reason(cfg, self.eval_history)
             if self.stop_reason is None and self.step_num < end:  # a run at its end was not cut, whatever the clock says
                 self.stop_reason = self.stop_requested(started)
                 if not is_eval and self.stop_reason is not None and self.stop_reason.startswith(BUDGET_STOP):
@@ -634,61 +615,10 @@ class Trainer:
         self.eval_history.append(row)
         return EvalResult(self.step_num, row)
 
-    def early_stop_reason(self) -> str | None:
-        """Why to stop now (the probe dropped at ``patience`` consecutive evals), else None."""
-        cfg = self.cfg
-        if cfg.early_stop_probe is None:
-            return None
-        key = f"eval/{cfg.early_stop_probe}/greedy_pass@1"
-        vals = [e[key] for e in self.eval_history if key in e]
-        k = cfg.early_stop_patience
-        if len(vals) > k and all(vals[-i] < vals[-i - 1] for i in range(1, k + 1)):
-            trail = " -> ".join(f"{v:.3f}" for v in vals[-k - 1:])
-            return f"{key} dropped at {k} consecutive evals ({trail})"
-        return None
-
-    # ---- checkpoints and resume -------------------------------------------------------------------------
-    def _trainer_state(self) -> dict[str, Any]:
-        return {"step": self.step_num, "sampler": self.sampler.state(), "eval_history": self.eval_history,
-                "skipped_steps": self.skipped_steps, "num_steps": self.cfg.num_steps,
-                "world_size": self.dist.world_size, "backend": self.cfg.backend}
-
+    # ---- checkpoints and resume (rftlib.train.checkpoint) -------------------------------------------------
     def save(self) -> Path:
-        def write(tmp: Path) -> None:
-            self.backend.save(tmp)
-            if is_peft(self.model):  # a peft adapter directory others can load
-                state = self.backend.adapter_state()  # gathered under ZeRO-3 (every rank takes part)
-                if self.dist.is_main:
-                    self.model.save_pretrained(tmp / "adapter", **({"state_dict": state} if state else {}))
-
-        return ckpt.save_step(self.run_dir, self.step_num, dist=self.dist, write=write,
-                              trainer_state=self._trainer_state(), max_keep=self.cfg.max_ckpt_num)
-
-    def _resume(self) -> None:
-        """Continue from ``training_state/step_latest``: the backend's weights and optimizer, this config's
-        lr/betas/weight decay on the saved LR schedule, RNG, sampler cursor, eval history, metrics lines."""
-        d = ckpt.latest_dir(self.run_dir)
-        ts = json.loads((d / "trainer_state.json").read_text())
-        saved_world, saved_backend = ts.get("world_size", 1), ts.get("backend", "single")
-        same_format = checkpoint_format_of(saved_backend) == checkpoint_format_of(self.cfg.backend)
-        if saved_world != self.dist.world_size or not same_format:
-            raise RuntimeError(
-                f"{d} was saved by {saved_world} rank(s) with backend {saved_backend}; resuming with "
-                f"{self.dist.world_size} rank(s) and backend {self.cfg.backend} would not continue the same run "
-                f"(per-rank sampling streams{'' if same_format else ' and checkpoint partitions'} differ). Resume "
-                f"with {saved_world} rank(s) and backend {saved_backend}, or start a new attempt from its weights "
-                f"with init_adapter={d / 'adapter'}")
-        self.backend.load(d)
-        cfg = self.cfg
-        restart_schedule(self.optimizer, self.scheduler, lr=cfg.lr, betas=(cfg.adam_beta1, cfg.adam_beta2),
-                         weight_decay=cfg.weight_decay)
-        ckpt.set_rng_state(ckpt.load_rng(d, self.dist.rank))
-        self.step_num = ts["step"]
-        self.sampler.load_state(ts["sampler"])
-        self.eval_history = ts["eval_history"]
-        self.skipped_steps = ts.get("skipped_steps", 0)
-        if self.logger is not None:
-            self.logger.truncate_after(self.step_num)
+        """Checkpoint this step: the backend's weights and optimizer, the peft adapter, RNG, sampler, evals."""
+        return ckpt.save_trainer(self)
 
     def _unlock(self) -> None:
         if self._lock is not None:
@@ -707,6 +637,5 @@ def resume_config(run_dir: str | Path, **overrides: Any) -> RunConfig:
 
 def lr_schedule_preview(cfg: RunConfig) -> list[float]:
     """LR of each optimizer step of this config (what the scheduler will do)."""
-    total = cfg.num_steps * cfg.optimizer_steps_per_rollout
-    w = warmup_steps_for(total, cfg.warmup_ratio)
+    total, w = cfg.total_optimizer_steps, cfg.warmup_steps
     return [lr_at(s, total_steps=total, warmup_steps=w, lr=cfg.lr, min_lr_ratio=cfg.min_lr_ratio) for s in range(total)]
