@@ -199,9 +199,9 @@ class AlgorithmSettings(Section):
 class PPOClipSettings(Section):
     """ppo_clip's own settings: its clip range (GRPO / DAPO)."""
 
-    eps_clip: float = ranged(0.2, gt=0, lt=1, why="seed 003 uses 0.1-0.2")
+    eps_clip: float = ranged(0.2, gt=0, lt=1, msg="must be in (0, 1) (seed 003 uses 0.1-0.2)")
     """PPO ratio clip [1-eps, 1+eps] (seed 003: 0.2 in a26, 0.1 from a27 to cut grad spikes)"""
-    eps_clip_high: float | None = ranged(None, gt=0, why="DAPO's clip-higher uses 0.28")
+    eps_clip_high: float | None = ranged(None, gt=0, msg="must be > 0 (DAPO's clip-higher uses 0.28)")
     """upper clip for clip-higher (DAPO: 0.28); None means eps_clip"""
 
     def clip_range(self) -> tuple[float, float | None]:
@@ -241,16 +241,16 @@ class LossSettings(Section):
     the estimator's own (grpo: group, dr_grpo: none); only grpo and dr_grpo take it"""
 
 
-_GSPO_RANGE = "GSPO's sequence-ratio range, paper: 3e-4 / 4e-4"
+_GSPO_RANGE = "must be in (0, 1) (GSPO's sequence-ratio range, paper: 3e-4 / 4e-4)"
 
 
 @dataclass
 class GSPOSettings(Section):
     """gspo's own settings: its sequence-ratio clip range (Zheng et al. 2025)."""
 
-    gspo_eps_clip: float = ranged(3e-4, gt=0, lt=1, why=_GSPO_RANGE)
+    gspo_eps_clip: float = ranged(3e-4, gt=0, lt=1, msg=_GSPO_RANGE)
     """GSPO's sequence-ratio clip floor 1 - this, used instead of eps_clip (Zheng et al. 2025: 3e-4)"""
-    gspo_eps_clip_high: float = ranged(4e-4, gt=0, lt=1, why=_GSPO_RANGE)
+    gspo_eps_clip_high: float = ranged(4e-4, gt=0, lt=1, msg=_GSPO_RANGE)
     """GSPO's sequence-ratio clip ceiling 1 + this, instead of eps_clip_high (Zheng et al. 2025: 4e-4)"""
 
     def clip_range(self) -> tuple[float, float | None]:
@@ -262,9 +262,9 @@ class GSPOSettings(Section):
 class CISPOSettings(Section):
     """cispo's own settings: its IS-weight clip range (MiniMax-M1, 2025)."""
 
-    cispo_eps_clip: float = ranged(1.0, ge=0, le=1, why="1: no floor on the IS weight, as MiniMax-M1")
+    cispo_eps_clip: float = ranged(1.0, ge=0, le=1, msg="must be in [0, 1] (1: no floor on the IS weight, as MiniMax-M1)")
     """CISPO's IS-weight floor 1 - this; 1 means no floor, as MiniMax-M1 (2025) sets none"""
-    cispo_eps_clip_high: float = ranged(0.28, gt=0, why="the IS-weight ceiling is 1 + this")
+    cispo_eps_clip_high: float = ranged(0.28, gt=0, msg="must be > 0 (the IS-weight ceiling is 1 + this)")
     """CISPO's IS-weight ceiling 1 + this, the bound MiniMax-M1 tunes (0.28: DAPO's clip-higher, Trinity-RFT's
     CISPO default); replaces eps_clip_high for cispo"""
 
@@ -277,7 +277,7 @@ class CISPOSettings(Section):
 class GMPOSettings(Section):
     """gmpo's own settings: its log-ratio clip (Zhao et al. 2025)."""
 
-    gmpo_eps_clip: float = ranged(0.4, gt=0, why="a log-ratio bound; GMPO's paper uses 0.4")
+    gmpo_eps_clip: float = ranged(0.4, gt=0, msg="must be > 0 (a log-ratio bound; GMPO's paper uses 0.4)")
     """GMPO's log-ratio clip, both sides, instead of eps_clip (Zhao et al. 2025: ratios in (e^-0.4, e^0.4))"""
 
     def clip_range(self) -> tuple[float, float | None]:

@@ -61,11 +61,11 @@ def test_every_preset_still_validates_and_runs_the_aggregation_it_did():
 
 @pytest.mark.parametrize("overrides, message", [
     ({"eps_clip": 0.0}, r"eps_clip=0.0: must be in \(0, 1\) \(seed 003 uses 0.1-0.2\)"),
-    ({"eps_clip_high": -0.1}, r"eps_clip_high=-0.1: must be in \(0, inf\) \(DAPO's clip-higher uses 0.28\)"),
+    ({"eps_clip_high": -0.1}, r"eps_clip_high=-0.1: must be > 0 \(DAPO's clip-higher uses 0.28\)"),
     ({"gspo_eps_clip_high": 1.5}, r"gspo_eps_clip_high=1.5: must be in \(0, 1\) \(GSPO's sequence-ratio range"),
     ({"cispo_eps_clip": 1.5}, r"cispo_eps_clip=1.5: must be in \[0, 1\] \(1: no floor on the IS weight"),
-    ({"cispo_eps_clip_high": 0.0}, r"cispo_eps_clip_high=0.0: must be in \(0, inf\) \(the IS-weight ceiling"),
-    ({"gmpo_eps_clip": 0.0}, r"gmpo_eps_clip=0.0: must be in \(0, inf\) \(a log-ratio bound; GMPO's paper uses 0.4\)"),
+    ({"cispo_eps_clip_high": 0.0}, r"cispo_eps_clip_high=0.0: must be > 0 \(the IS-weight ceiling"),
+    ({"gmpo_eps_clip": 0.0}, r"gmpo_eps_clip=0.0: must be > 0 \(a log-ratio bound; GMPO's paper uses 0.4\)"),
 ])
 def test_every_builtin_loss_settings_class_checks_its_values_in_use_or_not(overrides, message):
     # policy_loss stays ppo_clip: gspo's, cispo's and gmpo's values are checked all the same (wrong either way)
@@ -79,7 +79,7 @@ def test_every_builtin_loss_settings_class_checks_its_values_in_use_or_not(overr
 class ToySettings(Section):
     """toy_reinforce's own settings: its IS-weight cap, declared here only (no RunConfig field is written)."""
 
-    toy_clip: float = ranged(0.2, gt=0, lt=1, why="the toy's weight cap is 1 + this")
+    toy_clip: float = ranged(0.2, gt=0, lt=1, msg="must be in (0, 1) (the toy's weight cap is 1 + this)")
     """the IS weight is capped at 1 + toy_clip_high (toy_clip when that is None)"""
     toy_clip_high: float | None = None
     """the cap above, if not toy_clip's"""

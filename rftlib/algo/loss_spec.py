@@ -12,7 +12,7 @@ A loss's own settings are a :class:`rftlib.settings.Section` dataclass: its fiel
 
     @dataclass
     class MyLossSettings(Section):
-        my_clip: float = ranged(0.2, gt=0, lt=1, why="...")  # its range: checked by check()
+        my_clip: float = ranged(0.2, gt=0, lt=1, msg="must be in (0, 1) (...)")  # its range: checked by check()
 
         def clip_range(self) -> tuple[float, float | None]:
             return self.my_clip, None
