@@ -178,6 +178,13 @@ class RolloutSettings(Section):
     """sampling temperature for training rollouts; must be > 0"""
     top_p: float = ranged(1.0, gt=0, le=1)
     """nucleus sampling for rollouts; 1.0 samples the true policy (the loss assumes it)"""
+    max_staleness: int = ranged(0, ge=0, le=8, msg="must be an integer in 0..8 (0: synchronous; prime-rl's default ceiling max_off_policy_steps is 8)")
+    """k: how many policy versions a trained sample may lag the trainer (bounded-staleness asynchronous GRPO,
+    rftlib.train.pipeline). 0 (default): today's synchronous step, generate -> update -> sync -> generate. k > 0:
+    engines that do not share the trainer's module generate the next k batches while the trainer updates on the
+    current one; a batch trained at step n was sampled by version >= n-1-k. Peers: AReaL max_head_offpolicyness,
+    prime-rl max_off_policy_steps, NeMo-RL max_trajectory_age_steps, SkyRL max_staleness_steps, TRL max_staleness;
+    seed 003 (sec. 11) is the case: 4 GPUs train while 4 serve, each half idle half the time at k = 0"""
 
 
 @dataclass
