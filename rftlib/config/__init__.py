@@ -474,6 +474,15 @@ def _validate_scale(cfg: RunConfig, bad) -> None:
         bad(f"rollout_engine='{cfg.rollout_engine}': choose {', '.join(ENGINES.names())}")
     for problem in engine_kind(cfg.rollout_engine).check_config(EngineInputs.of(cfg.section)):
         bad(problem)
+    if cfg.max_staleness > 0 and cfg.rollout_engine in ENGINES:  # asynchronous rollouts (rftlib.train.pipeline)
+        why = engine_kind(cfg.rollout_engine).overlap_problem(EngineInputs.of(cfg.section))
+        if why:
+            bad(f"max_staleness={cfg.max_staleness} with rollout_engine '{cfg.rollout_engine}': {why}; or set "
+                "max_staleness 0 (synchronous)")
+        if cfg.dynamic_sampling == "refill":
+            bad(f"max_staleness={cfg.max_staleness} with dynamic_sampling refill: refill draws extra prompts in the "
+                "middle of a step, while an asynchronous producer draws prompts only when a batch is permitted; "
+                "use dynamic_sampling mask (the constant groups are masked out of the loss) or max_staleness 0")
     if cfg.vllm_dtype == "float16" and cfg.device == "cpu":
         bad("vllm_dtype='float16' with device='cpu': vLLM's CPU build serves float32 or bfloat16")
 

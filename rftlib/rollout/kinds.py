@@ -67,6 +67,13 @@ def _in_process(inputs: EngineInputs) -> bool:
     return False
 
 
+def _overlaps_unless_on_module(kind_on_module: bool):
+    def overlaps(inputs: EngineInputs) -> str | None:
+        return None if not kind_on_module else ("it generates on the trainer's own module, so the next batch would "
+                                                "be sampled from weights the update is changing, on the same device")
+    return overlaps
+
+
 @dataclass(frozen=True)
 class EngineKind:
     """What a registered engine declares before one is built (its factory: ``ENGINES.get(name)``)."""
@@ -81,6 +88,13 @@ class EngineKind:
     """server_processes(inputs) -> engine processes a launch starts on each node (0: in the trainer, or elsewhere)"""
     serves: Callable[[EngineInputs], bool] = _in_process
     """serves(inputs) -> runs in server processes of its own, on GPUs (started here or already running)"""
+    overlaps: Callable[[EngineInputs], str | None] | None = None
+    """overlaps(inputs) -> None when the engine can generate while the trainer updates (max_staleness > 0,
+    rftlib.train.pipeline), else why not; undeclared: an engine off the trainer's module can"""
+
+    def overlap_problem(self, inputs: EngineInputs) -> str | None:
+        """Why this engine cannot generate the next batch while the trainer updates (None: it can)."""
+        return (self.overlaps or _overlaps_unless_on_module(self.on_trainer_module))(inputs)
 
 
 def register_engine(name: str, *, on_trainer_module: bool, **declarations):
@@ -112,6 +126,20 @@ def _vllm_serves(inputs: EngineInputs) -> bool:
     return inputs.engine.vllm_placement == "server"
 
 
+def _vllm_overlaps(inputs: EngineInputs) -> str | None:
+    """Server engines overlap with LoRA (a new adapter name per version while requests of the old one finish);
+    the in-process engine runs on the trainer's thread (on a GPU it sleeps during the update), and full weights
+    cannot hold two versions in one engine."""
+    if inputs.engine.vllm_placement != "server":
+        return ("vllm_placement colocate runs the engine inside the trainer's process, on its thread (and on a GPU "
+                "asleep during the update), so it cannot generate while the trainer updates; use vllm_placement: "
+                "server (engines of their own, `rft launch` starts them)")
+    if inputs.model.lora_rank == 0:
+        return ("full-weight syncs (lora_rank 0) replace the engine's one set of weights, so a batch in flight would "
+                "change weights mid-completion; asynchronous rollouts need LoRA (a new adapter per version)")
+    return None
+
+
 def _vllm_server_processes(inputs: EngineInputs) -> int:
     """``vllm serve`` processes a launch starts per node: none colocated, none when vllm_urls name engines elsewhere."""
     return inputs.engine.vllm_num_engines if _vllm_serves(inputs) and not inputs.launch.vllm_urls else 0
@@ -119,4 +147,4 @@ def _vllm_server_processes(inputs: EngineInputs) -> int:
 
 ENGINES.declare("hf", "rftlib.rollout.factory:hf_engine", on_trainer_module=True, check_config=_hf_checks)
 ENGINES.declare("vllm", "rftlib.rollout.factory:vllm_engine", on_trainer_module=False,
-                server_processes=_vllm_server_processes, serves=_vllm_serves)
+                server_processes=_vllm_server_processes, serves=_vllm_serves, overlaps=_vllm_overlaps)

@@ -20,6 +20,7 @@ import torch
 from rftlib.models.loading import is_peft
 from rftlib.backends import checkpoint_format_of
 from rftlib.backends.scheduler import restart_schedule
+from rftlib.train.pipeline import truncate_trained
 
 STATE = "training_state"
 
@@ -187,7 +188,11 @@ def trainer_state(tr) -> dict[str, Any]:
     """What a resume needs beside the backend's weights and optimizer: the step, sampler cursor, evals."""
     return {"step": tr.step_num, "sampler": tr.sampler.state(), "eval_history": tr.eval_history,
             "skipped_steps": tr.skipped_steps, "num_steps": tr.cfg.num_steps,
-            "world_size": tr.dist.world_size, "backend": tr.cfg.backend}
+            "world_size": tr.dist.world_size, "backend": tr.cfg.backend,
+            # max_staleness > 0: batches permitted (their prompts drawn, the sampler's cursor past them) but not
+            # trained; a resume regenerates them first, so none is skipped and none trained twice (issue 32)
+            "pipeline": {"max_staleness": tr.cfg.max_staleness, "version": tr.step_num,
+                         "pending": tr.source.pending() if getattr(tr, "source", None) is not None else []}}
 
 
 def save_trainer(tr) -> Path:
@@ -226,5 +231,8 @@ def resume_trainer(tr) -> None:
     tr.sampler.load_state(ts["sampler"])
     tr.eval_history = ts["eval_history"]
     tr.skipped_steps = ts.get("skipped_steps", 0)
+    tr._pending = ts.get("pipeline", {}).get("pending", [])  # the source regenerates these first
     if tr.logger is not None:
         tr.logger.truncate_after(tr.step_num)
+    if tr.dist.is_main:
+        truncate_trained(tr.run_dir, tr.step_num)

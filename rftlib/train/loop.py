@@ -50,6 +50,7 @@ from rftlib.train.evaluation import EVAL_KEY, early_stop_reason, eval_outcome, e
 from rftlib.train.step_memory import preflight_gib, step_memory
 from rftlib.train.phases import (Advantaged, Around, EvalResult, Forward, Hook, Scored, SyncResult, UpdateResult,
                                  phase)
+from rftlib.train.pipeline import log_trained, make_source, staleness_metrics
 from rftlib.train.step_metrics import first_group, step_metrics, write_step_logs
 from rftlib.train.update_parts import (NoiseScaleProbe, full_width, no_grad_batch_rows, rows_of, sequence_log_ratio,
                                       token_diagnostics, truncated_is)
@@ -118,6 +119,7 @@ class Trainer:
         if D.device.type == "cuda":
             self.memory_estimate = preflight_gib(cfg, causal_lm(self.model).config, D.world_size, prompt_len=256,
                                                 chunk_rows=self.logprob_chunk_size)
+        self._pending: list[dict] = []  # batches a checkpoint permitted but did not train (max_staleness > 0)
         if resume:
             ckpt.resume_trainer(self)
         if not self.engine.shares_trainer_module:  # once the weights are final: a resume restored the adapter
@@ -128,6 +130,12 @@ class Trainer:
                       f"{sync.details['probe_max_diff']:.3g} <= {sync.details['probe_threshold']:.3g} (4 x this "
                       f"precision's own noise {sync.details['probe_noise']:.3g}, at least vllm_sync_probe_tol)",
                       flush=True)
+        # where each step's batch comes from: the rollout on this thread (max_staleness 0), or a producer thread
+        # generating up to k batches ahead (rftlib.train.pipeline); the engine holds the version it starts with
+        self.source = make_source(cfg.max_staleness, produce_inline=self.rollout, draw=self.sampler.next,
+                                  next_seed=self._next_seed, produce=self.produce, engine=self.engine,
+                                  version=self.step_num, adapter=getattr(self.engine, "adapter", None))
+        self.source.load_pending(self._pending)
 
     @property
     def optimizer(self):
@@ -164,10 +172,19 @@ class Trainer:
         cfg, G = self.cfg, self.cfg.n_samples_per_prompt
         t_step = time.time()
         drawn: list[Scored] = []  # every generate call of this step (dynamic sampling may make several)
+        waited = 0.0  # seconds the trainer blocked on a batch the producer had not finished (max_staleness > 0)
 
         def draw(n_prompts: int) -> Scored:
-            drawn.append(self.rollout(n_prompts))
-            return drawn[-1]
+            nonlocal waited
+            if drawn:  # dynamic sampling's refill: more prompts now (synchronous only: config.validate)
+                drawn.append(self.rollout(n_prompts))
+                return drawn[-1]
+            scored, waited = self.source.take(self.step_num + 1, n_prompts)
+            if self.source.threaded:  # the producer generated it: the rollout phase's observers see it here
+                for hook in self.hooks:
+                    hook("rollout", waited, scored)
+            drawn.append(scored)
+            return scored
 
         first = draw(cfg.rollout_batch_size)  # 1
         batch = steps.dynamic_sampling(first, draw, group_size=G, mode=cfg.dynamic_sampling,
@@ -180,26 +197,49 @@ class Trainer:
         t_update = time.time() - t
         sync = self.sync()  # 4: the engine samples the new policy next step
         self.step_num += 1
+        self.source.publish(self.step_num, getattr(self.engine, "adapter", None))  # batches started now sample it
         timing = {"generate": sum(s.generate_seconds for s in drawn), "reward": sum(s.reward_seconds for s in drawn),
                   "reference": adv.reference_seconds, "update": t_update, "sync": sync.seconds,
-                  "step": time.time() - t_step}
+                  "wait_rollout": waited, "step": time.time() - t_step}
         # TRL's frac_reward_zero_std: groups of the first rollout whose G rewards are all equal (no signal)
         zero_std = float(constant_groups(first.rewards, G).float().mean())
         extra = {**adv.metrics, **batch.metrics, "frac_reward_zero_std": zero_std}
-        return self._step_row(adv, upd, sync, timing, extra)  # 5
+        # the policy version each trained row was sampled by: one per batch (refill adds rollouts only synchronously)
+        versions = [drawn[0].version] * adv.rollout.num_rows
+        return self._step_row(adv, upd, sync, timing, extra, versions)  # 5
 
     @phase("rollout")
     def rollout(self, n_prompts: int) -> Scored:
-        """This rank's share of ``n_prompts`` prompts from the global order, generated and scored: one item
-        per prompt, (rollout, group index, example, pool index, the G reward diagnostics), and the rewards."""
+        """This rank's share of ``n_prompts`` prompts from the global order, generated and scored now (the
+        synchronous rollout): one item per prompt, (rollout, group index, example, pool index, the G reward
+        diagnostics), and the rewards."""
+        return self.produce(self.sampler.next(n_prompts))
+
+    def _next_seed(self) -> int | None:
+        """The engine's base seed for a batch, drawn on the trainer's thread when the batch is permitted (the draw
+        ``rftlib.rollout.vllm`` makes inside generate), so a threaded producer keeps the engine's seed stream in the
+        step order; None for an engine that draws none."""
+        rng = getattr(self.engine, "rng", None)
+        return None if rng is None else rng.randrange(2**40)
+
+    def produce(self, global_indices: list[int], *, seed: int | None = None, adapter: str | None = None,
+                version: int | None = None, batch: int | None = None) -> Scored:
+        """Generate and score this rank's share of a batch whose pool indices (the global batch, in the sampler's
+        order) are ``global_indices``. It touches only the engine, the tokenizer, the task and the training
+        reward (never the trainer's module, optimizer or a collective), so a producer thread may run it while
+        the trainer updates (rftlib.train.pipeline). ``seed`` / ``adapter``: the engine's base seed and the
+        adapter (policy version) to sample from, given by a threaded producer (None: the engine's own, now);
+        ``version``: the policy version that adapter holds (default: the trainer's now)."""
         cfg, G, D = self.cfg, self.cfg.n_samples_per_prompt, self.dist
-        share = n_prompts // D.world_size
-        indices = self.sampler.next(n_prompts)[D.rank * share:(D.rank + 1) * share]  # same global order on every rank
+        share = len(global_indices) // D.world_size
+        indices = global_indices[D.rank * share:(D.rank + 1) * share]  # same global order on every rank
         examples = [self.task.train[i] for i in indices]
+        version = self.step_num if version is None else version
+        sampling = {k: v for k, v in (("seed", seed), ("adapter", adapter)) if v is not None}
         t = time.time()
         ro = self.engine.generate(format_prompts(self.tok, examples, self.task.system_prompt), group_size=G,
                                   max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
-                                  top_p=cfg.top_p).to(self.dist.device)
+                                  top_p=cfg.top_p, **sampling).to(self.dist.device)
         t_generate = time.time() - t
         t = time.time()
         rows = [examples[i // G] for i in range(len(ro.texts))]
@@ -211,7 +251,8 @@ class Trainer:
         diags = [d for _, d in scored]
         t_reward = time.time() - t
         items = [(ro, g, ex, idx, diags[g * G:(g + 1) * G]) for g, (ex, idx) in enumerate(zip(examples, indices))]
-        return Scored(items, torch.tensor(rewards), generate_seconds=t_generate, reward_seconds=t_reward)
+        return Scored(items, torch.tensor(rewards), generate_seconds=t_generate, reward_seconds=t_reward,
+                      version=version)
 
     def training_reward(self) -> Reward:
         """The reward the rollouts are scored with: the attempt's composite (RunConfig.rewards), else the
@@ -437,7 +478,7 @@ class Trainer:
                                               barrier=D.barrier if D.distributed else None, verify=verify))
 
     def _step_row(self, adv: Advantaged, upd: UpdateResult, sync: SyncResult, timing: dict[str, float],
-                  extra: dict[str, float]) -> dict[str, Any]:
+                  extra: dict[str, float], versions: list[int]) -> dict[str, Any]:
         """The step's metrics row from every rank's rollout and update accumulators (the global batch's
         metrics); rank 0 writes the spike log and the samples. Keeps the first group for the live view."""
         D, G, ro = self.dist, self.cfg.n_samples_per_prompt, adv.rollout
@@ -445,11 +486,14 @@ class Trainer:
                  "lengths": ro.lengths().cpu().tolist(), "truncated": ro.truncated.cpu().tolist(),
                  "texts": ro.texts, "examples": [(e.prompt, e.answer) for e in adv.examples],
                  "tok": upd.tokens, "metrics": upd.micro_metrics, "entropy": upd.entropy,
-                 "behaviour_diff": upd.behaviour_diff, "seq_log_ratio": upd.seq_log_ratio, "gns": upd.gns}
+                 "behaviour_diff": upd.behaviour_diff, "seq_log_ratio": upd.seq_log_ratio, "gns": upd.gns,
+                 "versions": versions, "indices": adv.indices}
         parts = D.gather_objects(local)
         allr = {k: [x for p in parts for x in p[k]] for k in local}
         row = step_metrics(allr, upd, timing, step=self.step_num, world_size=D.world_size,
                            skipped_steps=self.skipped_steps)
+        # how far behind the trainer the trained rows were sampled (issue 32; every row at lag 0 when synchronous)
+        row.update(staleness_metrics(allr["versions"], self.step_num, self.cfg.max_staleness))
         for k in (allr["extra"][0] if allr["extra"] else {}):  # per-rank step metrics: the mean over ranks
             row[k] = float(np.mean([e[k] for e in allr["extra"]]))
         row.update(self.sampler.metrics())
@@ -463,6 +507,7 @@ class Trainer:
         self._group = first_group(allr, G)
         if D.is_main:
             write_step_logs(self.logger, self.cfg, self.step_num, row, allr)
+            log_trained(self.run_dir, self.step_num, allr["indices"], allr["versions"])
         return row
 
     # ---- the policy's logprobs over some rows -----------------------------------------------------------
@@ -598,6 +643,9 @@ class Trainer:
         given: the trackers then mark the run failed instead of finished."""
         error = error if error is not None else sys.exc_info()[1]
         try:
+            source = getattr(self, "source", None)
+            if source is not None:  # the producer stops before the engine it samples from
+                source.close()
             self.engine.close()
             if self.logger is not None:
                 self.logger.close(error)

@@ -62,6 +62,7 @@ class Scored(Groups):
 
     generate_seconds: float = 0.0
     reward_seconds: float = 0.0
+    version: int = 0  # the policy version that sampled it: updates applied to the weights the engine used
 
 
 @dataclass

@@ -1,0 +1,269 @@
+"""Asynchronous rollouts (issue 32, rftlib.train.pipeline): staleness 0 is today's synchronous trainer, bit for
+bit; staleness 1 really lags and really overlaps; the bound is enforced; a kill -9 with a batch in flight
+resumes with nothing trained twice and no prompt skipped.
+
+Every test runs the tiny model on tests/toy_engines.py's CopyEngine: HF generate on a frozen copy of the policy
+per version, off the trainer's module like a vLLM server (old logprobs and TIS weights on), without vLLM.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from toy_engines import register_copy_engine
+from toy_rewards import isdigit_share
+
+from rftlib.algo.filtering import constant_groups
+from rftlib.train import steps
+from rftlib.train.loop import Trainer
+from rftlib.train.pipeline import ThreadedSource, read_trained
+
+HERE = Path(__file__).parent
+VOLATILE = ("timing/", "memory/", "throughput/", "staleness/")  # wall clock, or what this issue adds
+
+
+def _stable(row: dict) -> dict:
+    return {k: v for k, v in row.items() if not k.startswith(VOLATILE)}
+
+
+def _trainable(model) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in model.named_parameters() if v.requires_grad}
+
+
+def _synchronous_step(tr: Trainer) -> dict:
+    """Today's synchronous GRPO step (main before issue 32), written from the trainer's public phases: rollout
+    on this thread, dynamic sampling, advantages, update, sync, the metrics row. The oracle of the k = 0 test."""
+    cfg, G = tr.cfg, tr.cfg.n_samples_per_prompt
+    drawn = []
+
+    def draw(n):
+        drawn.append(tr.rollout(n))
+        return drawn[-1]
+
+    first = draw(cfg.rollout_batch_size)
+    batch = steps.dynamic_sampling(first, draw, group_size=G, mode=cfg.dynamic_sampling,
+                                   max_rounds=cfg.dynamic_sampling_max_rounds)
+    tr._move_sampler([it[3] for it in batch.items], [d for it in batch.items for d in it[4]], batch.rewards.tolist())
+    adv = tr.advantages(batch)
+    upd = tr.update(adv)
+    sync = tr.sync()
+    tr.step_num += 1
+    timing = {"generate": 0.0, "reward": 0.0, "reference": 0.0, "update": 0.0, "sync": 0.0, "step": 0.0}
+    extra = {**adv.metrics, **batch.metrics,
+             "frac_reward_zero_std": float(constant_groups(first.rewards, G).float().mean())}
+    return tr._step_row(adv, upd, sync, timing, extra, [tr.step_num - 1] * adv.rollout.num_rows)
+
+
+def _run(cfg, task, *, oracle: bool = False, hooks=None):
+    tr = Trainer(cfg, task=task, progress=False, hooks=hooks)
+    rows = []
+    try:
+        if oracle:
+            tr.step = lambda: _synchronous_step(tr)  # train() calls self.step(): the oracle's step instead
+        tr.train()
+        rows = [json.loads(line) for line in (tr.run_dir / "logs" / "metrics.jsonl").read_text().splitlines()]
+        return rows, _trainable(tr.model), tr
+    finally:
+        tr.close()
+
+
+@pytest.mark.parametrize("engine", ["hf", "copy"])
+def test_k0_rows_equal_the_synchronous_phases(tiny_cfg, task_with, monkeypatch, engine):
+    """max_staleness 0 goes through the rollout source (InlineSource) and gives the rows and the weights of the
+    synchronous step written out from the phases, bit for bit: on HF generate (the module's own) and on an
+    engine off the module (old logprobs and TIS weights computed), 3 steps with evals."""
+    register_copy_engine(monkeypatch, delay_s=0.0)
+    kw = dict(rollout_engine=engine, num_steps=3, eval_steps=2, save_steps=0, warmup_ratio=0.0, lr=3e-3,
+              max_staleness=0)
+    cfg_a, cfg_b = tiny_cfg(name="pipeline", **kw), tiny_cfg(name="oracle", **kw)
+    rows, weights, tr = _run(cfg_a, task_with(cfg_a, isdigit_share))
+    want, want_weights, _ = _run(cfg_b, task_with(cfg_b, isdigit_share), oracle=True)
+    assert len(rows) == len(want) >= 4  # the step-0 eval, 3 steps (2 with evals)
+    for got, exp in zip(rows, want):
+        assert _stable(got) == _stable(exp)
+    assert weights.keys() == want_weights.keys()
+    assert all(torch.equal(weights[k], want_weights[k]) for k in weights)
+    steps_rows = [r for r in rows if "staleness/max" in r]
+    assert len(steps_rows) == 3 and all(r["staleness/max"] == 0 and r["staleness/frac_lag0"] == 1 for r in steps_rows)
+    assert all(r["timing/wait_rollout"] == 0 for r in steps_rows)
+
+
+def test_k0_trains(tiny_cfg, task_with, monkeypatch):
+    """The equivalence above is not vacuous: the k = 0 path moves the weights (non-zero advantages)."""
+    register_copy_engine(monkeypatch, delay_s=0.0)
+    cfg = tiny_cfg(rollout_engine="copy", num_steps=2, eval_steps=0, save_steps=0, warmup_ratio=0.0, lr=3e-3)
+    tr = Trainer(cfg, task=task_with(cfg, isdigit_share), progress=False)
+    try:
+        before = _trainable(tr.model)
+        row = tr.step()
+        after = _trainable(tr.model)
+    finally:
+        tr.close()
+    assert row["advantage_std"] > 0  # non-zero advantages
+    assert any(not torch.equal(before[k], after[k]) for k in before)
+
+
+def test_k1_versions_lag_and_generation_overlaps_the_update(tiny_cfg, task_with, monkeypatch):
+    """max_staleness 1: batch n+1 is generated (from version n-1) while step n updates, so from step 2 on the
+    trained rows lag by one version, never more, and the engine's generate intervals intersect the updates.
+    A pipeline that silently serialised would show lag 0 and no overlap."""
+    register_copy_engine(monkeypatch, delay_s=0.4)
+    cfg = tiny_cfg(rollout_engine="copy", num_steps=5, eval_steps=0, save_steps=0, warmup_ratio=0.0, lr=3e-3,
+                   max_staleness=1)
+    updates: list[tuple[int, float, float]] = []  # (step, t0, t1) of each update phase
+    gens: list[tuple[float, float]] = []
+
+    def hook(phase, seconds, result):
+        if phase == "update":
+            t1 = time.time()
+            updates.append((len(updates) + 1, t1 - seconds, t1))
+
+    tr = Trainer(cfg, task=task_with(cfg, isdigit_share), progress=False, hooks=[hook])
+    assert isinstance(tr.source, ThreadedSource)
+    real_generate = tr.engine.generate
+
+    def timed(*a, **kw):
+        t0 = time.time()
+        out = real_generate(*a, **kw)
+        if not kw.get("greedy"):
+            gens.append((t0, time.time()))
+        return out
+
+    tr.engine.generate = timed
+    try:
+        tr.train()
+        rows = [json.loads(line) for line in (tr.run_dir / "logs" / "metrics.jsonl").read_text().splitlines()]
+    finally:
+        tr.close()
+    steps_rows = [r for r in rows if "staleness/max" in r]
+    assert [r["step"] for r in steps_rows] == [1, 2, 3, 4, 5]
+    assert steps_rows[0]["staleness/max"] == 0  # batch 1 comes from the initial weights, version 0
+    assert all(r["staleness/max"] <= 1 for r in steps_rows)
+    lagged = [r for r in steps_rows[1:] if r["staleness/max"] == 1 and r["staleness/frac_lag1"] == 1.0]
+    assert len(lagged) >= 3, [(r["step"], r["staleness/mean"]) for r in steps_rows]
+    # the producer generated while the trainer updated: a generate interval intersects an update interval
+    overlapping = [s for s, u0, u1 in updates if any(g0 < u1 and g1 > u0 for g0, g1 in gens)]
+    assert len(overlapping) >= 3, (updates, gens)
+    # and it trained the prompts of the synchronous order (the sampler is drawn on the trainer's thread)
+    trained = read_trained(tr.run_dir)
+    assert [t["step"] for t in trained] == [1, 2, 3, 4, 5]
+    assert all(len(t["indices"]) == cfg.rollout_batch_size for t in trained)
+
+
+def test_the_bound_is_enforced(tiny_cfg, task_with, monkeypatch):
+    """A batch sampled by a version older than the bound allows raises at the step that would train it."""
+    register_copy_engine(monkeypatch, delay_s=0.0)
+    cfg = tiny_cfg(rollout_engine="copy", num_steps=3, eval_steps=0, save_steps=0, warmup_ratio=0.0, max_staleness=1)
+    tr = Trainer(cfg, task=task_with(cfg, isdigit_share), progress=False)
+    real = tr.produce
+
+    def stale(indices, **kw):  # plant: every batch claims version -5
+        return real(indices, **{**kw, "version": -5})
+
+    tr.source._produce = stale
+    try:
+        with pytest.raises(RuntimeError, match="staleness .* > max_staleness 1"):
+            tr.step()
+    finally:
+        tr.close()
+
+
+def test_a_producer_error_reaches_the_trainer(tiny_cfg, task_with, monkeypatch):
+    """An exception on the producer thread (an engine that died) is raised by the step, with its traceback."""
+    register_copy_engine(monkeypatch, delay_s=0.0)
+    cfg = tiny_cfg(rollout_engine="copy", num_steps=3, eval_steps=0, save_steps=0, max_staleness=1)
+    tr = Trainer(cfg, task=task_with(cfg, isdigit_share), progress=False)
+
+    def broken(*a, **kw):
+        raise ConnectionError("engine 0 died (planted)")
+
+    tr.source._produce = broken
+    try:
+        with pytest.raises(RuntimeError, match="rollout producer failed") as e:
+            tr.step()
+        assert isinstance(e.value.__cause__, ConnectionError) and "engine 0 died (planted)" in str(e.value)
+    finally:
+        tr.close()
+
+
+def test_staleness_above_zero_is_refused_where_it_cannot_overlap(tiny_cfg):
+    from rftlib.config import ConfigError
+
+    with pytest.raises(ConfigError, match="rollout_engine 'hf': it generates on the trainer's own module"):
+        tiny_cfg(max_staleness=1)
+    with pytest.raises(ConfigError, match="vllm_placement colocate runs the engine inside the trainer's process"):
+        tiny_cfg(max_staleness=1, rollout_engine="vllm")
+    with pytest.raises(ConfigError, match="asynchronous rollouts need LoRA"):
+        tiny_cfg(max_staleness=1, rollout_engine="vllm", vllm_placement="server", lora_rank=0)
+    with pytest.raises(ConfigError, match="dynamic_sampling refill"):
+        tiny_cfg(max_staleness=1, rollout_engine="vllm", vllm_placement="server", dynamic_sampling="refill")
+    with pytest.raises(ConfigError, match="max_staleness=9"):
+        tiny_cfg(max_staleness=9)
+
+
+# ---- kill -9 with a batch in flight ---------------------------------------------------------------------
+
+def _worker(run_root: Path, name: str, *, resume: bool, control: Path, delay: float) -> subprocess.Popen:
+    env = {**os.environ, "RFT_TOY_GEN_DELAY": str(delay), "RFT_TOY_CONTROL": str(control),
+           "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]),
+           "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, str(HERE / "pipeline_worker.py"), str(run_root), name] + (["--resume"] if resume else [])
+    return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def _wait_for(paths: list[Path], proc: subprocess.Popen, timeout: float = 240.0) -> None:
+    end = time.time() + timeout
+    while time.time() < end:
+        if all(p.exists() for p in paths):
+            return
+        if proc.poll() is not None:
+            raise AssertionError(f"the worker ended (rc {proc.returncode}) before {paths}:\n{proc.stdout.read()}")
+        time.sleep(0.05)
+    proc.kill()
+    raise AssertionError(f"timed out waiting for {paths}")
+
+
+def test_kill9_with_a_batch_in_flight_resumes_exactly(tmp_path):
+    """k = 1, 4 steps, a checkpoint every step. The worker is killed -9 while batch 4 is generating (step 3
+    training, the checkpoint of step 2 on disk, batch 3 permitted and maybe generated but not trained). The
+    resumed attempt trains steps 1..4 exactly once each, on the prompts of an uninterrupted run, and regenerates
+    the in-flight batch from the resumed weights (lag 0 where the uninterrupted run had 1)."""
+    ref_root, root = tmp_path / "ref", tmp_path / "killed"
+    p = _worker(ref_root, "ref", resume=False, control=tmp_path / "ctl_ref", delay=0.0)
+    out, _ = p.communicate(timeout=600)
+    assert p.returncode == 0, out
+    ref_dir = ref_root / "attempt-01-ref"
+    reference = read_trained(ref_dir)
+    assert [t["step"] for t in reference] == [1, 2, 3, 4]
+
+    ctl = tmp_path / "ctl"
+    p = _worker(root, "killed", resume=False, control=ctl, delay=1.5)
+    run = root / "attempt-01-killed"
+    _wait_for([run / "training_state" / "step_2", ctl / "inflight_4"], p)
+    os.kill(p.pid, signal.SIGKILL)
+    p.wait()
+    state = json.loads((run / "training_state" / "step_latest" / "trainer_state.json").read_text())
+    saved_step = state["step"]
+    assert saved_step in (2, 3)
+    assert [b["batch"] for b in state["pipeline"]["pending"]] == [saved_step + 1]  # permitted, not trained
+    p = _worker(root, "killed", resume=True, control=ctl, delay=0.0)
+    out, _ = p.communicate(timeout=600)
+    assert p.returncode == 0, out
+    trained = read_trained(run)
+    assert [t["step"] for t in trained] == [1, 2, 3, 4]  # each step once
+    assert [t["indices"] for t in trained] == [t["indices"] for t in reference]  # nothing skipped or repeated
+    rows = [json.loads(line) for line in (run / "logs" / "metrics.jsonl").read_text().splitlines()]
+    steps_rows = [r for r in rows if "staleness/max" in r]
+    assert [r["step"] for r in steps_rows] == [1, 2, 3, 4]
+    first_after = steps_rows[saved_step]  # the step right after the checkpoint: its batch was regenerated
+    assert first_after["staleness/max"] == 0 and first_after["staleness/version_min"] == saved_step
+    assert trained[saved_step]["versions"] == [saved_step]
