@@ -78,6 +78,9 @@ def main(argv=None) -> None:
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--stop-after", type=int, default=None)
     ap.add_argument("--resume", action="store_true")
+    ap.add_argument("--oracle", action="store_true", help="train with tests/sync_oracle.py's synchronous step")
+    ap.add_argument("--copy-engine", action="store_true",
+                    help="rollout_engine copy (tests/toy_engines.py, off the trainer's module) instead of the seeded HF")
     ap.add_argument("--set", action="append", default=[], help="NAME=VALUE (YAML) overrides")
     a = ap.parse_args(argv)
     import yaml
@@ -98,15 +101,25 @@ def main(argv=None) -> None:
                      # every rank); one process would, and its entropy_mean would then cover fewer rows
                      skip_zero_advantage_rows=False)
     overrides.update({k: yaml.safe_load(v) for k, v in (s.split("=", 1) for s in a.set)})
+    if a.copy_engine:
+        from toy_engines import register_copy_engine
+
+        register_copy_engine()
+        overrides["rollout_engine"] = "copy"
     cfg = make_config("tiny", overrides)
     dist = init_dist(cfg)
     run_dir = out / "runs" / "attempt-01-dist" if a.resume else None  # the first session's attempt
     task = dataclasses.replace(build_task(cfg), reward=letter_a_share)  # the config's task, scored by the test's reward
     tr = Trainer(cfg, run_dir=run_dir, resume=a.resume, progress=False, task=task, dist=dist)
     init = tr.backend.trainable_state()  # the weights before this session's first update (a resume: restored)
-    tr.engine = PerPromptSeededEngine(HFEngine(tr.model, tr.tok, amp=None, synced_gpus=tr.engine.synced_gpus))
-    if a.resume:
-        tr.engine.calls = tr.step_num
+    if not a.copy_engine:
+        tr.engine = PerPromptSeededEngine(HFEngine(tr.model, tr.tok, amp=None, synced_gpus=tr.engine.synced_gpus))
+        if a.resume:
+            tr.engine.calls = tr.step_num
+    if a.oracle:
+        from sync_oracle import synchronous_step
+
+        tr.step = lambda: synchronous_step(tr)
     tr.train()
     weights = tr.backend.trainable_state()  # gathered under ZeRO-3: every rank takes part
     state = {"rows": None, "weights": weights, "init": init, "step": tr.step_num}

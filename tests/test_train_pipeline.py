@@ -19,11 +19,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from sync_oracle import synchronous_step as _synchronous_step
 from toy_engines import register_copy_engine
 from toy_rewards import isdigit_share
 
-from rftlib.algo.filtering import constant_groups
-from rftlib.train import steps
 from rftlib.train.loop import Trainer
 from rftlib.train.pipeline import ThreadedSource, read_trained
 
@@ -37,30 +36,6 @@ def _stable(row: dict) -> dict:
 
 def _trainable(model) -> dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in model.named_parameters() if v.requires_grad}
-
-
-def _synchronous_step(tr: Trainer) -> dict:
-    """Today's synchronous GRPO step (main before issue 32), written from the trainer's public phases: rollout
-    on this thread, dynamic sampling, advantages, update, sync, the metrics row. The oracle of the k = 0 test."""
-    cfg, G = tr.cfg, tr.cfg.n_samples_per_prompt
-    drawn = []
-
-    def draw(n):
-        drawn.append(tr.rollout(n))
-        return drawn[-1]
-
-    first = draw(cfg.rollout_batch_size)
-    batch = steps.dynamic_sampling(first, draw, group_size=G, mode=cfg.dynamic_sampling,
-                                   max_rounds=cfg.dynamic_sampling_max_rounds)
-    tr._move_sampler([it[3] for it in batch.items], [d for it in batch.items for d in it[4]], batch.rewards.tolist())
-    adv = tr.advantages(batch)
-    upd = tr.update(adv)
-    sync = tr.sync()
-    tr.step_num += 1
-    timing = {"generate": 0.0, "reward": 0.0, "reference": 0.0, "update": 0.0, "sync": 0.0, "step": 0.0}
-    extra = {**adv.metrics, **batch.metrics,
-             "frac_reward_zero_std": float(constant_groups(first.rewards, G).float().mean())}
-    return tr._step_row(adv, upd, sync, timing, extra, [tr.step_num - 1] * adv.rollout.num_rows)
 
 
 def _run(cfg, task, *, oracle: bool = False, hooks=None):
@@ -267,3 +242,36 @@ def test_kill9_with_a_batch_in_flight_resumes_exactly(tmp_path):
     first_after = steps_rows[saved_step]  # the step right after the checkpoint: its batch was regenerated
     assert first_after["staleness/max"] == 0 and first_after["staleness/version_min"] == saved_step
     assert trained[saved_step]["versions"] == [saved_step]
+
+
+# ---- under ranks ------------------------------------------------------------------------------------------
+
+def _rows_without_volatile(res: dict) -> list[dict]:
+    return [_stable(r) for r in res["rows"]]
+
+
+def test_k0_on_two_ranks_equals_the_synchronous_phases(tmp_path):
+    """The 2-rank DDP run (tests/dist_worker.py, gloo) at max_staleness 0 writes the rows and weights of the same
+    2-rank run stepped by the synchronous oracle, bit for bit: the source changes nothing under ranks either."""
+    from test_train_distributed import run_worker
+
+    got = run_worker(tmp_path / "pipeline", "--backend", "ddp", nproc=2)
+    want = run_worker(tmp_path / "oracle", "--backend", "ddp", "--oracle", nproc=2)
+    assert len(got["rows"]) == len(want["rows"]) >= 5
+    assert _rows_without_volatile(got) == _rows_without_volatile(want)
+    assert all(torch.equal(got["weights"][k], want["weights"][k]) for k in want["weights"])
+    assert any(not torch.equal(got["weights"][k], got["init"][k]) for k in got["init"])  # it trained
+
+
+def test_k1_on_two_ranks_lags_and_keeps_the_collectives_in_order(tmp_path):
+    """Two DDP ranks, each with its own producer thread on an engine off the module, max_staleness 1: every
+    collective (the sampler's gather, the advantages' gather, the gradient all-reduce, the row's gather) stays on
+    the trainer's thread in the same order on both ranks (a mismatch would hang or fail), the rows lag by one
+    version from step 2 on, and the steps trained the prompts of the k = 0 run in the same order."""
+    from test_train_distributed import run_worker
+
+    k1 = run_worker(tmp_path / "k1", "--backend", "ddp", "--copy-engine", "--set", "max_staleness=1", nproc=2)
+    k0 = run_worker(tmp_path / "k0", "--backend", "ddp", "--copy-engine", nproc=2)
+    rows = [r for r in k1["rows"] if "staleness/max" in r]
+    assert [r["staleness/max"] for r in rows] == [0.0, 1.0, 1.0, 1.0]
+    assert [t["indices"] for t in read_trained(k1["run_dir"])] == [t["indices"] for t in read_trained(k0["run_dir"])]
