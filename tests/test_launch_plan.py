@@ -298,3 +298,15 @@ def test_launch_and_preflight_refuse_offload_optimizer_where_cpu_adam_cannot_bui
     assert "REFUSED on this machine: offload_optimizer builds DeepSpeed's CPU Adam" in memory_preflight_text(cfg)
     a28b = make_config("seed003-gpt-oss-20b-a28b")  # no optimizer offload: nothing to build
     assert "REFUSED" not in memory_preflight_text(a28b)
+
+
+def test_the_dry_run_prints_the_pipeline_it_will_run():
+    """rft launch --dry-run says whether the steps are synchronous, and at max_staleness k what overlaps, how many
+    adapters the engines keep and which estimator corrects the lag (rftlib.train.pipeline.pipeline_text)."""
+    sync = dry("seed003-gpt-oss-20b-a28b")
+    assert "pipeline: max_staleness 0 (synchronous)" in sync
+    text = dry("seed003-gpt-oss-20b-a28b", max_staleness=2)
+    assert "pipeline: max_staleness 2 (bounded-staleness asynchronous GRPO" in text
+    assert "batches n+1..n+2" in text and "version n-3 or later" in text
+    assert "engines keep up to 3 loaded (--max-loras 3)" in text
+    assert "tis_cap=2" in text

@@ -38,6 +38,7 @@ from rftlib.rollout.vllm import (API_KEY_ENV, VLLMSettings, engine_dtype, engine
 from rftlib.rollout.vllm_server import physical_gpus, server_command, server_env, visible_gpus
 from rftlib.backends import backend_class, machine_problems, sharding_of
 from rftlib.settings import EngineSettings, ModelSettings, OptimizationSettings, RolloutSettings
+from rftlib.train.pipeline import pipeline_text
 from rftlib.train.build import backend_inputs, check_world, engine_inputs
 from rftlib.train.torchrun import torchrun_command
 
@@ -89,6 +90,7 @@ class LaunchPlan:
     visible_gpus: list[str] | None = None  # node 0's CUDA_VISIBLE_DEVICES when planned (None: unset, every GPU)
     checks: list[str] = field(default_factory=list)  # what check_plan found (notes and memory verdicts)
     precision: dict[str, str] = field(default_factory=dict)  # last, so positional plans keep their order; rftlib.models.precision.describe: trainer, engine, note
+    pipeline: str = ""  # rftlib.train.pipeline.pipeline_text: synchronous, or what max_staleness k overlaps
 
     @property
     def world_size(self) -> int:
@@ -227,7 +229,10 @@ def make_plan(cfg: RunConfig, run_dir: str | Path, *, preset: str = "", resume: 
                       train_ranks_per_node=ranks, backend=cfg.backend,
                       zero_stage=sharding_of(backend_inputs(cfg)).zero_stage or None,
                       offload={"params": cfg.offload_params, "optimizer": cfg.offload_optimizer},
-                      engine_urls=urls, processes=procs, visible_gpus=vis, precision=precision)
+                      engine_urls=urls, processes=procs, visible_gpus=vis, precision=precision,
+                      pipeline=pipeline_text(cfg.max_staleness, engine=cfg.rollout_engine,
+                                             placement=cfg.vllm_placement if cfg.rollout_engine == "vllm" else None,
+                                             lora=cfg.lora_rank > 0, tis_cap=cfg.tis_cap, tis_level=cfg.tis_level))
 
 
 def _max_len(cfg: RunConfig) -> int:
@@ -398,6 +403,8 @@ def format_plan(plan: LaunchPlan) -> str:
         p = plan.precision
         lines.append(f"precision: trainer {p['trainer']}; rollouts {p['engine']}" +
                      (f"\n  NOTE: {p['note']}" if p.get("note") else ""))
+    if plan.pipeline:
+        lines.append(plan.pipeline)
     for node in range(plan.nnodes):
         lines.append(f"commands on node {node} ({plan.hosts[node]}):")
         lines += [f"  [{p.name}] {p.shell()}" for p in plan.on_node(node)]

@@ -494,6 +494,9 @@ class Trainer:
                            skipped_steps=self.skipped_steps)
         # how far behind the trainer the trained rows were sampled (issue 32; every row at lag 0 when synchronous)
         row.update(staleness_metrics(allr["versions"], self.step_num, self.cfg.max_staleness))
+        # what the step delivered per second of its wall time (the number the overlap of max_staleness > 0 moves)
+        row["throughput/samples_per_s"] = len(allr["rewards"]) / max(timing["step"], 1e-9)
+        row["throughput/tokens_per_s"] = float(sum(allr["lengths"])) / max(timing["step"], 1e-9)
         for k in (allr["extra"][0] if allr["extra"] else {}):  # per-rank step metrics: the mean over ranks
             row[k] = float(np.mean([e[k] for e in allr["extra"]]))
         row.update(self.sampler.metrics())

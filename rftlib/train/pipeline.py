@@ -263,9 +263,9 @@ def pipeline_text(k: int, *, engine: str, placement: str | None, lora: bool, tis
         return ("pipeline: max_staleness 0 (synchronous): generate -> score -> update -> sync, one after the other; "
                 "set max_staleness 1 to generate the next batch while the trainer updates")
     lines = [f"pipeline: max_staleness {k} (bounded-staleness asynchronous GRPO; 0 = synchronous)",
-             f"  each rank: a producer thread generates and scores batches n+1..n+{k} on the {engine} engine(s) "
-             f"({placement or 'its placement'}) while the trainer updates on batch n; a batch trained at step n was "
-             f"sampled by version >= n-1-{k}"]
+             f"  each rank: a producer thread generates and scores {'batch n+1' if k == 1 else f'batches n+1..n+{k}'} "
+             f"on the {engine} engine(s) ({placement or 'its placement'}) while the trainer updates on batch n; the "
+             f"batch trained at step n was sampled by version n-{k + 1} or later (the trainer's is n-1)"]
     if lora:
         lines.append(f"  versions: a LoRA adapter per version; engines keep up to {k + 1} loaded (--max-loras {k + 1}); "
                      "an old version is unloaded once no batch in flight uses it")
