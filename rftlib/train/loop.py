@@ -197,6 +197,7 @@ class Trainer:
         t_update = time.time() - t
         sync = self.sync()  # 4: the engine samples the new policy next step
         self.step_num += 1
+        self._hold_for_other_ranks()
         self.source.publish(self.step_num, getattr(self.engine, "adapter", None))  # batches started now sample it
         timing = {"generate": sum(s.generate_seconds for s in drawn), "reward": sum(s.reward_seconds for s in drawn),
                   "reference": adv.reference_seconds, "update": t_update, "sync": sync.seconds,
@@ -207,6 +208,27 @@ class Trainer:
         # the policy version each trained row was sampled by: one per batch (refill adds rollouts only synchronously)
         versions = [drawn[0].version] * adv.rollout.num_rows
         return self._step_row(adv, upd, sync, timing, extra, versions)  # 5
+
+    def _hold_for_other_ranks(self) -> None:
+        """Server engines shared by several ranks at max_staleness > 0: rank 0 alone loads and unloads adapters, and
+        its own holds are its own producer's, while another rank's producer may still sample an older version.
+        Before the ranks publish the new version, each reports the adapters it holds (its newest, and any in
+        flight); rank 0 holds those on the others' behalf and lets one go once no later report names it. A report
+        made before the publish includes every version another rank can still bind, so none is unloaded under it."""
+        eng, D = self.engine, self.dist
+        if not (self.source.threaded and D.distributed and getattr(eng, "shared_across_ranks", False)
+                and hasattr(eng, "inflight")):
+            return
+        parts = D.gather_objects(sorted(n for n, c in eng.inflight.items() if c > 0))
+        if not D.is_main:
+            return
+        held = getattr(self, "_held_for_others", set())
+        others = {n for p in parts[1:] for n in p}
+        for name in sorted(others - held):
+            eng.hold(name)
+        for name in sorted(held - others):
+            eng.release(name)
+        self._held_for_others = others
 
     @phase("rollout")
     def rollout(self, n_prompts: int) -> Scored:
