@@ -10,11 +10,17 @@ truncation flag agrees with what the engine did.
 
 from __future__ import annotations
 
+import threading
 from typing import Sequence
 
 import torch
 
 from rftlib.rollout.base import Rollout, decode_completions
+
+# a padded batch call sets the Rust tokenizer's padding state for the call, and two threads doing it at once (an
+# asynchronous producer's batch and an eval or the sync probe on the trainer's thread, max_staleness > 0) fail with
+# "Already borrowed": encoding is serialised (it is milliseconds; the generation it feeds is not)
+_TOKENIZER_LOCK = threading.Lock()
 
 
 def encode_prompts(tok, prompts: list[str]) -> tuple[torch.Tensor, torch.Tensor, list[list[int]]]:
@@ -22,7 +28,8 @@ def encode_prompts(tok, prompts: list[str]) -> tuple[torch.Tensor, torch.Tensor,
     tokenizer, exactly as HFEngine encodes them (chat template already applied, no special tokens)."""
     if tok.padding_side != "left":
         raise ValueError("the rollout engines need a left-padding tokenizer (pass padding_side='left')")
-    enc = tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
+    with _TOKENIZER_LOCK:
+        enc = tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
     ids_lists = [row[m.bool()].tolist() for row, m in zip(enc.input_ids, enc.attention_mask)]
     return enc.input_ids, enc.attention_mask, ids_lists
 
