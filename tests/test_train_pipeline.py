@@ -128,6 +128,8 @@ def test_k1_versions_lag_and_generation_overlaps_the_update(tiny_cfg, task_with,
     # the producer generated while the trainer updated: a generate interval intersects an update interval
     overlapping = [s for s, u0, u1 in updates if any(g0 < u1 and g1 > u0 for g0, g1 in gens)]
     assert len(overlapping) >= 3, (updates, gens)
+    # no batch past the last step was generated (permits stop at num_steps)
+    assert len(gens) == 5
     # and it trained the prompts of the synchronous order (the sampler is drawn on the trainer's thread)
     trained = read_trained(tr.run_dir)
     assert [t["step"] for t in trained] == [1, 2, 3, 4, 5]

@@ -40,7 +40,7 @@ class CopyEngine:
         self.lock = threading.Lock()
         self.adapter: str | None = None
         self.sync_count = 0
-        self.generated: list[tuple[str, int]] = []  # (adapter, rows) per generate call
+        self.generated: list[tuple[str, int, bool]] = []  # (adapter, rows, greedy) per generate call
         self.control_dir = control_dir  # a file control/inflight_<n> per generate call: a test can wait for it
         self._calls = 0
         self._hf = HFEngine(model, tok)  # precision and use_precision of the eval
@@ -100,7 +100,7 @@ class CopyEngine:
         out = HFEngine(model, self.tok).generate(prompts, group_size=group_size, max_new_tokens=max_new_tokens,
                                                  temperature=temperature, top_p=top_p, greedy=greedy)
         with self.lock:
-            self.generated.append((name, out.num_rows))
+            self.generated.append((name, out.num_rows, greedy))
         return out
 
     def close(self) -> None:

@@ -179,7 +179,7 @@ class Trainer:
             if drawn:  # dynamic sampling's refill: more prompts now (synchronous only: config.validate)
                 drawn.append(self.rollout(n_prompts))
                 return drawn[-1]
-            scored, waited = self.source.take(self.step_num + 1, n_prompts)
+            scored, waited = self.source.take(self.step_num + 1, n_prompts, last=cfg.num_steps)
             if self.source.threaded:  # the producer generated it: the rollout phase's observers see it here
                 for hook in self.hooks:
                     hook("rollout", waited, scored)

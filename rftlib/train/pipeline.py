@@ -66,7 +66,7 @@ class InlineSource:
     def __init__(self, produce: Callable[[int], Any]):
         self.produce = produce
 
-    def take(self, n: int, n_prompts: int):
+    def take(self, n: int, n_prompts: int, last: int | None = None):
         """Batch ``n``'s scored groups, generated now; the seconds spent waiting for it (none: it is the rollout)."""
         return self.produce(n_prompts), 0.0
 
@@ -152,12 +152,13 @@ class ThreadedSource:
             self.queue.append(permit)
             self.cond.notify_all()
 
-    def take(self, n: int, n_prompts: int):
+    def take(self, n: int, n_prompts: int, last: int | None = None):
         """Batch ``n``'s scored groups (blocks until the producer has them) and the seconds the trainer waited.
-        First permits every batch up to n+k that has none (so batch n+k may start once the trainer is at n-1)."""
+        First permits every batch up to n+k that has none (so batch n+k may start once the trainer is at n-1),
+        but none after ``last`` (the attempt's last step: nothing is generated that no step would train)."""
         if self.next_batch is None:
             self.next_batch = n
-        while self.next_batch <= n + self.max_staleness:
+        while self.next_batch <= min(n + self.max_staleness, n if last is None else max(n, last)):
             if self.next_batch not in self.permits:
                 self._permit(self.next_batch, n_prompts)
             self.next_batch += 1
