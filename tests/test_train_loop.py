@@ -51,7 +51,7 @@ def varied_reward(text, ex, trunc):
 
 
 def _strip_timing(rows):
-    return [{k: v for k, v in r.items() if not k.startswith(("timing/", "memory/"))} for r in rows]
+    return [{k: v for k, v in r.items() if not k.startswith(("timing/", "memory/", "throughput/"))} for r in rows]
 
 
 def _trainable(tr) -> dict[str, torch.Tensor]:

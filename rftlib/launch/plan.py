@@ -231,7 +231,7 @@ def make_plan(cfg: RunConfig, run_dir: str | Path, *, preset: str = "", resume: 
                       offload={"params": cfg.offload_params, "optimizer": cfg.offload_optimizer},
                       engine_urls=urls, processes=procs, visible_gpus=vis, precision=precision,
                       pipeline=pipeline_text(cfg.max_staleness, engine=cfg.rollout_engine,
-                                             placement=cfg.vllm_placement if cfg.rollout_engine == "vllm" else None,
+                                             placement=cfg.vllm_placement,
                                              lora=cfg.lora_rank > 0, tis_cap=cfg.tis_cap, tis_level=cfg.tis_level))
 
 

@@ -28,11 +28,14 @@ at step j is at most k. Nothing is dropped; ``take`` still checks the bound and 
 
 from __future__ import annotations
 
+import json
+import os
 import threading
 import time
 import traceback
 from collections import deque
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable
 
 # how often a waiting trainer wakes to check that the producer is alive (seconds)
@@ -283,9 +286,6 @@ TRAINED_BATCHES = "trained_batches.jsonl"  # under <run_dir>/logs: one line per 
 def log_trained(run_dir, step: int, indices: list[int], versions: list[int]) -> None:
     """Append the step's trained batch (its pool indices in the global order, the versions that sampled it) to
     ``logs/trained_batches.jsonl``: the record that no prompt is trained twice or skipped across a resume."""
-    import json
-    from pathlib import Path
-
     path = Path(run_dir) / "logs" / TRAINED_BATCHES
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "a") as f:
@@ -295,9 +295,6 @@ def log_trained(run_dir, step: int, indices: list[int], versions: list[int]) -> 
 
 def read_trained(run_dir) -> list[dict[str, Any]]:
     """``logs/trained_batches.jsonl`` as a list of rows ([] when absent)."""
-    import json
-    from pathlib import Path
-
     path = Path(run_dir) / "logs" / TRAINED_BATCHES
     if not path.exists():
         return []
@@ -306,10 +303,6 @@ def read_trained(run_dir) -> list[dict[str, Any]]:
 
 def truncate_trained(run_dir, step: int) -> None:
     """Drop the lines of steps after ``step`` (written after the checkpoint a resume starts from), atomically."""
-    import json
-    import os
-    from pathlib import Path
-
     path = Path(run_dir) / "logs" / TRAINED_BATCHES
     rows = read_trained(run_dir)
     kept = [r for r in rows if r["step"] <= step]
