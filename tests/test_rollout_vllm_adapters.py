@@ -141,16 +141,21 @@ def test_a_call_samples_its_adapter_while_a_sync_publishes_the_next(engine_facto
 
 
 def test_k1_keeps_a_held_adapter_and_its_directory_until_released(engine_factory):
-    """max_staleness 1: a producer holds policy-1 (a batch in flight); three syncs later policy-1 is still
-    loaded and sync_000001 still on disk (KEEP_SYNC_DIRS = 2 would have deleted it: vLLM reloads an evicted
-    adapter from that path). Versions nothing holds go at the sync that supersedes them. The release unloads
-    policy-1 and deletes its directory; a later hold of it is refused with the reason."""
+    """max_staleness 1: a producer holds policy-1 (a batch in flight) and the pipeline holds policy-2 (the newest
+    published) while policy-3 syncs: three adapters and their three directories are live, and KEEP_SYNC_DIRS = 2
+    would have deleted sync_000001 under the batch in flight (vLLM reloads an evicted adapter from that path).
+    Versions nothing holds go at the sync that supersedes them. The release unloads policy-1 and deletes its
+    directory; a later hold of it is refused with the reason."""
     eng, fake = engine_factory(1)
     model = FakePeft()
     eng.sync_weights(model)
     eng.hold("policy-1")
-    for _ in range(3):
-        eng.sync_weights(model)  # policy-2, -3, -4
+    eng.sync_weights(model)  # policy-2
+    eng.hold("policy-2")
+    eng.sync_weights(model)  # policy-3
+    assert sync_dirs(eng) == ["sync_000001", "sync_000002", "sync_000003"]
+    eng.release("policy-2")
+    eng.sync_weights(model)  # policy-4
     assert fake.adapter_requests() == [("load", "policy-1"), ("load", "policy-2"), ("load", "policy-3"),
                                        ("unload", "policy-2"), ("load", "policy-4"), ("unload", "policy-3")]
     assert sync_dirs(eng) == ["sync_000001", "sync_000004"]

@@ -394,7 +394,11 @@ class VLLMServerEngine(_VLLMBase):
 
     def _unload_lora(self, name):
         for srv in self.servers:
-            srv.post("/v1/unload_lora_adapter", {"lora_name": name}, "unloading the previous adapter")
+            try:
+                srv.post("/v1/unload_lora_adapter", {"lora_name": name}, "unloading the previous adapter")
+            except EngineRefusedError as e:
+                if e.status != 404:  # 404: the engine no longer has the name (unloaded already): nothing to do
+                    raise
 
     def _follow_lora(self, name):
         self._publish(name, None)
