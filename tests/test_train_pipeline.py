@@ -141,6 +141,25 @@ def test_k1_versions_lag_and_generation_overlaps_the_update(tiny_cfg, task_with,
     assert [gen[n][2] for n in range(1, 6)] == [r["step"] - 1 - r["staleness/max"] for r in steps_rows]
     assert sum(r["timing/overlap"] for r in steps_rows) > 0
     assert all(0 <= r["timing/engine_busy"] <= 1 and 0 <= r["timing/trainer_busy"] <= 1 for r in steps_rows)
+    # the report draws it: lanes, the busy shares and the bottleneck in the title, the lag bars; and says when absent
+    from rftlib.report import plots
+    from rftlib.report.attempt import load_attempt
+
+    pic = plots.timeline(load_attempt(tr.run_dir))
+    assert pic.png().startswith(b"\x89PNG") and "bottleneck:" in pic.fig.axes[0].get_title()
+    assert [t.get_text() for t in pic.fig.axes[0].get_yticklabels()] == ["engine 0", "producer", "trainer"]
+    # the live view of an asynchronous attempt adds the last steps' timeline: a fourth panel, a wider picture
+    pytest.importorskip("ipywidgets")
+    from rftlib.report.live import LiveView
+
+    def width(view) -> int:
+        for r in rows:
+            view.update(r)
+        return int.from_bytes(bytes(view.image.value)[16:20], "big")  # the PNG's IHDR width
+
+    assert width(LiveView(cfg, run_dir=tr.run_dir, display_now=False)) > width(LiveView(cfg, display_now=False))
+    (tr.run_dir / "logs" / "timeline.jsonl").unlink()
+    assert "no timeline" in plots.timeline(load_attempt(tr.run_dir)).alt
     # no batch past the last step was generated (permits stop at num_steps)
     assert len(gens) == 5
     # and it trained the prompts of the synchronous order (the sampler is drawn on the trainer's thread)
