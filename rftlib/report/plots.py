@@ -219,8 +219,8 @@ def timeline(a: Attempt, steps: int | None = None) -> Plot:
     order = list(PHASE_COLORS)
     used = sorted({it["phase"] for it in items}, key=lambda p: order.index(p) if p in order else len(order))
     top.legend(handles=[Patch(facecolor=PHASE_COLORS.get(p, "#bcbd22"), edgecolor="black", hatch="//" if p == "wait" else None,
-                              label=p) for p in used], fontsize=7, ncols=len(used), loc="upper left",
-               bbox_to_anchor=(0, 1.12), frameon=False)
+                              label=p) for p in used], fontsize=7, loc="center left", bbox_to_anchor=(1.0, 0.5),
+               frameon=False)
     lo, hi = min(it["t0"] for it in items), max(it["t1"] for it in items)
     sh = shares(items, lo, hi)
     trainer_idle, engine_idle = 1 - sh["trainer_busy"], 1 - sh["engine_busy"]
