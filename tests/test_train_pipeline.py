@@ -307,5 +307,8 @@ def test_k1_on_two_ranks_lags_and_keeps_the_collectives_in_order(tmp_path):
     k1 = run_worker(tmp_path / "k1", "--backend", "ddp", "--copy-engine", "--set", "max_staleness=1", nproc=2)
     k0 = run_worker(tmp_path / "k0", "--backend", "ddp", "--copy-engine", nproc=2)
     rows = [r for r in k1["rows"] if "staleness/max" in r]
-    assert [r["staleness/max"] for r in rows] == [0.0, 1.0, 1.0, 1.0]
+    lags = [r["staleness/max"] for r in rows]
+    # batch n+1 binds its version as the producer picks it up, right after batch n, while step n updates: lag 1
+    # (a producer thread woken only after the update would bind the new version: lag 0, so allow one such step)
+    assert lags[0] == 0.0 and all(x <= 1.0 for x in lags) and lags[1:].count(1.0) >= 2, lags
     assert [t["indices"] for t in read_trained(k1["run_dir"])] == [t["indices"] for t in read_trained(k0["run_dir"])]
