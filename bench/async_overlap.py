@@ -26,7 +26,10 @@ U + S in parallel with the engine's G) with the efficiency (actual - 1) / (ideal
 core), S at each k, and the step time left over (step - wait - U - S at k = 1: advantages, bookkeeping).
 
     flock /tmp/torch.lock env PYTHONPATH=$PWD .venv/bin/python bench/async_overlap.py
-    # options: --ks 0,1 --repeats 3 --steps 8 --discard 2 --max-new-tokens 48 --out bench/results/...
+    # options: --ks 0,1 --repeats 3 --steps 6 --discard 2 --max-new-tokens 48 --out bench/results/...
+
+6 steps a run, not the design's 8: on this CPU a k = 0 step is ~23 s and each attempt spends ~35 s loading and in its
+two untimed evals, so 3 + 3 runs of 8 steps would hold the machine lock ~20 minutes; 6 keep it ~16 (12 kept steps per k).
 
 Writes bench/results/async_overlap_<UTC date>.json (every step row's timings, the summary, the CPU) and
 prints the table.
@@ -210,7 +213,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--ks", default="0,1", help="max_staleness values, the first two in ABBA order (default 0,1)")
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--discard", type=int, default=2)
     ap.add_argument("--max-new-tokens", type=int, default=48)
     ap.add_argument("--eval-size", type=int, default=10)
