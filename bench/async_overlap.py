@@ -158,6 +158,12 @@ def summarise(by_k: dict[int, list[dict]], k1: int) -> dict:
                          "G_generate_reward_s": med(rows, "generate", "reward"), "generate_s": med(rows, "generate"),
                          "reward_s": med(rows, "reward"), "U_reference_update_s": med(rows, "reference", "update"),
                          "S_sync_s": med(rows, "sync"), "wait_rollout_s": med(rows, "wait_rollout"),
+                         # generated completion tokens per second of G: G normalised for the completions' lengths
+                         # (the arms' policies differ by a step, so their completions do), the engine's own speed
+                         "tokens_per_step": statistics.median(r["throughput/tokens_per_s"] * r["timing/step"] for r in rows),
+                         "G_tokens_per_s": statistics.median(r["throughput/tokens_per_s"] * r["timing/step"]
+                                                             / max(r["timing/generate"] + r["timing/reward"], 1e-9)
+                                                             for r in rows),
                          "staleness_mean": statistics.mean(r.get("staleness/mean", 0.0) for r in rows),
                          "staleness_max": max(r.get("staleness/max", 0) for r in rows)}
     if 0 not in by_k or k1 not in by_k:
@@ -177,7 +183,14 @@ def summarise(by_k: dict[int, list[dict]], k1: int) -> dict:
               "ideal_speedup": ideal, "efficiency": (actual - 1) / (ideal - 1) if ideal > 1 else float("nan"),
               "where_the_rest_goes": {
                   "wait_rollout_k1_s": p1["wait_rollout_s"],
-                  "G_k1_over_k0": p1["G_generate_reward_s"] / G, "U_k1_over_k0": p1["U_reference_update_s"] / U,
+                  "G_k1_over_k0": p1["G_generate_reward_s"] / G,
+                  "G_tokens_per_s_k1_over_k0": p1["G_tokens_per_s"] / p0["G_tokens_per_s"],
+                  # the speed-up had G been what it was at k = 1 (the overlap's own ceiling once interference is in)
+                  "ideal_speedup_with_G_k1": (G + U + S) / max(p1["G_generate_reward_s"], U + S),
+                  # the ideal counting the k = 0 step's own remainder (advantages, bookkeeping) as trainer time too
+                  "ideal_speedup_whole_step": p0["step_s"] / max(G, p0["step_s"] - G),
+                  # the trainer lane at k = 1 (U + S + the remainder): below G means generation-bound
+                  "trainer_lane_k1_s": p1["U_reference_update_s"] + p1["S_sync_s"] + statistics.median(rest), "U_k1_over_k0": p1["U_reference_update_s"] / U,
                   "S_k0_s": S, "S_k1_s": p1["S_sync_s"],
                   "other_k1_s": statistics.median(rest),
                   "other_k0_s": statistics.median(r["timing/step"] - sum(r.get(f"timing/{x}", 0.0) for x in
@@ -191,6 +204,7 @@ def table(s: dict, k1: int) -> str:
     for key, label in (("step_s", "median step (s)"), ("samples_per_s", "samples/s"),
                        ("G_generate_reward_s", "G = generate + reward (s)"), ("U_reference_update_s", "U = reference + update (s)"),
                        ("S_sync_s", "S = sync (s)"), ("wait_rollout_s", "wait_rollout (s)"),
+                       ("tokens_per_step", "completion tokens / step"), ("G_tokens_per_s", "generated tokens / s of G"),
                        ("staleness_mean", "staleness mean"), ("steps", "steps kept")):
         lines.append(f"{label:34s}" + "".join(f"{p[key]:10.2f}" for p in s["per_k"].values()))
     if "step_ratio_k1_over_k0" in s:
@@ -203,7 +217,10 @@ def table(s: dict, k1: int) -> str:
                   f"ideal speed-up (G+U+S)/max(G,U+S) from k=0: {s['ideal_speedup']:.3f}; "
                   f"efficiency (actual-1)/(ideal-1): {s['efficiency']:.2f}",
                   f"where the rest goes: wait_rollout at k={k1} {w['wait_rollout_k1_s']:.2f}s; G k{k1}/k0 "
-                  f"{w['G_k1_over_k0']:.3f}; U k{k1}/k0 {w['U_k1_over_k0']:.3f}; sync {w['S_k0_s']:.2f}s (k0) "
+                  f"{w['G_k1_over_k0']:.3f} (per token {w['G_tokens_per_s_k1_over_k0']:.3f} the speed); "
+                  f"ideal had G been the k={k1} G: {w['ideal_speedup_with_G_k1']:.3f}; "
+                  f"ideal counting the k=0 remainder as trainer time: {w['ideal_speedup_whole_step']:.3f}; "
+                  f"trainer lane at k={k1} (U+S+other) {w['trainer_lane_k1_s']:.2f}s vs G {s['per_k'][k1]['G_generate_reward_s']:.2f}s; U k{k1}/k0 {w['U_k1_over_k0']:.3f}; sync {w['S_k0_s']:.2f}s (k0) "
                   f"{w['S_k1_s']:.2f}s (k{k1}); other (advantages, bookkeeping) {w['other_k0_s']:.2f}s (k0) "
                   f"{w['other_k1_s']:.2f}s (k{k1})"]
     return "\n".join(lines)
@@ -219,7 +236,18 @@ def main() -> None:
     ap.add_argument("--eval-size", type=int, default=10)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--from", dest="from_json", default=None,
+                    help="recompute the summary and table from a results file's step rows (no runs, no torch)")
     args = ap.parse_args()
+    if args.from_json:
+        d = json.loads(Path(args.from_json).read_text())
+        ks = [int(x) for x in d["args"]["ks"].split(",")]
+        by_k = {k: [r for run in d["runs"] if run["k"] == k for r in run["rows"] if r["step"] > d["args"]["discard"]]
+                for k in ks}
+        d["summary"] = summarise(by_k, ks[1] if len(ks) > 1 else ks[0])
+        print(table(d["summary"], ks[1] if len(ks) > 1 else ks[0]))
+        Path(args.out or args.from_json).write_text(json.dumps(d, indent=1, default=str))
+        return
     ks = [int(x) for x in args.ks.split(",")]
     if os.cpu_count() < 2:
         sys.exit("needs 2 cores: one for the trainer, one for the engine")
