@@ -36,7 +36,7 @@ VARIANTS: dict[str, dict] = {
     "refill": {"dynamic_sampling": "refill"},
     "mask_entropy": {"dynamic_sampling": "mask", "entropy_coef": 0.01, "skip_zero_advantage_rows": False},
 }
-MACHINE_KEYS = ("timing/", "memory/")
+MACHINE_KEYS = ("timing/", "memory/", "throughput/")
 MACHINE_EXACT = {"sandbox/executions_per_s"}
 
 
@@ -64,9 +64,12 @@ def fingerprint(steps: int = 3) -> dict[str, list[dict]]:
     return out
 
 
-def compare(got: dict, want: dict) -> list[str]:
-    """What differs, one line per variant (empty: identical)."""
+def compare(got: dict, want: dict, *, new_keys: tuple[str, ...] = ()) -> list[str]:
+    """What differs, one line per variant (empty: identical). ``new_keys``: key prefixes a change adds on purpose
+    (absent from an older golden file): compared only where the golden has them."""
     bad = []
+    got = {n: [{k: v for k, v in r.items() if not k.startswith(new_keys) or k in w}
+               for r, w in zip(rows, want.get(n, [{}] * len(rows)))] for n, rows in got.items()}
     for name in sorted(set(got) | set(want)):
         a, b = got.get(name), want.get(name)
         if a == b:
@@ -90,6 +93,8 @@ def main(argv=None) -> int:
     g.add_argument("--write", type=Path, help="write the rows to this JSON file")
     g.add_argument("--check", type=Path, help="compare the rows with this JSON file, exactly")
     ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--new-keys", default="", help="comma-separated key prefixes this change adds (e.g. staleness/): "
+                    "not required in an older golden file; every other key must still be equal")
     args = ap.parse_args(argv)
     # the rows as JSON writes them (metrics.jsonl is JSON: a round trip keeps every float's bits)
     got = json.loads(json.dumps(fingerprint(args.steps)))
@@ -99,7 +104,8 @@ def main(argv=None) -> int:
         n = sum(len(v) for v in got.values())
         print(f"wrote {n} rows of {len(got)} variants to {args.write}")
         return 0
-    bad = compare(got, json.loads(args.check.read_text()))
+    bad = compare(got, json.loads(args.check.read_text()),
+                  new_keys=tuple(p for p in args.new_keys.split(",") if p))
     for line in bad:
         print("DIFFERS", line)
     n = sum(len(v) for v in got.values())

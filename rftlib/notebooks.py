@@ -256,6 +256,8 @@ def analysis_notebook() -> nbformat.NotebookNode:
         code("A.spike_table(a)"),
         md("## Tier 3: collapse detection"),
         code("P.tier3(a)"),
+        md("## Timeline: where the time went (engines, producer, trainer) and how stale the batches were"),
+        code("P.timeline(a)"),
         md("## Per-step metrics"),
         code("A.metrics_table(a)"),
         md("## Sample completions"),

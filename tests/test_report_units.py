@@ -133,10 +133,10 @@ def test_analysis_sections_render(tmp_path):
     assert "why &lt;this&gt;" in head and "attempt-07-x" in head
     assert "<pre" in analysis.samples_table(a) and "&lt;b&gt;2&lt;/b&gt;" in analysis.samples_table(a)
     assert "rft eval RUN_DIR" in analysis.checkpoint_table(a)
-    for p in (plots.tier1(a), plots.tier2(a), plots.tier3(a), plots.eval_curve(a), plots.overlay([a, a])):
+    for p in (plots.tier1(a), plots.tier2(a), plots.tier3(a), plots.timeline(a), plots.eval_curve(a), plots.overlay([a, a])):
         png, meta = p._repr_png_()
         assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 5000 and meta["alt"]
-    assert len(analysis.report_sections(d)) == 14
+    assert len(analysis.report_sections(d)) == 15  # + the timeline (issue 32)
 
 
 def test_table_escapes_and_colours():

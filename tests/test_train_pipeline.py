@@ -23,6 +23,7 @@ from sync_oracle import synchronous_step as _synchronous_step
 from toy_engines import register_copy_engine
 from toy_rewards import isdigit_share
 
+from rftlib.monitor.timeline import read_timeline
 from rftlib.train.loop import Trainer
 from rftlib.train.pipeline import ThreadedSource, read_trained
 
@@ -69,7 +70,9 @@ def test_k0_rows_equal_the_synchronous_phases(tiny_cfg, task_with, monkeypatch, 
     assert all(torch.equal(weights[k], want_weights[k]) for k in weights)
     steps_rows = [r for r in rows if "staleness/max" in r]
     assert len(steps_rows) == 3 and all(r["staleness/max"] == 0 and r["staleness/frac_lag0"] == 1 for r in steps_rows)
-    assert all(r["timing/wait_rollout"] == 0 for r in steps_rows)
+    assert all(r["timing/wait_rollout"] == 0 and r["timing/overlap"] == 0 for r in steps_rows)
+    phases = {(it["lane"], it["phase"]) for it in read_timeline(tr.run_dir)}
+    assert {("trainer", "rollout"), ("trainer", "update"), ("engine", "generate"), ("producer", "reward")} <= phases
 
 
 def test_k0_trains(tiny_cfg, task_with, monkeypatch):
@@ -128,6 +131,35 @@ def test_k1_versions_lag_and_generation_overlaps_the_update(tiny_cfg, task_with,
     # the producer generated while the trainer updated: a generate interval intersects an update interval
     overlapping = [s for s, u0, u1 in updates if any(g0 < u1 and g1 > u0 for g0, g1 in gens)]
     assert len(overlapping) >= 3, (updates, gens)
+    # the timeline shows the same: batch n+1's generate interval intersects step n's update, and the rows count it
+    tl = read_timeline(tr.run_dir)
+    upd = {it["step"]: (it["t0"], it["t1"]) for it in tl if it["lane"] == "trainer" and it["phase"] == "update"}
+    gen = {it["batch"]: (it["t0"], it["t1"], it["version"]) for it in tl if it["lane"] == "engine"}
+    assert sorted(upd) == [1, 2, 3, 4, 5] and sorted(gen) == [1, 2, 3, 4, 5]
+    crossing = [n for n in range(1, 5) if gen[n + 1][0] < upd[n][1] and gen[n + 1][1] > upd[n][0]]
+    assert len(crossing) >= 3, (upd, gen)
+    assert [gen[n][2] for n in range(1, 6)] == [r["step"] - 1 - r["staleness/max"] for r in steps_rows]
+    assert sum(r["timing/overlap"] for r in steps_rows) > 0
+    assert all(0 <= r["timing/engine_busy"] <= 1 and 0 <= r["timing/trainer_busy"] <= 1 for r in steps_rows)
+    # the report draws it: lanes, the busy shares and the bottleneck in the title, the lag bars; and says when absent
+    from rftlib.report import plots
+    from rftlib.report.attempt import load_attempt
+
+    pic = plots.timeline(load_attempt(tr.run_dir))
+    assert pic.png().startswith(b"\x89PNG") and "bottleneck:" in pic.fig.axes[0].get_title()
+    assert [t.get_text() for t in pic.fig.axes[0].get_yticklabels()] == ["engine 0", "producer", "trainer"]
+    # the live view of an asynchronous attempt adds the last steps' timeline: a fourth panel, a wider picture
+    pytest.importorskip("ipywidgets")
+    from rftlib.report.live import LiveView
+
+    def width(view) -> int:
+        for r in rows:
+            view.update(r)
+        return int.from_bytes(bytes(view.image.value)[16:20], "big")  # the PNG's IHDR width
+
+    assert width(LiveView(cfg, run_dir=tr.run_dir, display_now=False)) > width(LiveView(cfg, display_now=False))
+    (tr.run_dir / "logs" / "timeline.jsonl").unlink()
+    assert "no timeline" in plots.timeline(load_attempt(tr.run_dir)).alt
     # no batch past the last step was generated (permits stop at num_steps)
     assert len(gens) == 5
     # and it trained the prompts of the synchronous order (the sampler is drawn on the trainer's thread)

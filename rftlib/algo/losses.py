@@ -293,6 +293,11 @@ def grpo_loss(
     Everything named is looked up in a registry.
     ``is_weights`` (TIS, Yao et al. 2025) multiply the policy term per token when the tokens were
     sampled by another engine (vLLM); the KL and entropy terms are the trainer's own and are not weighted.
+    With asynchronous rollouts (max_staleness k > 0) this is the decoupled PPO objective (Hilton et al. 2022,
+    arXiv:2110.00641; AReaL, arXiv:2505.24298 sec. 5.2): ``old_logprobs`` are the proximal policy's (the
+    trainer's forward at the weights the update starts from), the ratio and its clip are taken against them,
+    and ``is_weights`` = min(pi_prox / pi_behaviour, C) correct for the k-versions-old engine that sampled the
+    tokens; written out with why it holds at any k in rftlib.algo.correction.
 
     Metrics (detached 0-dim): the policy loss's own metrics; ``policy_loss`` (the policy term alone,
     aggregated like the loss, so it sums over micro-batches like the loss does); ``kl`` (masked mean

@@ -178,5 +178,5 @@ def report_sections(run_dir: str | Path, baseline: str | Path | None = None) -> 
     """All sections in report order (what the analysis notebook shows), for tests and scripts."""
     a = load_attempt(run_dir)
     return [header(a), section("Health verdicts", verdict_table(a)), plots.tier1(a), plots.eval_curve(a),
-            checkpoint_table(a), plots.tier2(a), plots.tier3(a), metrics_table(a), samples_table(a),
+            checkpoint_table(a), plots.tier2(a), plots.tier3(a), plots.timeline(a), metrics_table(a), samples_table(a),
             eval_samples_table(a), spike_table(a), config_diff(a, baseline), config_table(a), provenance_table(a)]

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from rftlib.attempts import read_attempt, run_dir_path, runs_root as resolve_runs
+from rftlib.monitor.timeline import read_timeline
 from rftlib.config import RunConfig, diff, to_dict
 from rftlib.monitor.health import RULES, eval_metric_for, run_verdicts
 from rftlib.monitor.metrics import read_metrics
@@ -58,6 +59,11 @@ class Attempt:
     def train_rows(self) -> list[dict[str, Any]]:
         """One row per training step (the step-0 baseline row has no reward)."""
         return [r for r in self.metrics if "reward_mean" in r]
+
+    @property
+    def timeline(self) -> list[dict[str, Any]]:
+        """The intervals of logs/timeline.jsonl (rftlib.monitor.timeline), [] for an attempt that has none."""
+        return read_timeline(self.run_dir)
 
     @property
     def eval_rows(self) -> list[dict[str, Any]]:

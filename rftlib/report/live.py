@@ -35,8 +35,9 @@ from tqdm.auto import tqdm
 from rftlib.attempts import request_stop
 from rftlib.config import RunConfig
 from rftlib.monitor.health import display_order, run_verdicts
+from rftlib.monitor.timeline import read_timeline
 from rftlib.report.html import esc, status_badge
-from rftlib.report.plots import Plot, honest_axis
+from rftlib.report.plots import Plot, honest_axis, timeline_strip
 
 EVAL_KEY = "eval/heldout/greedy_pass@1"
 
@@ -321,8 +322,13 @@ class LiveView:
             self.samples.value = group_html(group, step)
 
     def _curves(self, tr: list[dict[str, Any]]) -> bytes:
-        fig = Figure(figsize=(11, 2.6), layout="constrained")
-        ax = [fig.add_subplot(1, 3, i + 1) for i in range(3)]
+        # an asynchronous attempt (max_staleness > 0) adds where the last steps' time went: which side waits
+        items = read_timeline(self.run_dir) if self.run_dir is not None and self.cfg.max_staleness > 0 else []
+        n = 4 if items else 3
+        fig = Figure(figsize=(11 + 3.5 * (n - 3), 2.6), layout="constrained")
+        ax = [fig.add_subplot(1, n, i + 1) for i in range(n)]
+        if items:
+            timeline_strip(ax.pop(), items)
         steps = [r["step"] for r in tr]
         ax[0].plot(steps, [r["reward_mean"] for r in tr], marker=".")
         ax[0].set_title("reward_mean", fontsize=10)

@@ -14,8 +14,10 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from matplotlib.figure import Figure
+from matplotlib.patches import Patch
 from matplotlib.ticker import MaxNLocator
 
+from rftlib.monitor.timeline import shares
 from rftlib.report.attempt import EVAL_KEY, Attempt, key_differences
 
 COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf"]
@@ -167,6 +169,116 @@ def tier3(a: Attempt) -> Plot:
     _panel(ax[2], rows, "lr", "learning rate")
     fig.suptitle(f"{a.attempt_id}: Tier 3, collapse detection", fontsize=11)
     return Plot(fig, "tier3", f"{a.attempt_id} Tier 3: response length, truncation, learning rate by step")
+
+
+PHASE_COLORS = {"generate": "#1f77b4", "reward": "#ff7f0e", "update": "#d62728", "advantages": "#e377c2",
+                "sync": "#9467bd", "eval": "#7f7f7f", "save": "#8c564b", "rollout": "#aec7e8", "wait": "white"}
+
+
+def timeline(a: Attempt, steps: int | None = None) -> Plot:
+    """Where the attempt's time went (logs/timeline.jsonl, issue 32): one lane per engine, the producer (reward
+    scoring) and the trainer, each phase a bar coloured by phase, generate bars labelled b<batch>·v<version>, a
+    line at each step's end; the title says how busy each side was and which one the other waited for. Below,
+    per step, the share of rows at each lag (staleness/frac_lag*) and the behaviour-proximal KL (tis/mismatch_kl).
+    ``steps``: the last N steps only (the live view)."""
+    items = a.timeline
+    fig = Figure(figsize=(12, 4.6), layout="constrained")
+    top, bottom = fig.add_subplot(3, 1, (1, 2)), fig.add_subplot(3, 1, 3)
+    if not items:
+        _missing(top, "timeline (attempts before issue 32 recorded none)")
+        fig.suptitle(f"{a.attempt_id}: timeline", fontsize=11)
+        return Plot(fig, "timeline", f"{a.attempt_id}: no timeline recorded")
+    ends = {}
+    for it in items:
+        if it["lane"] == "trainer" and it["phase"] in ("sync",):
+            ends[it["step"]] = it["t1"]
+    if steps is not None and ends:
+        first = sorted(ends)[-steps] if len(ends) >= steps else min(ends)
+        lo = min(it["t0"] for it in items if it.get("step", 0) >= first)
+        items = [it for it in items if it["t1"] >= lo]
+    engines = sorted({it.get("engine", 0) for it in items if it["lane"] == "engine"})
+    lanes = [("engine", e) for e in engines] + [("producer", None), ("trainer", None)]
+    ylab = {("engine", e): f"engine {e}" for e in engines} | {("producer", None): "producer", ("trainer", None): "trainer"}
+    for y, lane in enumerate(lanes):
+        for it in items:
+            if (it["lane"], it.get("engine") if it["lane"] == "engine" else None) != lane:
+                continue
+            w = it["t1"] - it["t0"]
+            colour = PHASE_COLORS.get(it["phase"], "#bcbd22")
+            top.broken_barh([(it["t0"], w)], (y - 0.38, 0.76), facecolors=colour, edgecolor="black", linewidth=0.3,
+                            hatch="//" if it["phase"] == "wait" else None)
+            if it["phase"] == "generate" and "batch" in it:
+                top.annotate(f"b{it['batch']}·v{it.get('version', '?')}", (it["t0"] + w / 2, y), ha="center",
+                             va="center", fontsize=6, color="white", clip_on=True)
+    for s, t in ends.items():
+        if not items or t >= items[0]["t0"]:
+            top.axvline(t, color="black", lw=0.6, ls=":")
+    top.set_yticks(range(len(lanes)), [ylab[ln] for ln in lanes], fontsize=8)
+    top.set_xlabel("seconds since the attempt started", fontsize=8)
+    top.tick_params(labelsize=8)
+    order = list(PHASE_COLORS)
+    used = sorted({it["phase"] for it in items}, key=lambda p: order.index(p) if p in order else len(order))
+    top.legend(handles=[Patch(facecolor=PHASE_COLORS.get(p, "#bcbd22"), edgecolor="black", hatch="//" if p == "wait" else None,
+                              label=p) for p in used], fontsize=7, loc="center left", bbox_to_anchor=(1.0, 0.5),
+               frameon=False)
+    lo, hi = min(it["t0"] for it in items), max(it["t1"] for it in items)
+    sh = shares(items, lo, hi)
+    trainer_idle, engine_idle = 1 - sh["trainer_busy"], 1 - sh["engine_busy"]
+    side = "generation (the trainer waits)" if trainer_idle > engine_idle else "training (the engines wait)"
+    top.set_title(f"trainer busy {100 * sh['trainer_busy']:.0f}% · engines busy {100 * sh['engine_busy']:.0f}% · "
+                  f"both {100 * sh['overlap'] / max(hi - lo, 1e-9):.0f}% · bottleneck: {side}", fontsize=10)
+    rows = [r for r in a.train_rows if "staleness/max" in r]
+    if steps is not None:
+        rows = rows[-steps:]
+    if rows:
+        lags = sorted({int(k.rsplit("lag", 1)[1]) for r in rows for k in r if k.startswith("staleness/frac_lag")})
+        xs = [r["step"] for r in rows]
+        base = [0.0] * len(rows)
+        for d in lags:
+            ys = [r.get(f"staleness/frac_lag{d}", 0.0) for r in rows]
+            bottom.bar(xs, ys, bottom=base, color=COLORS[d % len(COLORS)], label=f"lag {d}")
+            base = [b + y for b, y in zip(base, ys)]
+        bottom.set_ylabel("rows", fontsize=8)
+        bottom.set_xlabel("step", fontsize=8)
+        bottom.xaxis.set_major_locator(MaxNLocator(integer=True))
+        bottom.tick_params(labelsize=8)
+        bottom.legend(fontsize=7, loc="upper left")
+        kx, ky = _series(rows, "tis/mismatch_kl")
+        if kx:
+            twin = bottom.twinx()
+            twin.plot(kx, ky, color="black", marker=".", lw=1)
+            twin.set_ylabel("mismatch KL", fontsize=8)
+            twin.tick_params(labelsize=8)
+        bottom.set_title("staleness: share of trained rows per lag (versions behind the trainer); "
+                         "line: KL(engine || trainer) on the sampled tokens", fontsize=9)
+    else:
+        _missing(bottom, "staleness/frac_lag*")
+    fig.suptitle(f"{a.attempt_id}: timeline (max_staleness {a.config.get('max_staleness', 0)})", fontsize=11)
+    return Plot(fig, "timeline", f"{a.attempt_id} timeline: engines, producer and trainer busy per phase; "
+                                 f"trainer busy {100 * sh['trainer_busy']:.0f}%, engines {100 * sh['engine_busy']:.0f}%")
+
+
+def timeline_strip(ax, items: list[dict[str, Any]], steps: int = 5) -> None:
+    """The live view's small timeline: engine and trainer lanes over the last ``steps`` steps, busy shares in
+    the title (the same intervals and colours as :func:`timeline`)."""
+    syncs = sorted(it["t1"] for it in items if it["lane"] == "trainer" and it["phase"] == "sync")
+    ax.set_title("timeline (last steps)", fontsize=10)
+    if not syncs:
+        _missing(ax, "timeline")
+        return
+    lo = syncs[-steps - 1] if len(syncs) > steps else min(it["t0"] for it in items)
+    hi = max(it["t1"] for it in items)
+    for y, lane in enumerate(("engine", "trainer")):
+        for it in items:
+            if it["lane"] == lane and it["t1"] >= lo and it["phase"] != "reward":
+                ax.broken_barh([(it["t0"], it["t1"] - it["t0"])], (y - 0.38, 0.76),
+                               facecolors=PHASE_COLORS.get(it["phase"], "#bcbd22"), edgecolor="black", linewidth=0.2,
+                               hatch="//" if it["phase"] == "wait" else None)
+    sh = shares(items, lo, hi)
+    ax.set_xlim(lo, hi)
+    ax.set_yticks([0, 1], ["engines", "trainer"], fontsize=8)
+    ax.set_title(f"last steps: trainer {100 * sh['trainer_busy']:.0f}% · engines {100 * sh['engine_busy']:.0f}% busy",
+                 fontsize=9)
 
 
 def eval_curve(a: Attempt) -> Plot:

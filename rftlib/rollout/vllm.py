@@ -30,7 +30,9 @@ import json
 import os
 import random
 import shutil
+import threading
 import time
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -49,7 +51,8 @@ from rftlib.settings import EngineSettings
 
 LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vLLM's allowed max_lora_rank values
 WORKER_EXTENSION = "rftlib.rollout.vllm_worker.RftlibWorkerExtension"  # adds rftlib_reload_weights
-KEEP_SYNC_DIRS = 2  # adapter / weight dirs kept on disk (the live one and the one before)
+KEEP_SYNC_DIRS = 2  # adapter / weight dirs kept on disk at max_staleness 0 (the live one and the one before)
+BASE_ADAPTER = "base"  # the name the base weights are served under (server engines' --served-model-name)
 CANARY_ID_BASE = 1_000_000  # LoRA ids of start-up canary adapters (sync adapters count from 1)
 API_KEY_ENV = "RFTLIB_VLLM_API_KEY"  # the trainer's copy of the engines' API key (rft launch sets it across nodes)
 
@@ -139,6 +142,7 @@ class VLLMSettings:
     rollout_gpus: tuple = ()  # the GPUs server engines take, TP-sized slices in order (rollout_gpus)
     cpu_threads: int = 0  # CPU engines: torch threads each (torch_threads; 0 = vLLM's default)
     weight_sync: str = "rpc"  # server engines' full-weight sync: nccl | rpc | disk (vllm_weight_sync, resolved)
+    max_staleness: int = 0  # RolloutSettings.max_staleness k: k > 0 keeps up to k+1 adapter versions live at once
 
     @classmethod
     def from_config(cls, inputs: EngineInputs, model, run_dir) -> "VLLMSettings":
@@ -200,10 +204,23 @@ class VLLMSettings:
                    sleep_mode=engine.vllm_sleep_mode and on_gpu, probe_tol=engine.vllm_sync_probe_tol,
                    seed=inputs.attempt.seed,
                    on_gpu=on_gpu, urls=tuple(launch.vllm_urls), rollout_gpus=tuple(launch.rollout_gpus or ()),
-                   cpu_threads=inputs.evallog.torch_threads,
+                   cpu_threads=inputs.evallog.torch_threads, max_staleness=inputs.rollout.max_staleness,
                    weight_sync=(engine.vllm_weight_sync if engine.vllm_weight_sync != "auto"
                                 else ("nccl" if on_gpu else "rpc")),
                    **kw)
+
+    @property
+    def max_loras(self) -> int:
+        """Adapters an engine batches together (--max-loras): 1 when synchronous; k+1 at max_staleness k > 0, since
+        every version a batch in flight may still sample (n-1-k .. n-1) plus the newest for the probe and evals run
+        at once, and vLLM's scheduler silently holds back a request whose adapter would exceed it (design 32 §5)."""
+        return self.max_staleness + 1
+
+    @property
+    def max_cpu_loras(self) -> int | None:
+        """Adapters the engine's CPU-side LRU cache keeps (--max-cpu-loras): one more than max_loras at k > 0, so a
+        version just published does not evict one still in flight; None (vLLM's default, = max_loras) at k = 0."""
+        return self.max_staleness + 2 if self.max_staleness > 0 else None
 
     @property
     def max_lora_rank(self) -> int:
@@ -241,7 +258,25 @@ def sampling_args(*, n: int, max_new_tokens: int, temperature: float, top_p: flo
 
 
 class _VLLMBase:
-    """generate / sync_weights / close on top of three placement hooks: _sample, _load_lora, _load_full."""
+    """generate / sync_weights / close on top of three placement hooks: _sample, _load_lora, _load_full.
+
+    Adapters (LoRA) by name. Each sync publishes a new name (``policy-{sync}``); ``adapter`` is the newest one
+    (the base name, ``base``, before any adapter and for full weights). A ``generate`` call samples from the
+    adapter it names, or the newest one *when it is submitted*, and holds that name until it returns, so a sync on
+    another thread never switches a call's requests mid-way (issue 32: a producer thread generates batch n+1
+    while the trainer's thread updates and syncs).
+
+    What happens to the adapter a sync supersedes depends on ``max_staleness`` k (VLLMSettings):
+      k = 0  it is unloaded as the new one loads and ``KEEP_SYNC_DIRS`` directories stay on disk (the
+             synchronous step: nothing is in flight during a sync);
+      k > 0  it stays loaded while anything holds it (``hold`` / ``release``: in-flight counts per name, under a
+             lock) and is *retired* at its last release: unloaded from every engine (vLLM 0.32 only drops the
+             name, so requests already running finish on it; a new request naming it gets 404) and its sync
+             directory deleted. The directory must outlive the last request: vLLM's worker LRU reloads an
+             evicted adapter from its path mid-request (design 32 §5), so no fixed count of directories is kept.
+    Several ranks sharing server engines: rank 0 (``push``) loads, unloads and deletes; the others only follow
+    names, and rank 0's counts are its own rank's (the others' in-flight names are the trainer's to gather).
+    """
 
     shares_trainer_module = False  # the trainer must compute old logprobs itself and apply TIS
     shared_across_ranks = False  # colocated: each rank owns its engine; server engines: one set, rank 0 loads
@@ -255,6 +290,111 @@ class _VLLMBase:
         self.rng = random.Random(settings.seed)  # the per-call base seeds
         self.probing = False  # True while the sync probe samples (colocate: no sleep after it)
         self.probe_baseline: float | None = None  # the gap right after the first sync, for the log
+        # adapters by name (module docstring); every field below is read and written under _lock
+        self._lock = threading.Lock()
+        self._adapter = BASE_ADAPTER  # the newest published name
+        self._live: set[str] = set()  # names loaded (by this rank, or followed) and not yet retired
+        self._dirs: dict[str, Path] = {}  # name -> the sync directory it was loaded from (this rank wrote it)
+        self._held: Counter[str] = Counter()  # name -> calls / batches in flight on it
+        self._retiring: set[str] = set()  # superseded or retired names waiting for their last release
+        self._pushes = True  # this rank loads and unloads (sync_weights' push); False: it follows rank 0's names
+
+    # ---- adapters: which one a call samples, and when an old one goes ----------------------------------
+    @property
+    def adapter(self) -> str:
+        """The newest published adapter name: what ``generate(adapter=None)`` samples (``base`` before the first
+        LoRA sync and with full weights)."""
+        with self._lock:
+            return self._adapter
+
+    @property
+    def inflight(self) -> dict[str, int]:
+        """Holds per adapter name right now (a snapshot): calls in flight plus explicit ``hold``s."""
+        with self._lock:
+            return dict(self._held)
+
+    def hold(self, name: str) -> None:
+        """Keep adapter ``name`` loaded (and its directory on disk) until the matching ``release``. Raises
+        ValueError for a name that is not live here (already retired, or never published)."""
+        with self._lock:
+            self._hold_locked(name)
+
+    def _hold_locked(self, name: str) -> None:
+        if name != BASE_ADAPTER and name not in self._live:
+            raise ValueError(f"adapter '{name}' is not loaded in this engine (live: {sorted(self._live) or 'none'}; "
+                             f"newest: '{self._adapter}'): it was retired (unloaded once nothing held it) or never "
+                             "published; hold a version before its successor's sync to keep it")
+        self._held[name] += 1
+
+    def release(self, name: str) -> None:
+        """Undo one ``hold(name)``. The last release of a superseded (or ``retire``-d) name retires it now."""
+        with self._lock:
+            if self._held.get(name, 0) <= 0:
+                raise ValueError(f"release('{name}') without a matching hold (holds: {dict(self._held)})")
+            self._held[name] -= 1
+            if self._held[name]:
+                return
+            del self._held[name]
+            if name not in self._retiring:
+                return
+            path = self._forget_locked(name)
+        self._drop(name, path)
+
+    def retire(self, name: str) -> None:
+        """Unload ``name`` from every engine and delete its sync directory once nothing holds it (now, when
+        nothing does; else at its last ``release``). A sync at max_staleness > 0 retires the adapter it
+        supersedes by itself; the newest adapter cannot be retired. Unknown or already retired names: no-op."""
+        with self._lock:
+            if name == self._adapter:
+                raise ValueError(f"adapter '{name}' is the newest one: a later sync supersedes it, then it can go")
+            if name not in self._live:
+                return
+            self._retiring.add(name)
+            if self._held[name]:
+                return
+            path = self._forget_locked(name)
+        self._drop(name, path)
+
+    def _publish(self, name: str, path: Path | None) -> None:
+        """``name`` (loaded from ``path``, None when another rank wrote it) is the newest adapter now. The one it
+        supersedes: max_staleness 0 unloads it at once (today's synchronous sync); k > 0 retires it when nothing
+        holds it, else at its last release."""
+        with self._lock:
+            previous, self._adapter = self._adapter, name
+            self._live.add(name)
+            if path is not None:
+                self._dirs[name] = Path(path)
+            if previous in (BASE_ADAPTER, name) or previous not in self._live:
+                return
+            if self.s.max_staleness > 0:
+                self._retiring.add(previous)
+                if self._held[previous]:
+                    return
+            # k = 0: the directory stays for _prune_sync_dirs (KEEP_SYNC_DIRS), as before
+            path = self._forget_locked(previous)
+            path = path if self.s.max_staleness > 0 else None
+        self._drop(previous, path)
+
+    def _forget_locked(self, name: str) -> Path | None:
+        self._live.discard(name)
+        self._retiring.discard(name)
+        return self._dirs.pop(name, None)
+
+    def _drop(self, name: str, path: Path | None) -> None:
+        """Unload ``name`` from the engines and delete ``path`` (the rank that pushes only)."""
+        if not self._pushes:
+            return
+        self._unload_lora(name)
+        if path is not None:
+            shutil.rmtree(path, ignore_errors=True)
+
+    def _acquire(self, adapter: str | None) -> str:
+        """The name a call samples from, held until it returns: ``adapter``, else the newest, read and held in one
+        step under the lock (a sync between the two could otherwise retire it)."""
+        with self._lock:
+            name = self._adapter if adapter is None else adapter
+            self._hold_locked(name)
+            return name
 
     @property
     def precision(self) -> str:
@@ -262,11 +402,18 @@ class _VLLMBase:
         return self.s.dtype
 
     # ---- placement hooks -----------------------------------------------------------------------
-    def _sample(self, prompt_id_lists: list[list[int]], params: list[dict]) -> list[tuple[list[int], list[float]]]:
-        """N = B*n prompt-major (token ids, sampled-token logprobs); params[i] are prompt i's sampling fields."""
+    def _sample(self, prompt_id_lists: list[list[int]], params: list[dict],
+                adapter: str) -> list[tuple[list[int], list[float]]]:
+        """N = B*n prompt-major (token ids, sampled-token logprobs); params[i] are prompt i's sampling fields;
+        ``adapter``: the name to sample from, captured when the call was submitted."""
         raise NotImplementedError
 
     def _load_lora(self, name: str, lora_id: int, path: Path) -> None:
+        """Load adapter ``name`` from ``path`` into the engine(s), then ``_publish`` it."""
+        raise NotImplementedError
+
+    def _unload_lora(self, name: str) -> None:
+        """Unload adapter ``name`` from the engine(s) (``_drop``: superseded, and nothing holds it)."""
         raise NotImplementedError
 
     def _load_full(self, model, path: Path) -> None:
@@ -280,8 +427,11 @@ class _VLLMBase:
 
     # ---- the engine contract -------------------------------------------------------------------
     def generate(self, prompts: list[str], *, group_size: int, max_new_tokens: int, temperature: float,
-                 top_p: float = 1.0, greedy: bool = False, seed: int | None = None) -> Rollout:
-        """group_size completions per chat-formatted prompt, rows prompt-major (as HFEngine)."""
+                 top_p: float = 1.0, greedy: bool = False, seed: int | None = None,
+                 adapter: str | None = None) -> Rollout:
+        """group_size completions per chat-formatted prompt, rows prompt-major (as HFEngine). ``adapter``: the
+        adapter name to sample from (a version a producer bound earlier), None: the newest (``self.adapter``),
+        captured now; either is held until the call returns, so a sync meanwhile neither switches nor unloads it."""
         ids, mask, lists = encode_prompts(self.tok, prompts)
         if seed is None:  # reproducible runs: a fresh base seed per call from the run's seed
             seed = self.rng.randrange(2**40)
@@ -291,7 +441,11 @@ class _VLLMBase:
         params = [sampling_args(n=group_size, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
                                 greedy=greedy, seed=seed + i * group_size, stop_ids=self.stop_ids)
                   for i in range(len(lists))]
-        samples = self._sample(lists, params)
+        name = self._acquire(adapter)
+        try:
+            samples = self._sample(lists, params, name)
+        finally:
+            self.release(name)
         return assemble_rollout(self.tok, ids, mask, samples, group_size=group_size, stop_ids=self.stop_ids)
 
     @property
@@ -318,6 +472,7 @@ class _VLLMBase:
         Returns {seconds, bytes, probe_max_diff, probe_baseline, probe_threshold, probe_noise}, or raises
         SyncProbeError.
         """
+        self._pushes = push
         if verify and push and self.s.lora_rank > 0:
             self._check_follows_adapter(model, adapter_state)
         t = time.time()
@@ -386,8 +541,18 @@ class _VLLMBase:
         raise NotImplementedError(f"{type(self).__name__} is not shared across ranks: each rank loads its own")
 
     def _prune_sync_dirs(self) -> None:
-        for old in sorted(self.sync_root.glob("sync_*"))[:-KEEP_SYNC_DIRS]:
-            shutil.rmtree(old, ignore_errors=True)
+        """max_staleness 0 (and full weights): keep the newest KEEP_SYNC_DIRS directories. k > 0 with LoRA: delete
+        every sync directory no live adapter was loaded from (a retired one's went at its retirement; these are
+        left from an earlier trainer in this run directory); live ones go when their adapter is retired."""
+        if self.s.max_staleness == 0 or self.s.lora_rank == 0:
+            for old in sorted(self.sync_root.glob("sync_*"))[:-KEEP_SYNC_DIRS]:
+                shutil.rmtree(old, ignore_errors=True)
+            return
+        with self._lock:
+            keep = {p.resolve() for p in self._dirs.values()}
+        for old in self.sync_root.glob("sync_*"):
+            if old.resolve() not in keep:
+                shutil.rmtree(old, ignore_errors=True)
 
     def close(self) -> None:
         pass
@@ -472,8 +637,11 @@ class VLLMEngine(_VLLMBase):
         name, lora_id, path = self.lora
         return LoRARequest(name, lora_id, path)
 
-    def _sample(self, prompt_id_lists, params):
+    def _sample(self, prompt_id_lists, params, adapter):
         SamplingParams = import_vllm().SamplingParams
+        live = self.lora[0] if self.lora is not None else BASE_ADAPTER
+        if adapter != live:  # one adapter at a time in process (max_staleness 0: kinds refuses k > 0 colocated)
+            raise ValueError(f"the colocated vLLM engine serves one adapter, '{live}', not '{adapter}'")
         if self.asleep:
             _gpu_wake(self.llm)
             self.asleep = False
@@ -507,6 +675,8 @@ class VLLMEngine(_VLLMBase):
         if previous is not None:
             self.llm.llm_engine.remove_lora(previous[1])
         self.lora = (name, lora_id, str(path))
+        with self._lock:  # in process the previous adapter is gone already: one live name
+            self._adapter, self._live = name, {name}
 
     def _load_full(self, model, path):
         # in-process: the tensors reach the worker by reference, no copy to disk

@@ -33,12 +33,13 @@ from typing import Mapping
 import torch
 from safetensors.torch import save
 
-from rftlib.rollout.vllm import WORKER_EXTENSION, VLLMSettings, _VLLMBase, import_vllm, tied_lm_head_weights
+from rftlib.rollout.vllm import (BASE_ADAPTER, WORKER_EXTENSION, VLLMSettings, _VLLMBase, import_vllm,
+                                 tied_lm_head_weights)
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 START_TIMEOUT_S = float(os.environ.get("RFTLIB_VLLM_START_TIMEOUT", 600))  # model load + warm-up
 REQUEST_TIMEOUT_S = float(os.environ.get("RFTLIB_VLLM_REQUEST_TIMEOUT", 1800))  # one completions call
-BASE_NAME = "base"  # served model name of the base weights
+BASE_NAME = BASE_ADAPTER  # served model name of the base weights
 RPC_CHUNK_BYTES = 256 * 2**20  # full weights over /collective_rpc: tensors per request up to this (base64 adds 1/3)
 # completions requests one trainer rank keeps open at once (one thread each): every prompt of a call is in flight
 # together, so an engine's scheduler sees its whole share (vLLM queues what its max_num_seqs cannot run yet)
@@ -47,6 +48,14 @@ MAX_IN_FLIGHT = int(os.environ.get("RFTLIB_VLLM_MAX_IN_FLIGHT", 1024))
 
 class EngineDiedError(RuntimeError):
     """A vLLM server process exited (or never became healthy); the message quotes its log."""
+
+
+class EngineRefusedError(RuntimeError):
+    """A vLLM server answered a request with an HTTP error (``status``); the message quotes its answer."""
+
+    def __init__(self, message: str, status: int):
+        super().__init__(message)
+        self.status = status
 
 
 def _free_port() -> int:
@@ -69,7 +78,8 @@ def server_command(s: VLLMSettings, k: int, port: int, python: str = sys.executa
     processed_logprobs`` behaviour logprobs under the sampling distribution (temperature, top-p), which TIS
     weights need; ``--generation-config vllm`` so the checkpoint's generation_config.json never shapes
     sampling; the worker extension for full-weight reloads; ``--max-lora-rank`` rounded up to a rank vLLM
-    accepts; the host (loopback unless other nodes must reach it, then with an API key: server_env).
+    accepts; ``--max-loras`` 1, or k+1 with ``--max-cpu-loras`` k+2 at max_staleness k > 0 (VLLMSettings.max_loras:
+    fewer would silently serialise generation across versions); the host (loopback unless other nodes must reach it, then with an API key: server_env).
     The entry point is ``vllm serve MODEL`` (vLLM's supported one; ``python -m
     vllm.entrypoints.openai.api_server`` is deprecated since 0.32): :func:`vllm_cli`."""
     cmd = [*vllm_cli(python), "serve", s.model_dir,
@@ -80,7 +90,9 @@ def server_command(s: VLLMSettings, k: int, port: int, python: str = sys.executa
     if s.enforce_eager:
         cmd.append("--enforce-eager")
     if s.lora_rank > 0:
-        cmd += ["--enable-lora", "--max-lora-rank", str(s.max_lora_rank), "--max-loras", "1"]
+        cmd += ["--enable-lora", "--max-lora-rank", str(s.max_lora_rank), "--max-loras", str(s.max_loras)]
+        if s.max_cpu_loras is not None:
+            cmd += ["--max-cpu-loras", str(s.max_cpu_loras)]
     elif s.weight_sync == "nccl":  # full weights broadcast from the trainer (vLLM's weight-transfer API)
         cmd += ["--weight-transfer-config", json.dumps({"backend": "nccl"})]
     if s.on_gpu:
@@ -231,8 +243,8 @@ class _Server:
             with urllib.request.urlopen(req, timeout=REQUEST_TIMEOUT_S) as r:
                 text = r.read().decode()
         except urllib.error.HTTPError as e:  # the server answered with an error: its message says why
-            raise RuntimeError(f"vLLM engine {self.k} refused {route} while {what}: HTTP {e.code} "
-                               f"{e.read().decode(errors='replace')[:2000]}") from None
+            raise EngineRefusedError(f"vLLM engine {self.k} refused {route} while {what}: HTTP {e.code} "
+                                     f"{e.read().decode(errors='replace')[:2000]}", e.code) from None
         except (urllib.error.URLError, OSError) as e:  # no answer: is the process gone?
             time.sleep(0.5)  # let a crashing process finish exiting
             if self.proc is None or self.proc.poll() is not None:
@@ -304,14 +316,20 @@ class VLLMServerEngine(_VLLMBase):
             self.close()
             raise
         self.start_seconds = time.time() - t
-        self.model_name = BASE_NAME  # the adapter (or base) completions are asked of
         # threads start as requests need them (up to MAX_IN_FLIGHT) and are reused by later calls
         self.pool = ThreadPoolExecutor(max_workers=MAX_IN_FLIGHT, thread_name_prefix="vllm-request")
 
-    def _complete(self, srv: _Server, prompts: list[list[int]], p: dict) -> list[tuple[list[int], list[float]]]:
-        """One /v1/completions request for ``prompts`` (token-id lists) under sampling fields ``p``: their
-        len(prompts) x n completions, prompt-major, as (token ids, sampled-token logprobs)."""
-        body = dict(model=self.model_name, prompt=prompts, n=p["n"], max_tokens=p["max_tokens"],
+    @property
+    def model_name(self) -> str:
+        """The newest adapter (or base) name: ``adapter``'s older name here."""
+        return self.adapter
+
+    def _complete(self, srv: _Server, prompts: list[list[int]], p: dict,
+                  adapter: str) -> list[tuple[list[int], list[float]]]:
+        """One /v1/completions request for ``prompts`` (token-id lists) under sampling fields ``p`` from adapter
+        ``adapter`` (the call's, captured at submission): their len(prompts) x n completions, prompt-major, as
+        (token ids, sampled-token logprobs)."""
+        body = dict(model=adapter, prompt=prompts, n=p["n"], max_tokens=p["max_tokens"],
                     temperature=p["temperature"], top_p=p["top_p"], top_k=p["top_k"], seed=p["seed"],
                     stop_token_ids=p["stop_token_ids"], skip_special_tokens=False, return_token_ids=True)
         if p["logprobs"] is not None:
@@ -327,7 +345,7 @@ class VLLMServerEngine(_VLLMBase):
             rows.append((list(c["token_ids"]), [float(x) for x in lps]))
         return rows
 
-    def _sample(self, prompt_id_lists, params):
+    def _sample(self, prompt_id_lists, params, adapter):
         """Every prompt in flight at once, prompt i on engine i % N, so each engine's scheduler batches its
         whole share (a greedy eval of ~420 prompts is hundreds of sequences, not the handful a small pool of
         one-prompt requests kept open). Greedy prompts, whose sampling no seed touches, go to an engine as
@@ -344,9 +362,10 @@ class VLLMServerEngine(_VLLMBase):
             if batchable([params[i] for i in share]):
                 p = {**params[share[0]], "seed": None}  # greedy: no random draw for a seed to fix
                 jobs.append((share, self.pool.submit(self._complete, self.servers[k],
-                                                     [prompt_id_lists[i] for i in share], p)))
+                                                     [prompt_id_lists[i] for i in share], p, adapter)))
             else:
-                jobs += [([i], self.pool.submit(self._complete, self.servers[k], [prompt_id_lists[i]], params[i]))
+                jobs += [([i], self.pool.submit(self._complete, self.servers[k], [prompt_id_lists[i]], params[i],
+                                                adapter))
                          for i in share]
         rows: list[list] = [[] for _ in prompt_id_lists]
         for share, fut in jobs:
@@ -357,16 +376,32 @@ class VLLMServerEngine(_VLLMBase):
         return [row for per_prompt in rows for row in per_prompt]
 
     def _load_lora(self, name, lora_id, path):
-        previous = self.model_name if self.model_name != BASE_NAME else None
         for srv in self.servers:
-            srv.post("/v1/load_lora_adapter", {"lora_name": name, "lora_path": str(path)}, "loading a LoRA adapter")
-        self.model_name = name
-        if previous is not None:
-            for srv in self.servers:
-                srv.post("/v1/unload_lora_adapter", {"lora_name": previous}, "unloading the previous adapter")
+            body = {"lora_name": name, "lora_path": str(path)}
+            try:
+                srv.post("/v1/load_lora_adapter", body, "loading a LoRA adapter")
+            except EngineRefusedError as e:
+                # this engine object never loads a name twice, so the name is an earlier trainer's, left loaded
+                # in engines that outlived it (vllm_urls: a resumed or a new attempt against running engines):
+                # drop that name (vLLM then gives the new load a fresh LoRA id: the new weights) and load again
+                if e.status != 400 or "already been loaded" not in str(e):
+                    raise
+                print(f"[rft] vLLM engine {srv.k} still had adapter '{name}' from an earlier trainer; replacing it",
+                      flush=True)
+                srv.post("/v1/unload_lora_adapter", {"lora_name": name}, "unloading an earlier trainer's adapter")
+                srv.post("/v1/load_lora_adapter", body, "loading a LoRA adapter")
+        self._publish(name, path)  # k = 0: unloads the previous adapter now (k > 0: once nothing holds it)
+
+    def _unload_lora(self, name):
+        for srv in self.servers:
+            try:
+                srv.post("/v1/unload_lora_adapter", {"lora_name": name}, "unloading the previous adapter")
+            except EngineRefusedError as e:
+                if e.status != 404:  # 404: the engine no longer has the name (unloaded already): nothing to do
+                    raise
 
     def _follow_lora(self, name):
-        self.model_name = name
+        self._publish(name, None)
 
     def _load_full(self, model, path):
         """Full weights into every engine by ``vllm_weight_sync`` (module docstring); the prefix cache reset after."""

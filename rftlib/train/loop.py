@@ -41,6 +41,7 @@ from rftlib.models.loading import causal_lm, compute_dtype, is_peft
 from rftlib.models.precision import describe as describe_precision
 from rftlib.monitor.health import run_verdicts
 from rftlib.monitor.metrics import read_metrics
+from rftlib.monitor.timeline import Timeline, TimelineLog, shares
 from rftlib.rewards.registry import Reward, as_reward
 from rftlib.train import checkpoint as ckpt
 from rftlib.train import steps
@@ -120,8 +121,13 @@ class Trainer:
             self.memory_estimate = preflight_gib(cfg, causal_lm(self.model).config, D.world_size, prompt_len=256,
                                                 chunk_rows=self.logprob_chunk_size)
         self._pending: list[dict] = []  # batches a checkpoint permitted but did not train (max_staleness > 0)
+        self._timeline_log = TimelineLog(self.run_dir) if D.is_main else None  # logs/timeline.jsonl (rank 0)
         if resume:
             ckpt.resume_trainer(self)
+            if self._timeline_log is not None:
+                self._timeline_log.truncate_after(self.step_num)
+        # every rank records where its time goes (its rows' timing/*_busy); rank 0 writes them
+        self.timeline = Timeline(time.time() - (self._timeline_log.offset() if self._timeline_log and resume else 0.0))
         if not self.engine.shares_trainer_module:  # once the weights are final: a resume restored the adapter
             sync = self.sync(verify=True)
             self.engine.initial_sync = sync.details
@@ -179,7 +185,11 @@ class Trainer:
             if drawn:  # dynamic sampling's refill: more prompts now (synchronous only: config.validate)
                 drawn.append(self.rollout(n_prompts))
                 return drawn[-1]
+            t_wait = time.time()
             scored, waited = self.source.take(self.step_num + 1, n_prompts, last=cfg.num_steps)
+            if self.source.threaded:
+                self.timeline.add("trainer", "wait", t_wait, t_wait + waited, rank=self.dist.rank,
+                                  step=self.step_num + 1)
             if self.source.threaded:  # the producer generated it: the rollout phase's observers see it here
                 for hook in self.hooks:
                     hook("rollout", waited, scored)
@@ -199,9 +209,11 @@ class Trainer:
         self.step_num += 1
         self._hold_for_other_ranks()
         self.source.publish(self.step_num, getattr(self.engine, "adapter", None))  # batches started now sample it
+        t_end = time.time()
         timing = {"generate": sum(s.generate_seconds for s in drawn), "reward": sum(s.reward_seconds for s in drawn),
                   "reference": adv.reference_seconds, "update": t_update, "sync": sync.seconds,
-                  "wait_rollout": waited, "step": time.time() - t_step}
+                  "wait_rollout": waited, "step": t_end - t_step}
+        timing.update(self._busy_shares(t_step, t_end))
         # TRL's frac_reward_zero_std: groups of the first rollout whose G rewards are all equal (no signal)
         zero_std = float(constant_groups(first.rewards, G).float().mean())
         extra = {**adv.metrics, **batch.metrics, "frac_reward_zero_std": zero_std}
@@ -229,6 +241,29 @@ class Trainer:
         for name in sorted(held - others):
             eng.release(name)
         self._held_for_others = others
+
+    _TIMELINE_PHASES = ("rollout", "advantages", "update", "sync", "eval")
+
+    def _on_phase(self, name: str, t0: float, t1: float) -> None:
+        """A public phase ended (rftlib.train.phases.phase): the trainer lane of the timeline. A synchronous
+        rollout is the trainer's own phase; a threaded producer's batch shows on the engine lane instead."""
+        if name in self._TIMELINE_PHASES and hasattr(self, "timeline"):
+            self.timeline.add("trainer", name, t0, t1, rank=self.dist.rank,
+                              step=self.step_num if name == "eval" else self.step_num + 1)
+
+    def _busy_shares(self, lo: float, hi: float) -> dict[str, float]:
+        """timing/trainer_busy and timing/engine_busy (fractions of the step's wall time) and timing/overlap
+        (seconds both were busy), from this rank's intervals of the step, a batch still generating included."""
+        items = self.timeline.peek()
+        for lane, phase_, t0 in self.source.open_spans():
+            items.append({"lane": lane, "phase": phase_, "t0": t0 - self.timeline.origin, "t1": hi - self.timeline.origin})
+        return shares(items, lo - self.timeline.origin, hi - self.timeline.origin)
+
+    def _flush_timeline(self) -> None:
+        """Rank 0 appends what the timeline recorded to logs/timeline.jsonl (the other ranks forget theirs)."""
+        items = self.timeline.drain()
+        if self._timeline_log is not None:
+            self._timeline_log.append(items)
 
     @phase("rollout")
     def rollout(self, n_prompts: int) -> Scored:
@@ -258,11 +293,14 @@ class Trainer:
         examples = [self.task.train[i] for i in indices]
         version = self.step_num if version is None else version
         sampling = {k: v for k, v in (("seed", seed), ("adapter", adapter)) if v is not None}
+        batch = self.step_num + 1 if batch is None else batch
         t = time.time()
         ro = self.engine.generate(format_prompts(self.tok, examples, self.task.system_prompt), group_size=G,
                                   max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
                                   top_p=cfg.top_p, **sampling).to(self.dist.device)
         t_generate = time.time() - t
+        self.timeline.add("engine", "generate", t, t + t_generate, engine=0, rank=D.rank, batch=batch,
+                          version=version, step=batch)
         t = time.time()
         rows = [examples[i // G] for i in range(len(ro.texts))]
         trunc = [bool(cut) for cut in ro.truncated.tolist()]
@@ -272,6 +310,7 @@ class Trainer:
         rewards = [float(r) for r, _ in scored]
         diags = [d for _, d in scored]
         t_reward = time.time() - t
+        self.timeline.add("producer", "reward", t, t + t_reward, rank=D.rank, batch=batch, step=batch)
         items = [(ro, g, ex, idx, diags[g * G:(g + 1) * G]) for g, (ex, idx) in enumerate(zip(examples, indices))]
         return Scored(items, torch.tensor(rewards), generate_seconds=t_generate, reward_seconds=t_reward,
                       version=version)
@@ -530,6 +569,7 @@ class Trainer:
         if self.memory_estimate is not None:
             row["memory/preflight_gib"] = self.memory_estimate
         self._group = first_group(allr, G)
+        self._flush_timeline()
         if D.is_main:
             write_step_logs(self.logger, self.cfg, self.step_num, row, allr)
             log_trained(self.run_dir, self.step_num, allr["indices"], allr["versions"])
@@ -624,6 +664,7 @@ class Trainer:
                 break
         if main:  # a stop asked during this session is honoured by its end (stopped or done): a resume goes on
             (self.run_dir / STOP_FILE).unlink(missing_ok=True)
+        self._flush_timeline()
         if bar is not None:
             bar.close()
         return self.summary()
@@ -691,7 +732,10 @@ class Trainer:
     # ---- checkpoints and resume (rftlib.train.checkpoint) -------------------------------------------------
     def save(self) -> Path:
         """Checkpoint this step: the backend's weights and optimizer, the peft adapter, RNG, sampler, evals."""
-        return ckpt.save_trainer(self)
+        timeline = getattr(self, "timeline", None)
+        with timeline.span("trainer", "save", rank=self.dist.rank, step=self.step_num) if timeline else \
+                contextlib.nullcontext():
+            return ckpt.save_trainer(self)
 
     def _unlock(self) -> None:
         if self._lock is not None:

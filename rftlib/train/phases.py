@@ -48,6 +48,9 @@ def phase(name: str):
                 t = time.time()
                 result = fn(self, *args, **kwargs)
                 seconds = time.time() - t
+            on_phase = getattr(self, "_on_phase", None)  # the trainer's timeline (rftlib.monitor.timeline)
+            if on_phase is not None:
+                on_phase(name, t, t + seconds)
             for hook in self.hooks:
                 hook(name, seconds, result)
             return result

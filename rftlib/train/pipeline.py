@@ -79,6 +79,9 @@ class InlineSource:
     def pending(self) -> list[dict[str, Any]]:
         return []
 
+    def open_spans(self) -> list[tuple[str, str, float]]:
+        return []
+
     def load_pending(self, pending: list[dict[str, Any]]) -> None:
         if pending:
             raise ValueError(f"the checkpoint holds {len(pending)} batch(es) permitted but not trained (an attempt "
@@ -122,7 +125,8 @@ class ThreadedSource:
         self.error: BaseException | None = None
         self.error_text = ""
         self.stopping = False
-        self.busy: int | None = None  # the batch being generated
+        self.busy: int | None = None  # the batch being generated, since busy_since
+        self.busy_since = 0.0
         self.thread = threading.Thread(target=self._run, name="rft-rollout-producer", daemon=True)
         self.thread.start()
 
@@ -193,6 +197,11 @@ class ThreadedSource:
             self.latest = (version, adapter)
         self._release(old)
 
+    def open_spans(self) -> list[tuple[str, str, float]]:
+        """(lane, phase, start) of the work in progress: the batch generating now (for the step's busy shares)."""
+        with self.cond:
+            return [("engine", "generate", self.busy_since)] if self.busy is not None else []
+
     def pending(self) -> list[dict[str, Any]]:
         """Every permitted batch the trainer has not taken (generating, generated or waiting), for a checkpoint."""
         with self.cond:
@@ -221,7 +230,7 @@ class ThreadedSource:
                 permit = self.queue.popleft()
                 version, adapter = self.latest
                 self._hold(adapter)  # under the lock: a publish cannot release it between the read and the hold
-                self.busy = permit.batch
+                self.busy, self.busy_since = permit.batch, time.time()
             try:
                 scored = self._produce(permit.indices, seed=permit.seed, adapter=adapter, version=version,
                                        batch=permit.batch)
