@@ -87,7 +87,7 @@ def test_train_notebook_writes_checkpoint_evals_and_report(ws):
     assert ck["ckpt_step_3.json"]["final"] is True and "trainer's eval" in ck["ckpt_step_3.json"]["source"]
     assert ck["ckpt_step_1.json"]["source"].startswith("rftlib.eval_checkpoints")
     assert all(d["mode"] == "greedy_pass@1" and d["n_problems"] == 16 for d in ck.values())
-    assert len(_pngs(a / "analysis.ipynb")) == 4  # tier 1, eval curve, tier 2, tier 3
+    assert len(_pngs(a / "analysis.ipynb")) == 5  # tier 1, eval curve, tier 2, tier 3, timeline
     html = (ws["reports"] / f"{T_ID}.html").read_text()
     assert "rft train -p tiny: the train notebook" in html and "Health verdicts" in html
     assert "A.verdict_table(" not in html and "from rftlib.report import" not in html  # code hidden
@@ -215,7 +215,7 @@ def _check_figures(imgs, n):
 @needs_chrome
 def test_attempt_report_in_chromium(ws, artefacts, tmp_path):
     dom, imgs = _open(ws["reports"] / f"{B_ID}.html", "report-attempt-B", artefacts, tmp_path)
-    _check_figures(imgs, 4)  # tier 1, eval curve, tier 2, tier 3
+    _check_figures(imgs, 5)  # tier 1, eval curve, tier 2, tier 3, timeline
     assert "rft-verdicts" in dom and "Tier 2: stability" in dom and "eps_clip 0.1" in dom
     assert f"Differences from <b>{A_ID}</b>" in dom  # the config diff against the baseline attempt
     assert "<script" not in dom  # self-contained: no CDN scripts
@@ -224,7 +224,7 @@ def test_attempt_report_in_chromium(ws, artefacts, tmp_path):
 @needs_chrome
 def test_train_notebook_report_in_chromium(ws, artefacts, tmp_path):
     dom, imgs = _open(ws["reports"] / f"{T_ID}.html", "report-train-notebook", artefacts, tmp_path)
-    _check_figures(imgs, 4)
+    _check_figures(imgs, 5)
     assert "rft-ckpt" in dom and "(final)" in dom  # the checkpoint evals
 
 
