@@ -59,3 +59,16 @@ def test_a_bad_line_names_the_file_and_line(tmp_path):
     with pytest.raises(ValueError, match=r"timeline.jsonl:1: an interval needs lane, phase, t0 and t1"):
         read_timeline(tmp_path)
     assert read_timeline(tmp_path / "nothing") == []
+
+
+def test_a_torn_last_line_is_ignored_and_cut_on_resume(tmp_path):
+    """A process killed mid-append leaves half a line without a newline: reading ignores it (the resume must not
+    crash), and truncate_after removes it so the next append starts on a line of its own."""
+    log = TimelineLog(tmp_path)
+    log.append([_it("trainer", "update", 0, 1, step=1), _it("trainer", "update", 1, 2, step=2)])
+    with open(log.path, "a") as f:
+        f.write('{"lane": "trainer", "pha')
+    assert [i["step"] for i in read_timeline(tmp_path)] == [1, 2]
+    log.truncate_after(2)
+    log.append([_it("trainer", "update", 2, 3, step=3)])
+    assert [i["step"] for i in read_timeline(tmp_path)] == [1, 2, 3]

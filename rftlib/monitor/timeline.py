@@ -73,21 +73,31 @@ def timeline_path(run_dir: str | Path) -> Path:
 def read_timeline(run_dir: str | Path) -> list[dict[str, Any]]:
     """Every interval of ``logs/timeline.jsonl`` ([] when absent). A line that is not a JSON object with lane,
     phase, t0 and t1 raises ValueError naming the file and the line."""
-    path = timeline_path(run_dir)
+    return _read(timeline_path(run_dir))[0]
+
+
+def _read(path: Path) -> tuple[list[dict[str, Any]], bool]:
+    """The intervals of ``path`` and whether its last line was torn: no newline and not JSON, what a process
+    killed mid-append leaves (ignored here, as rftlib.monitor.metrics ignores one; cut by truncate_after)."""
     if not path.exists():
-        return []
-    out = []
-    for n, line in enumerate(path.read_text().splitlines(), 1):
+        return [], False
+    text = path.read_text()
+    lines = text.splitlines()
+    out, torn = [], False
+    for n, line in enumerate(lines, 1):
         if not line.strip():
             continue
         try:
             item = json.loads(line)
         except json.JSONDecodeError as e:
+            if n == len(lines) and not text.endswith("\n"):
+                torn = True
+                continue
             raise ValueError(f"{path}:{n}: not JSON ({e.msg}): {line[:80]!r}") from None
         if not isinstance(item, dict) or not {"lane", "phase", "t0", "t1"} <= set(item):
             raise ValueError(f"{path}:{n}: an interval needs lane, phase, t0 and t1: {line[:80]!r}")
         out.append(item)
-    return out
+    return out, torn
 
 
 class TimelineLog:
@@ -105,9 +115,9 @@ class TimelineLog:
 
     def truncate_after(self, step: int) -> None:
         """Drop the intervals of steps after ``step`` (the checkpoint a resume starts from), atomically."""
-        items = read_timeline(self.path.parent.parent)
+        items, torn = _read(self.path)
         kept = [it for it in items if it.get("step", 0) <= step]
-        if len(kept) != len(items):
+        if torn or len(kept) != len(items):  # a torn line would glue onto the next append
             tmp = self.path.with_suffix(".tmp")
             tmp.write_text("".join(json.dumps(it) + "\n" for it in kept))
             os.replace(tmp, self.path)
