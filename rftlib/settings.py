@@ -372,6 +372,27 @@ class OptimizationSettings(Section):
     training; None: no time limit. With a large num_steps, a run that lasts until Stop is clicked"""
 
 
+def record_steps(value: str | list) -> str | set[int]:
+    """``record_batches`` read: "eval", "all", "off", or the set of listed steps (a list, or "4,8" / "[4, 8]" as a
+    command line gives it). Raises ValueError naming the field for anything else."""
+    if isinstance(value, str):
+        v = value.strip()
+        if v in ("eval", "all", "off"):
+            return v
+        v = v.strip("[]")
+        parts = [x.strip() for x in v.split(",") if x.strip()]
+        if not parts or not all(x.isdigit() for x in parts):
+            raise ValueError(f"record_batches={value!r}: expected eval, all, off or a list of steps such as [4, 8]")
+        value = [int(x) for x in parts]
+    if len(value) == 1 and isinstance(value[0], str) and value[0].strip() in ("eval", "all", "off"):
+        return value[0].strip()  # the config reads a bare word as a one-item list (a list is allowed)
+    value = [int(x) if isinstance(x, str) and x.strip().isdigit() else x for x in value]
+    bad = [x for x in value if isinstance(x, bool) or not isinstance(x, int) or x < 1]
+    if bad:
+        raise ValueError(f"record_batches={value!r}: steps must be integers >= 1 (got {bad})")
+    return set(value)
+
+
 @dataclass
 class EvalLogSettings(Section):
     """Evaluation, logging, trackers, checkpoints."""
@@ -410,13 +431,28 @@ class EvalLogSettings(Section):
     """log the gradient noise scale from micro-batch vs batch grad norms (seed 001; McCandlish 2018)"""
     spike_grad_norm: float = 50.0
     """grad_norm above this appends to spike_log.jsonl (seed 003)"""
+    record_batches: str | list = "eval"
+    """which steps' whole batch goes to records/step_N/ for ``rft replay`` and the token inspector (issue 33):
+    eval (the steps that evaluate: every eval_steps and the last), all, off, or a list of steps [4, 8]"""
+    record_on_spike: bool = True
+    """also record a step whose grad_norm passes spike_grad_norm (seed 003 logs prompt hashes there; the record
+    holds the batch itself); the pre-update weights are copied every step for it when the trainable state is at
+    most 256 MiB (LoRA), else such a record can replay only from a checkpoint of the step before"""
+    record_max_bytes: int = ranged(1 << 30, gt=0, msg="must be a positive number of bytes")
+    """all records of an attempt together; the oldest are dropped first (the newest is always kept, unless it
+    alone is larger)"""
     torch_threads: int = 0
     """torch intra-op threads; 0 leaves torch's default (several ranks on one CPU: cores // ranks each)"""
 
     def rules(self) -> list[str]:
+        out = []
         if self.early_stop_probe is not None and self.early_stop_probe not in self.eval_probes:
-            return [f"early_stop_probe='{self.early_stop_probe}' is not evaluated: add it to eval_probes {self.eval_probes}"]
-        return []
+            out.append(f"early_stop_probe='{self.early_stop_probe}' is not evaluated: add it to eval_probes {self.eval_probes}")
+        try:
+            record_steps(self.record_batches)
+        except ValueError as e:
+            out.append(str(e))
+        return out
 
 
 @dataclass

@@ -20,6 +20,7 @@
     rft stop RUN_DIR [--timeout S]         checkpoint and stop it (terminates what is left after S;
                                            default: twice its longest step + eval, at least 300 s)
     rft status [--runs runs]               attempts with step, reward, held-out, health, state; GPUs
+    rft replay RUN_DIR --step N [--vary policy_loss=gspo,cispo] [--set k=v]   a recorded step's update again
     rft smoke [--model M] [--lines single,zero3,vllm]   one step per set-up (GPU, else CPU forms): run it first
 
 Attempts go to ``<project root>/runs/`` (or ``$RFTLIB_RUNS``, or ``--set runs_root=...``; a relative
@@ -57,6 +58,7 @@ VERBS: dict[str, tuple[str, str]] = {
     "attach": ("rftlib.cli.attach", "stream a launched attempt's progress; Ctrl-C detaches, never stops"),
     "stop": ("rftlib.cli.stop", "stop a launched attempt cleanly (checkpoint first)"),
     "status": ("rftlib.cli.status", "running and finished attempts at a glance, and the GPUs"),
+    "replay": ("rftlib.cli.replay", "replay a recorded step's update, and under other losses (records/step_N)"),
     "smoke": ("rftlib.cli.smoke", "one step per set-up (GPU forms, else CPU forms) and a pass/fail table: run it first"),
 }
 """verb -> (the module holding its parser and handler: ``add_arguments(parser)``, ``run(args)``, its one-line help)"""

@@ -72,6 +72,15 @@ class Dist:
         tdist.all_gather_object(out, obj)
         return out
 
+    def gather_to_main(self, obj: Any) -> list[Any] | None:
+        """Every rank's ``obj`` in rank order on rank 0 (None on the others): a recorded batch goes to the one writer
+        without a copy on every rank (gather_objects is an all-gather)."""
+        if not self.distributed:
+            return [obj]
+        out: list[Any] | None = [None] * self.world_size if self.is_main else None
+        tdist.gather_object(obj, out, dst=0)
+        return out
+
     def broadcast_object(self, obj: Any) -> Any:
         """Rank 0's ``obj`` on every rank (e.g. the attempt directory rank 0 created)."""
         if not self.distributed:

@@ -40,6 +40,7 @@ from rftlib.models.forward import completion_logprobs
 from rftlib.models.loading import causal_lm, compute_dtype, is_peft
 from rftlib.models.precision import describe as describe_precision
 from rftlib.monitor.health import run_verdicts
+from rftlib.monitor import records
 from rftlib.monitor.metrics import read_metrics
 from rftlib.monitor.timeline import Timeline, TimelineLog, shares
 from rftlib.rewards.registry import Reward, as_reward
@@ -52,6 +53,7 @@ from rftlib.train.step_memory import preflight_gib, step_memory
 from rftlib.train.phases import (Advantaged, Around, EvalResult, Forward, Hook, Scored, SyncResult, UpdateResult,
                                  phase)
 from rftlib.train.pipeline import log_trained, make_source, staleness_metrics
+from rftlib.train.record import Recorder
 from rftlib.train.step_metrics import first_group, step_metrics, write_step_logs
 from rftlib.train.update_parts import (NoiseScaleProbe, full_width, no_grad_batch_rows, rows_of, sequence_log_ratio,
                                       token_diagnostics, truncated_is)
@@ -70,6 +72,7 @@ class Trainer:
 
     hooks: list[Hook] | tuple = ()  # the instance's lists (__init__); empty for a trainer built without one
     around: list[Around] | tuple = ()
+    trace = None  # rftlib.train.record.UpdateTrace while a recorded step's update runs (record_batches)
 
     def __init__(self, cfg: RunConfig, run_dir: str | Path | None = None, *, resume: bool = False,
                  progress: bool = True, callbacks: list[Callable[[dict], None]] | None = None,
@@ -126,6 +129,9 @@ class Trainer:
             ckpt.resume_trainer(self)
             if self._timeline_log is not None:
                 self._timeline_log.truncate_after(self.step_num)
+            if D.is_main:  # the steps after the checkpoint run again and are recorded again
+                records.truncate_after(self.run_dir, self.step_num)
+        self.recorder = Recorder(self)  # records/step_N: the batches record_batches names (rftlib.train.record)
         # every rank records where its time goes (its rows' timing/*_busy); rank 0 writes them
         self.timeline = Timeline(time.time() - (self._timeline_log.offset() if self._timeline_log and resume else 0.0))
         if not self.engine.shares_trainer_module:  # once the weights are final: a resume restored the adapter
@@ -202,9 +208,12 @@ class Trainer:
         self._move_sampler([it[3] for it in batch.items], [d for it in batch.items for d in it[4]],
                            batch.rewards.tolist())
         adv = self.advantages(batch)  # 2
+        versions = [drawn[0].version] * adv.rollout.num_rows  # the policy version each trained row was sampled by
+        self.recorder.begin(self.step_num + 1)  # a recorded step: the weights the update starts from
         t = time.time()
         upd = self.update(adv)  # 3
         t_update = time.time() - t
+        recorded = self.recorder.finish(self.step_num + 1, adv, upd, versions)  # records/step_N (record_batches)
         sync = self.sync()  # 4: the engine samples the new policy next step
         self.step_num += 1
         self._hold_for_other_ranks()
@@ -217,9 +226,10 @@ class Trainer:
         # TRL's frac_reward_zero_std: groups of the first rollout whose G rewards are all equal (no signal)
         zero_std = float(constant_groups(first.rewards, G).float().mean())
         extra = {**adv.metrics, **batch.metrics, "frac_reward_zero_std": zero_std}
-        # the policy version each trained row was sampled by: one per batch (refill adds rollouts only synchronously)
-        versions = [drawn[0].version] * adv.rollout.num_rows
-        return self._step_row(adv, upd, sync, timing, extra, versions)  # 5
+        if "timing/record" in recorded:
+            timing["record"] = recorded["timing/record"]
+        row = self._step_row(adv, upd, sync, timing, extra, versions, recorded)  # 5
+        return row
 
     def _hold_for_other_ranks(self) -> None:
         """Server engines shared by several ranks at max_staleness > 0: rank 0 alone loads and unloads adapters, and
@@ -413,7 +423,7 @@ class Trainer:
         mask less truncated completions or masked groups, when configured.
         """
         cfg, G, D = self.cfg, self.cfg.n_samples_per_prompt, self.dist
-        ro, lmask, ref_lp, old_lp = batch.rollout, batch.loss_mask, batch.ref_logprobs, batch.old_logprobs
+        ro, lmask = batch.rollout, batch.loss_mask
         advantages = batch.advantages.to(D.device)  # (N,)
         N, W = ro.num_rows, D.world_size
         tb_rows = cfg.train_prompts * G // W  # this rank's rows of one optimizer batch
@@ -422,8 +432,8 @@ class Trainer:
         norm_const = cfg.loss_norm_const if cfg.loss_norm_const is not None else float(cfg.max_new_tokens)
         out = UpdateResult(clip=(loss_kw["clip_low"], loss_kw["clip_high"]))
         skip = self.skips_rows()
-        bonus = cfg.entropy_coef != 0
         gen = torch.Generator().manual_seed(cfg.seed * 7919 + self.step_num * 104729 + D.rank)
+        trace = self.trace  # a recorded step's (rftlib.train.record): what each micro-batch and optimizer step did
         self.backend.train(True)
         for epoch in range(cfg.num_updates_per_rollout):
             # later passes (and several optimizer batches) see the rows in a fresh order, whole groups kept
@@ -433,7 +443,7 @@ class Trainer:
             for b0 in range(0, N, tb_rows):
                 rows_b = order[b0:b0 + tb_rows]
                 num_seqs, num_tokens = steps.loss_totals(cfg, lmask[rows_b], D.all_sum)  # global rows, tokens
-                loss_total = 0.0
+                totals = dict(num_seqs=num_seqs, num_tokens=num_tokens, norm_const=norm_const)
                 probe = (NoiseScaleProbe(self.params, len(rows_b), mb)
                          if cfg.gns_probe and len(rows_b) > mb and self.backend.micro_step_grads else None)
                 seq_lr = []
@@ -442,25 +452,13 @@ class Trainer:
                 out.rows_run += sum(len(ix) for ix in micro)
                 if not micro:  # nothing to learn from: zero gradients, so the optimizer steps as it would have
                     self._zero_backward()
-                for j, ix in enumerate(micro):
-                    with self.backend.accumulate(last=j == len(micro) - 1):
-                        fwd = self.forward(rows_of(ro, ix), with_entropy=epoch == 0 or bonus, entropy_grad=bonus)
-                        logp, ent, mask = fwd.logprobs, fwd.entropy, fwd.rows["completion_mask"]  # (n, T')
-                        t1 = mask.shape[1]  # this micro-batch's own completion width
-                        old = logp.detach() if old_lp is None else old_lp[ix, :t1]
-                        is_w = tis = None
-                        if not self.engine.shares_trainer_module:  # the engine's own numerics sampled the rows
-                            is_w, tis = truncated_is(old, ro.behaviour_logprobs[ix, :t1], mask, cap=cfg.tis_cap,
-                                                     level=cfg.tis_level)
-                        loss, m = grpo_loss(
-                            logp, old, advantages[ix], lmask[ix, :t1],
-                            ref_logprobs=None if ref_lp is None else ref_lp[ix, :t1],
-                            num_seqs=num_seqs, num_tokens=num_tokens, norm_const=norm_const, entropy=ent,
-                            is_weights=is_w, **loss_kw)
-                        if tis is not None:
-                            m.update(tis)
-                        self.backend.backward(loss * W)
-                    loss_total += float(loss.detach())
+
+                def after(ix, fwd, loss, m, old, epoch=epoch, seq_lr=seq_lr, probe=probe):  # what the row reports
+                    logp, ent, mask = fwd.logprobs, fwd.entropy, fwd.rows["completion_mask"]  # (n, T')
+                    t1 = mask.shape[1]  # this micro-batch's own completion width
+                    if trace is not None:
+                        trace.micro_batch(epoch=epoch, rows=ix, loss=float(loss.detach()), logprobs=logp, entropy=ent,
+                                          tokens=float(mask.sum()), metrics=m)
                     seq_lr.append(sequence_log_ratio(logp, old, mask))  # (n,)
                     if probe is not None:
                         probe.after_backward(len(ix))
@@ -470,12 +468,20 @@ class Trainer:
                         out.behaviour_diff.append(behaviour_diff)
                     out.tokens.append(float(mask.sum()))
                     out.micro_metrics.append({k: float(v) for k, v in m.items()})
+
+                loss_total = self.backward_batch(batch, advantages, micro, epoch=epoch, totals=totals, loss_kw=loss_kw,
+                                                 after=after)
                 if probe is not None and (gns := probe.result()) is not None:
                     out.gns.append(gns)
                 out.seq_log_ratio.append(torch.cat(seq_lr) if seq_lr else torch.zeros(0))
                 loss_global = float(D.all_sum(torch.tensor([loss_total], device=D.device))[0])
                 out.lr.append(self.backend.lr())
+                if trace is not None:
+                    trace.before_step(self, batch, advantages, epoch=epoch, rows=rows_b, micro=micro, totals=totals,
+                                      loss_kw=loss_kw, loss=loss_global)
                 grad_norm, stepped = self.backend.step(math.isfinite(loss_global))
+                if trace is not None:
+                    trace.optimizer_step(grad_norm=grad_norm, stepped=stepped, lr=out.lr[-1])
                 if not stepped:
                     # a non-finite loss would poison the weights and every later checkpoint: skip the step
                     self.skipped_steps += 1
@@ -485,6 +491,48 @@ class Trainer:
                 out.grad_norm.append(grad_norm)
                 out.loss.append(loss_global)
         return out
+
+    def backward_batch(self, batch: Advantaged, advantages: torch.Tensor, micro: list[torch.Tensor], *, epoch: int,
+                       totals: dict[str, Any], loss_kw: dict[str, Any], after=None) -> float:
+        """The forwards and backwards of one optimizer batch's micro-batches ``micro`` (row indices): each
+        :meth:`micro_loss` is back-propagated times W (DDP and DeepSpeed average over ranks) inside the backend's
+        accumulation context, which all-reduces on the last. ``after(ix, fwd, loss, metrics, old)`` sees each
+        micro-batch once its backward ran. Returns this rank's sum of the micro-batch losses (float, in order)."""
+        W = self.dist.world_size
+        loss_total = 0.0
+        for j, ix in enumerate(micro):
+            with self.backend.accumulate(last=j == len(micro) - 1):
+                fwd, loss, m, old = self.micro_loss(batch, advantages, ix, epoch=epoch, totals=totals, loss_kw=loss_kw)
+                self.backend.backward(loss * W)
+            loss_total += float(loss.detach())
+            if after is not None:
+                after(ix, fwd, loss, m, old)
+        return loss_total
+
+    def micro_loss(self, batch: Advantaged, advantages: torch.Tensor, ix: torch.Tensor, *, epoch: int,
+                   totals: dict[str, Any], loss_kw: dict[str, Any]):
+        """One micro-batch's forward and loss, as the update runs it: the rows ``ix`` of ``batch`` trimmed to their
+        own widths, the policy's logprobs (and entropy on the first pass, or with an entropy bonus), the old
+        logprobs (the forward's own, detached, when on-policy), truncated IS weights for an engine that is not the
+        trainer's module, and the policy loss normalised by the optimizer batch's global ``totals`` (num_seqs,
+        num_tokens, norm_const). ``advantages``: (N,) on the device. Returns (Forward, loss, its metrics,
+        old logprobs (n, T')). ``rft replay`` calls it with another ``loss_kw`` for a counterfactual."""
+        cfg, ro = self.cfg, batch.rollout
+        bonus = cfg.entropy_coef != 0
+        fwd = self.forward(rows_of(ro, ix), with_entropy=epoch == 0 or bonus, entropy_grad=bonus)
+        logp, ent, mask = fwd.logprobs, fwd.entropy, fwd.rows["completion_mask"]  # (n, T')
+        t1 = mask.shape[1]  # this micro-batch's own completion width
+        old = logp.detach() if batch.old_logprobs is None else batch.old_logprobs[ix, :t1]
+        is_w = tis = None
+        if not self.engine.shares_trainer_module:  # the engine's own numerics sampled the rows
+            is_w, tis = truncated_is(old, ro.behaviour_logprobs[ix, :t1], mask, cap=cfg.tis_cap, level=cfg.tis_level)
+        ref = batch.ref_logprobs
+        loss, m = grpo_loss(logp, old, advantages[ix], batch.loss_mask[ix, :t1],
+                            ref_logprobs=None if ref is None else ref[ix, :t1], entropy=ent, is_weights=is_w,
+                            **totals, **loss_kw)
+        if tis is not None:
+            m.update(tis)
+        return fwd, loss, m, old
 
     def _zero_backward(self) -> None:
         """Give every trainable parameter a zero gradient through the backend's own backward, for an optimizer
@@ -539,7 +587,7 @@ class Trainer:
                                               barrier=D.barrier if D.distributed else None, verify=verify))
 
     def _step_row(self, adv: Advantaged, upd: UpdateResult, sync: SyncResult, timing: dict[str, float],
-                  extra: dict[str, float], versions: list[int]) -> dict[str, Any]:
+                  extra: dict[str, float], versions: list[int], recorded: dict | None = None) -> dict[str, Any]:
         """The step's metrics row from every rank's rollout and update accumulators (the global batch's
         metrics); rank 0 writes the spike log and the samples. Keeps the first group for the live view."""
         D, G, ro = self.dist, self.cfg.n_samples_per_prompt, adv.rollout
@@ -568,6 +616,7 @@ class Trainer:
                         "sync/probe_noise": sync.probe_noise})
         if self.memory_estimate is not None:
             row["memory/preflight_gib"] = self.memory_estimate
+        row.update({k: v for k, v in (recorded or {}).items() if k.startswith("record/")})
         self._group = first_group(allr, G)
         self._flush_timeline()
         if D.is_main:

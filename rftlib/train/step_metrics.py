@@ -125,7 +125,8 @@ def write_step_logs(logger, cfg, step: int, row: dict[str, Any], allr: dict[str,
     if not math.isfinite(row["grad_norm_max"]) or row["grad_norm_max"] > cfg.spike_grad_norm:
         logger.spike({"step": step, "grad_norm": row["grad_norm_max"],
                       "prompt_hashes": [hashlib.md5(p.encode()).hexdigest() for p, _ in exs],
-                      **{k: row[k] for k in row if k.startswith(("log_ratio", "ratio_"))}})
+                      **{k: row[k] for k in row if k.startswith(("log_ratio", "ratio_"))},
+                      **({"record": f"records/step_{step}"} if "record/bytes" in row else {})})
     if cfg.save_steps and step % cfg.save_steps == 0:
         logger.samples(step, [
             {"prompt": exs[i // G][0], "answer": exs[i // G][1], "completion": allr["texts"][i],

@@ -1,0 +1,82 @@
+"""``rft replay RUN --step N [--set k=v ...] [--vary k=v1,v2]``: replay a recorded step's update (issue 33).
+
+Runs the trainer's own update again on the recorded batch from the weights it started from, checks that it
+reproduces the recorded logprobs, losses and grad norms (bit for bit in the recorded environment), and runs each
+counterfactual loss on the same weights and rows (rftlib.train.replay). ``--set`` gathers one counterfactual
+(several settings at once); ``--vary NAME=V1,V2`` adds one counterfactual per value. Exit codes: 0 faithful,
+3 not reproduced (or the weights are not the update's), 2 refused, 4 not checked (the environment differs).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+
+def add_arguments(p) -> None:
+    p.add_argument("run_dir", help="the attempt directory (or its name under the runs root)")
+    p.add_argument("--step", type=int, default=None, help="the recorded step (default: the latest recorded)")
+    p.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
+                   help="one counterfactual of these loss settings together (repeatable)")
+    p.add_argument("--vary", action="append", default=[], metavar="NAME=V1,V2",
+                   help="one counterfactual per value (repeatable)")
+    p.add_argument("--weights", default="auto", help="auto (snapshot, else the step-before checkpoint), snapshot, "
+                                                      "or ckpt:M (a checkpoint by step, checked like the others)")
+    p.add_argument("--nproc", type=int, default=None, help="ranks (default: as recorded)")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.add_argument("--rank-worker", default=None, help=argparse_hidden())
+    p.add_argument("--cf-json", action="append", default=[], help=argparse_hidden())
+
+
+def argparse_hidden():
+    import argparse
+    return argparse.SUPPRESS
+
+
+def counterfactuals(sets: list[str], vary: list[str]) -> list[dict]:
+    """--set items -> one dict; each --vary NAME=V1,V2 -> one dict per value."""
+    from rftlib.train.replay import ReplayError, parse_overrides
+    out = [parse_overrides(sets)] if sets else []
+    for it in vary:
+        if "=" not in it:
+            raise ReplayError(f"--vary {it!r}: expected NAME=V1,V2")
+        name, vals = it.split("=", 1)
+        for v in (x.strip() for x in vals.split(",") if x.strip()):
+            out.append(parse_overrides([f"{name.strip()}={v}"]))
+    return out
+
+
+def run(args) -> int:
+    from rftlib.attempts import run_dir_path
+    from rftlib.monitor.records import list_records
+    from rftlib.train.replay import ReplayError, ReplayMismatch, format_table, rank_worker, replay
+    run_dir = run_dir_path(args.run_dir)
+    if args.rank_worker:
+        rank_worker(str(run_dir), args.step, args.weights, [json.loads(c) for c in args.cf_json], args.rank_worker)
+        return 0
+    step = args.step
+    if step is None:
+        have = list_records(run_dir)
+        if not have:
+            print(f"rft replay: {run_dir} has no recorded step (records/ is empty; record_batches sets which steps "
+                  f"are recorded)", file=sys.stderr)
+            return 2
+        step = have[-1]
+    try:
+        res = replay(run_dir, step, counterfactuals(args.set, args.vary), weights=args.weights, nproc=args.nproc)
+    except ReplayMismatch as e:
+        print(f"rft replay: {e}", file=sys.stderr)
+        return 3
+    except (ReplayError, FileNotFoundError, ValueError) as e:
+        print(f"rft replay: {e}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(res.to_json(), indent=1, default=str))
+    else:
+        print(f"step {res.step} of {run_dir.name}, weights: {res.weights}")
+        print(res.verdict)
+        for n in res.notes:
+            print(f"note: {n}")
+        print(format_table(res))
+        print(f"written: {res.path}")
+    return 0 if res.faithful else (4 if res.faithful is None else 3)
