@@ -226,8 +226,8 @@ class Trainer:
         # TRL's frac_reward_zero_std: groups of the first rollout whose G rewards are all equal (no signal)
         zero_std = float(constant_groups(first.rewards, G).float().mean())
         extra = {**adv.metrics, **batch.metrics, "frac_reward_zero_std": zero_std}
-        if "timing/record" in recorded:
-            timing["record"] = recorded["timing/record"]
+        if "seconds" in recorded:
+            timing["record"] = recorded["seconds"]
         row = self._step_row(adv, upd, sync, timing, extra, versions, recorded)  # 5
         return row
 
@@ -616,11 +616,10 @@ class Trainer:
                         "sync/probe_noise": sync.probe_noise})
         if self.memory_estimate is not None:
             row["memory/preflight_gib"] = self.memory_estimate
-        row.update({k: v for k, v in (recorded or {}).items() if k.startswith("record/")})
         self._group = first_group(allr, G)
         self._flush_timeline()
         if D.is_main:
-            write_step_logs(self.logger, self.cfg, self.step_num, row, allr)
+            write_step_logs(self.logger, self.cfg, self.step_num, row, allr, record=(recorded or {}).get("path"))
             log_trained(self.run_dir, self.step_num, allr["indices"], allr["versions"])
         return row
 

@@ -147,8 +147,9 @@ class Recorder:
         self.seconds += time.time() - t
 
     def finish(self, step: int, adv, upd, versions: list[int]) -> dict[str, Any]:
-        """After step ``step``'s update: write the record when the step is scheduled or spiked. Returns the row's
-        additions ({} when nothing was recorded): record/bytes, and timing/record (also when only traced)."""
+        """After step ``step``'s update: write the record when the step is scheduled or spiked. Returns {} when the
+        step was not traced, else {"seconds": the snapshot, trace and write time (the row's timing/record), and
+        "path": the record relative to the run directory when one was kept (rank 0; the spike log links it)}."""
         tr, D, cfg = self.tr, self.tr.dist, self.tr.cfg
         trace, tr.trace = tr.trace, None
         if trace is None:
@@ -159,7 +160,7 @@ class Recorder:
         reason = self.reason or ("spike" if self.on_spike and spiked else None)
         if reason is None:
             self.seconds += time.time() - t
-            out = {"timing/record": self.seconds}
+            out = {"seconds": self.seconds}
             self._reset()
             return out
         local = self._local(adv, trace, versions)
@@ -177,11 +178,11 @@ class Recorder:
             written = records.commit(tmp, tr.run_dir, step, tensors=tensors, manifest=manifest, texts=texts,
                                      max_bytes=cfg.record_max_bytes)
             if written.get("kept"):
-                row["record/bytes"] = float(written["bytes"])
+                row["path"] = f"{records.RECORDS}/step_{step}"
             else:
                 print(f"[rft] step {step}'s record was not kept: {written.get('why')}", flush=True)
         self.seconds += time.time() - t
-        row["timing/record"] = self.seconds
+        row["seconds"] = self.seconds
         self._reset()
         return row
 

@@ -118,15 +118,16 @@ def sandbox_metrics(diags: list[dict[str, float]], timing: dict[str, float], wor
     return out
 
 
-def write_step_logs(logger, cfg, step: int, row: dict[str, Any], allr: dict[str, list]) -> None:
+def write_step_logs(logger, cfg, step: int, row: dict[str, Any], allr: dict[str, list], record: str | None = None) -> None:
     """Rank 0's files of a step: the spike log when grad_norm passes cfg.spike_grad_norm (or is not finite:
-    seed 003 logs prompt hashes for grad_norm > 50) and, every save_steps, log_samples completions."""
+    seed 003 logs prompt hashes for grad_norm > 50; ``record``: the step's recorded batch, records/step_N, which
+    the entry links) and, every save_steps, log_samples completions."""
     G, exs = cfg.n_samples_per_prompt, allr["examples"]
     if not math.isfinite(row["grad_norm_max"]) or row["grad_norm_max"] > cfg.spike_grad_norm:
         logger.spike({"step": step, "grad_norm": row["grad_norm_max"],
                       "prompt_hashes": [hashlib.md5(p.encode()).hexdigest() for p, _ in exs],
                       **{k: row[k] for k in row if k.startswith(("log_ratio", "ratio_"))},
-                      **({"record": f"records/step_{step}"} if "record/bytes" in row else {})})
+                      **({"record": record} if record else {})})
     if cfg.save_steps and step % cfg.save_steps == 0:
         logger.samples(step, [
             {"prompt": exs[i // G][0], "answer": exs[i // G][1], "completion": allr["texts"][i],
