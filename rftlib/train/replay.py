@@ -452,7 +452,7 @@ def _replay_ranks(run_dir: Path, step: int, nproc: int, *, weights: str, counter
 def rank_worker(run_dir: str, step: int, weights: str, counterfactuals: list[dict[str, Any]], out: str) -> None:
     """One torchrun rank of a multi-rank replay: rank 0 writes every rank's dict to ``out``."""
     from rftlib.config import make_config as _mk
-    from rftlib.train.dist import init_dist
+    from rftlib.train.dist import exit_rank, init_dist, shutdown_dist
     rec = records.read_record(run_dir, step)
     dist = init_dist(_mk(None, {**rec.manifest["config"], "record_batches": "off"}))
     part = replay_rank(run_dir, step, weights=weights, counterfactuals=counterfactuals, dist=dist, rec=rec)
@@ -461,6 +461,8 @@ def rank_worker(run_dir: str, step: int, weights: str, counterfactuals: list[dic
         tmp = out + ".tmp"
         Path(tmp).write_text(json.dumps(parts))
         os.replace(tmp, out)
+    shutdown_dist()
+    exit_rank(0)  # gloo's threads can abort at interpreter exit once all is written (rftlib.train.dist.exit_rank)
 
 
 def _result(run_dir: Path, rec: records.Record, parts: list[dict[str, Any]], cfs, *, save: bool) -> ReplayResult:
