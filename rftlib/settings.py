@@ -373,8 +373,8 @@ class OptimizationSettings(Section):
 
 
 def record_steps(value: str | list) -> str | set[int]:
-    """``record_batches`` read: "eval", "all", "off", or the set of listed steps (a list, or "4,8" / "[4, 8]" as a
-    command line gives it). Raises ValueError naming the field for anything else."""
+    """``record_batches`` read: "eval", "all", "off" (an empty list), or the set of listed steps (a list, or "4,8" /
+    "[4, 8]" as a command line gives it). Raises ValueError naming the field for anything else."""
     if isinstance(value, str):
         v = value.strip()
         if v in ("eval", "all", "off"):
@@ -382,8 +382,10 @@ def record_steps(value: str | list) -> str | set[int]:
         v = v.strip("[]")
         parts = [x.strip() for x in v.split(",") if x.strip()]
         if not parts or not all(x.isdigit() for x in parts):
-            raise ValueError(f"record_batches={value!r}: expected eval, all, off or a list of steps such as [4, 8]")
+            raise ValueError(f"record_batches={value!r}: expected eval, all, a list of steps such as [4, 8], or [] for none")
         value = [int(x) for x in parts]
+    if not value:
+        return "off"
     if len(value) == 1 and isinstance(value[0], str) and value[0].strip() in ("eval", "all", "off"):
         return value[0].strip()  # the config reads a bare word as a one-item list (a list is allowed)
     value = [int(x) if isinstance(x, str) and x.strip().isdigit() else x for x in value]
@@ -431,9 +433,10 @@ class EvalLogSettings(Section):
     """log the gradient noise scale from micro-batch vs batch grad norms (seed 001; McCandlish 2018)"""
     spike_grad_norm: float = 50.0
     """grad_norm above this appends to spike_log.jsonl (seed 003)"""
-    record_batches: str | list = "eval"
+    record_batches: list = field(default_factory=lambda: ["eval"])
     """which steps' whole batch goes to records/step_N/ for ``rft replay`` and the token inspector (issue 33):
-    eval (the steps that evaluate: every eval_steps and the last), all, off, or a list of steps [4, 8]"""
+    [eval] (the steps that evaluate: every eval_steps and the last), [all], the steps [4, 8], or [] (nothing, spikes
+    included); a bare word (record_batches: all) is read as the one-item list"""
     record_on_spike: bool = True
     """also record a step whose grad_norm passes spike_grad_norm (seed 003 logs prompt hashes there; the record
     holds the batch itself); the pre-update weights are copied every step for it when the trainable state is at

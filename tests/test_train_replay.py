@@ -46,13 +46,13 @@ def recorded(tmp_path_factory, task_with):
 def test_recording_changes_nothing(tiny_cfg, task_with):
     """The same attempt with every step recorded and with none: equal metrics rows and equal final weights."""
     def run(mode):
-        tr = _attempt(tiny_cfg, task_with, record_batches=mode, record_on_spike=False, name=f"rec-{mode}")
+        tr = _attempt(tiny_cfg, task_with, record_batches=mode, record_on_spike=False, name=f"rec-{mode or 'none'}")
         from rftlib.monitor.metrics import read_metrics
         rows = [{k: v for k, v in r.items() if not k.startswith(("timing/", "memory/", "throughput/"))}
                 for r in read_metrics(tr.run_dir)]
         return tr, rows, {k: v.detach().clone() for k, v in tr.model.named_parameters() if v.requires_grad}
     a, rows_a, w_a = run("all")
-    b, rows_b, w_b = run("off")
+    b, rows_b, w_b = run([])
     assert records.list_records(a.run_dir) == [1, 2, 3] and records.list_records(b.run_dir) == []
     assert rows_a == rows_b
     assert all(torch.equal(w_a[k], w_b[k]) for k in w_a)
@@ -165,7 +165,7 @@ def test_record_cap_drops_the_oldest_and_skips_a_record_alone_over_it(tiny_cfg, 
 
 
 def test_a_spike_is_recorded_and_the_spike_log_links_it(tiny_cfg, task_with):
-    tr = _attempt(tiny_cfg, task_with, record_batches="off", spike_grad_norm=0.0, name="spike")
+    tr = _attempt(tiny_cfg, task_with, record_batches=[], spike_grad_norm=0.0, name="spike")
     assert records.list_records(tr.run_dir) == []  # off is off, spikes included
     tr = _attempt(tiny_cfg, task_with, record_batches=[1], spike_grad_norm=0.0, name="spike2")
     assert records.list_records(tr.run_dir) == [1, 2, 3]  # step 1 listed; 2 and 3 spiked (every norm > 0)

@@ -9,8 +9,13 @@ counterfactual loss on the same weights and rows (rftlib.train.replay). ``--set`
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
+
+from rftlib.attempts import run_dir_path
+from rftlib.monitor.records import list_records
+from rftlib.train.replay import ReplayError, ReplayMismatch, format_table, parse_overrides, rank_worker, replay
 
 
 def add_arguments(p) -> None:
@@ -29,13 +34,11 @@ def add_arguments(p) -> None:
 
 
 def argparse_hidden():
-    import argparse
     return argparse.SUPPRESS
 
 
 def counterfactuals(sets: list[str], vary: list[str]) -> list[dict]:
     """--set items -> one dict; each --vary NAME=V1,V2 -> one dict per value."""
-    from rftlib.train.replay import ReplayError, parse_overrides
     out = [parse_overrides(sets)] if sets else []
     for it in vary:
         if "=" not in it:
@@ -47,9 +50,6 @@ def counterfactuals(sets: list[str], vary: list[str]) -> list[dict]:
 
 
 def run(args) -> int:
-    from rftlib.attempts import run_dir_path
-    from rftlib.monitor.records import list_records
-    from rftlib.train.replay import ReplayError, ReplayMismatch, format_table, rank_worker, replay
     run_dir = run_dir_path(args.run_dir)
     if args.rank_worker:
         rank_worker(str(run_dir), args.step, args.weights, [json.loads(c) for c in args.cf_json], args.rank_worker)

@@ -34,18 +34,29 @@ import json
 import math
 import os
 import shutil
+import subprocess
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
+import yaml
 
-from rftlib.config import ConfigError, RunConfig, make_config
+from rftlib.algo.loss_spec import loss_settings_owners
+from rftlib.config import ConfigError, RunConfig, make_config, to_dict
+from rftlib.models.loading import load_trainable_state
 from rftlib.monitor import records
-from rftlib.settings import (CISPOSettings, GMPOSettings, GSPOSettings, LossSettings, PPOClipSettings)
+from rftlib.rollout.base import Rollout
+from rftlib.settings import CISPOSettings, GMPOSettings, GSPOSettings, LossSettings, PPOClipSettings
 from rftlib.train import steps
+from rftlib.train.build import build
+from rftlib.train.checkpoint import STATE, list_steps
+from rftlib.train.dist import exit_rank, init_dist, shutdown_dist
+from rftlib.train.loop import Trainer
+from rftlib.train.phases import Advantaged
 from rftlib.train.record import UpdateTrace, environment, hexf, unhex
+from rftlib.train.torchrun import rank_env, torchrun_command
 
 REPLAYABLE = (
     {"policy_loss", "tis_cap", "tis_level", "max_grad_norm"}
@@ -101,7 +112,6 @@ class ReplayResult:
 # ---- settings -------------------------------------------------------------------------------------------------
 def parse_overrides(items: list[str] | dict[str, Any]) -> dict[str, Any]:
     """``["policy_loss=gspo", "eps_clip=0.1"]`` (or a dict) -> {name: value}, each value read as YAML."""
-    import yaml
     if isinstance(items, dict):
         return dict(items)
     out = {}
@@ -116,7 +126,6 @@ def parse_overrides(items: list[str] | dict[str, Any]) -> dict[str, Any]:
 def counterfactual_config(cfg: RunConfig, overrides: dict[str, Any]) -> RunConfig:
     """The recorded config with ``overrides``, checked by the config's own rules; a setting outside
     :data:`REPLAYABLE` (it would change the batch, not its loss) is refused by name."""
-    from rftlib.algo.loss_spec import loss_settings_owners
     own = set(loss_settings_owners())
     bad = [k for k in overrides if k not in REPLAYABLE and k not in own]
     if bad:
@@ -130,7 +139,6 @@ def counterfactual_config(cfg: RunConfig, overrides: dict[str, Any]) -> RunConfi
 
 
 def _config_dict(cfg: RunConfig) -> dict[str, Any]:
-    from rftlib.config import to_dict
     return to_dict(cfg)
 
 
@@ -142,7 +150,6 @@ def label(overrides: dict[str, Any]) -> str:
 def choose_weights(run_dir: str | Path, rec: records.Record, weights: str = "auto") -> tuple[str, Path]:
     """(description, directory holding trainable.pt [+ optimizer.pt, scheduler.pt]) of the weights step N's update
     started from. ``auto``: the record's snapshot, else training_state/step_{N-1}; ``snapshot``; ``ckpt:M``."""
-    from rftlib.train.checkpoint import STATE, list_steps
     N = rec.step
     if weights in ("auto", "snapshot"):
         if (rec.dir / "start" / "trainable.pt").exists():
@@ -193,7 +200,7 @@ def replay_config(manifest: dict[str, Any], *, world_size: int) -> RunConfig:
     """The recorded config as a replay runs it: nothing recorded again, synchronous, on the recorded number of
     ranks (the backend of one process when one runs)."""
     d = dict(manifest["config"])
-    d.update(record_batches="off", max_staleness=0, report_to=[])
+    d.update(record_batches=[], max_staleness=0, report_to=[])
     if world_size == 1:
         d["backend"] = "single"
     try:
@@ -205,8 +212,6 @@ def replay_config(manifest: dict[str, Any], *, world_size: int) -> RunConfig:
 def build_trainer(cfg: RunConfig, manifest: dict[str, Any], dist=None):
     """A Trainer over the recorded config's parts in a scratch directory (removed by :func:`close_trainer`), with
     :class:`RecordedEngine` standing in for the engine the attempt sampled with."""
-    from rftlib.train.build import build
-    from rftlib.train.loop import Trainer
     scratch = Path(tempfile.mkdtemp(prefix="rft-replay-"))
     engine = RecordedEngine()
     parts = build(cfg, scratch, dist=dist, engine=engine)
@@ -227,7 +232,6 @@ def close_trainer(tr) -> None:
 def load_weights(tr, d: Path) -> None:
     """The update's starting state from ``d``: the trainable tensors, and the optimizer and LR schedule when the
     directory holds them (several optimizer steps per rollout: the steps after the first need them)."""
-    from rftlib.models.loading import load_trainable_state
     if (d / "optimizer.pt").exists():
         tr.backend.load(d)
     else:
@@ -237,8 +241,6 @@ def load_weights(tr, d: Path) -> None:
 
 def advantaged(rec: records.Record, rank: int, device: torch.device):
     """Rank ``rank``'s recorded batch as the update takes it (rftlib.train.phases.Advantaged)."""
-    from rftlib.rollout.base import Rollout
-    from rftlib.train.phases import Advantaged
     t = rec.rank(rank)
     texts = rec.texts["ranks"][rank]
     ro = Rollout(prompt_ids=t["prompt_ids"], prompt_mask=t["prompt_mask"], completion_ids=t["completion_ids"],
@@ -432,8 +434,6 @@ def replay(run_dir: str | Path, step: int, counterfactuals: list[dict[str, Any]]
 
 def _replay_ranks(run_dir: Path, step: int, nproc: int, *, weights: str, counterfactuals) -> list[dict[str, Any]]:
     """Run :func:`replay_rank` on ``nproc`` ranks (torchrun, rftlib.cli replay --rank-worker); their dicts."""
-    import subprocess
-    from rftlib.train.torchrun import rank_env, torchrun_command
     out = Path(tempfile.mkdtemp(prefix="rft-replay-ranks-")) / "ranks.json"
     args = ["replay", str(run_dir), "--step", str(step), "--weights", weights, "--rank-worker", str(out)]
     for c in counterfactuals:
@@ -451,10 +451,8 @@ def _replay_ranks(run_dir: Path, step: int, nproc: int, *, weights: str, counter
 
 def rank_worker(run_dir: str, step: int, weights: str, counterfactuals: list[dict[str, Any]], out: str) -> None:
     """One torchrun rank of a multi-rank replay: rank 0 writes every rank's dict to ``out``."""
-    from rftlib.config import make_config as _mk
-    from rftlib.train.dist import exit_rank, init_dist, shutdown_dist
     rec = records.read_record(run_dir, step)
-    dist = init_dist(_mk(None, {**rec.manifest["config"], "record_batches": "off"}))
+    dist = init_dist(make_config(None, {**rec.manifest["config"], "record_batches": []}))
     part = replay_rank(run_dir, step, weights=weights, counterfactuals=counterfactuals, dist=dist, rec=rec)
     parts = dist.gather_objects(part)
     if dist.is_main:
