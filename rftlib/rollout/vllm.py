@@ -498,9 +498,11 @@ class _VLLMBase:
         seconds = time.time() - t
         self.probing = True
         try:
-            probe = check_sync(self, model, self.s.probe_tol, amp=self.probe_dtype)
+            probe = check_sync(self, model, self.s.probe_tol, amp=self.probe_dtype,
+                               noise_seen=getattr(self, "probe_noise_seen", 0.0))
         finally:
             self.probing = False
+        self.probe_noise_seen = probe["noise_used"]  # the largest noise measured so far (check_sync: why)
         if self.probe_baseline is None:
             self.probe_baseline = probe["max_diff"]
         return {"seconds": seconds, "bytes": nbytes, "probe_max_diff": probe["max_diff"],

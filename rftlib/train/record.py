@@ -217,7 +217,8 @@ class Recorder:
                  "indices": [int(i) for i in adv.indices], "group_size": G}
         micro = [{"k": m["k"], "epoch": m["epoch"], "rows": m["rows"], "loss": hexf(m["loss"]), "tokens": m["tokens"],
                   "metrics": m["metrics"]} for m in trace.micro]
-        return {"tensors": tensors, "texts": texts, "micro": micro, "threads": torch.get_num_threads()}
+        return {"tensors": tensors, "texts": texts, "micro": micro, "threads": torch.get_num_threads(),
+                "opt_rows": [o["rows"] for o in trace.opt]}
 
     def _manifest(self, step: int, reason: str, trace: UpdateTrace, parts: list[dict], versions: list[int]):
         tr = self.tr
@@ -228,5 +229,5 @@ class Recorder:
                 "engine_shares_trainer_module": bool(tr.engine.shares_trainer_module), "on_policy": tr.on_policy,
                 "policy_version": int(versions[0]) if versions else step - 1, "trainer_version": step - 1,
                 "env": {**environment(tr), "threads_per_rank": [p["threads"] for p in parts]},
-                "opt_steps": opt, "micro": [p["micro"] for p in parts],
+                "opt_steps": opt, "micro": [p["micro"] for p in parts], "opt_rows": [p["opt_rows"] for p in parts],
                 "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
