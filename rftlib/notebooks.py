@@ -254,6 +254,8 @@ def analysis_notebook() -> nbformat.NotebookNode:
         md("## Tier 2: stability"),
         code("P.tier2(a)"),
         code("A.spike_table(a)"),
+        md("## Recorded batches: every token of a step, and its replay under other losses"),
+        code("A.records_table(a)"),
         md("## Tier 3: collapse detection"),
         code("P.tier3(a)"),
         md("## Timeline: where the time went (engines, producer, trainer) and how stale the batches were"),
@@ -270,6 +272,37 @@ def analysis_notebook() -> nbformat.NotebookNode:
         code("A.provenance_table(a)"),
     ]
     return _notebook("analysis", cells)
+
+
+REPLAY_PARAMS = '''\
+# Parameters (papermill -p NAME VALUE). Typed literals only; the work is in rftlib.report.record_view.
+run_dir: str = ""  # the attempt (its directory, or its name under the runs root); "": the newest attempt with a record
+step = None  # the recorded step to replay (None: the latest recorded; records/ lists them)
+counterfactuals: list = [{"policy_loss": "gspo"}, {"policy_loss": "cispo"}]  # loss settings to replay the same batch under
+weights: str = "auto"  # auto (the record's snapshot, else the step-before checkpoint), snapshot, or "ckpt:M"
+'''
+
+
+def replay_notebook() -> nbformat.NotebookNode:
+    cells = [
+        md("# Replay a recorded step\n\nThe trainer's own update, run again on the recorded batch from the weights "
+           "it started from (rftlib.train.replay): the verdict says whether it reproduced every recorded logprob, "
+           "loss and grad norm bit for bit. Each counterfactual is the same batch on the same weights under another "
+           "loss: its loss, gradient norm and the cosine of its gradient with the recorded one, per optimizer "
+           "step. An on-policy step (one optimizer step, HF engine) has every ratio at exactly 1: no clip range "
+           "clips anything there, and losses differ only by their aggregation; several optimizer steps per rollout "
+           "(train_batch_size < rollout_batch_size) or a vLLM engine make the later steps off-policy."),
+        _params(REPLAY_PARAMS),
+        code("from rftlib.report import record_view as RV\n\nres = RV.run(run_dir, step, counterfactuals, weights)\n"
+             "RV.verdict(res)"),
+        md("## Per optimizer step and configuration"),
+        code("RV.table(res)"),
+        md("## Every token: what each loss did to it\n\nColour by the gradient weight dL/dlogp (which tokens the "
+           "update pushed up or down), the ratio, the clip side, the entropy or the engine gap; sort the groups; "
+           "hover a token for every value under every configuration."),
+        code("RV.inspector(res)"),
+    ]
+    return _notebook("replay", cells)
 
 
 COMPARE_PARAMS = '''\
@@ -354,7 +387,8 @@ def launch_notebook() -> nbformat.NotebookNode:
 
 
 TEMPLATES = {"train.ipynb": train_notebook, "sft.ipynb": sft_notebook, "validate.ipynb": validate_notebook,
-             "analysis.ipynb": analysis_notebook, "compare.ipynb": compare_notebook, "launch.ipynb": launch_notebook}
+             "analysis.ipynb": analysis_notebook, "compare.ipynb": compare_notebook, "launch.ipynb": launch_notebook,
+             "replay.ipynb": replay_notebook}
 
 
 def write_all() -> list[Path]:

@@ -89,6 +89,9 @@ EXCEPTIONS: dict[tuple[str, str], str] = {
                                               "file helpers",
     ("rftlib/launch/status.py", "rftlib"): "rft attach's config and status line (torch, ipywidgets); rft status "
                                            "reads files only",
+    ("rftlib/report/publish.py", "rftlib"): "the token inspector pages of an attempt's recorded batches (torch, the "
+                                            "tokenizer), built where a report with records is written: the verbs "
+                                            "that import publish (rft train --help) stay light",
     ("rftlib/cli/note.py", "rftlib"): "rebuilding an existing HTML report (papermill, nbconvert); a note and "
                                       "the index need neither",
 }

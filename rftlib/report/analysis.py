@@ -6,6 +6,8 @@ notebook holds no logic and every section is testable without a kernel.
 
 from __future__ import annotations
 
+import json
+
 from pathlib import Path
 from typing import Any
 
@@ -99,14 +101,64 @@ def eval_samples_table(a: Attempt, n: int = 4, max_chars: int = 400) -> Html:
                 table(["id", "prompt", "answer", "completion", "correct"], body, raw=(0, 1, 2, 3, 4), cls="rft-eval-samples"))
 
 
+def inspector_href(a: Attempt, step: int) -> str:
+    """The inspector page of recorded step ``step``, relative to the attempt's report (<reports>/<id>.html):
+    <id>/step-N.html, which rftlib.report.publish.write_report writes beside the report."""
+    return f"{a.attempt_id}/step-{step}.html"
+
+
+def _batch_cell(a: Attempt, step: int, recorded: bool) -> str:
+    if not recorded:
+        return esc("not recorded")
+    return f'<a href="{esc(inspector_href(a, step))}">step {step}</a>'
+
+
 def spike_table(a: Attempt, n: int = 10) -> Html:
     sp = a.spikes()
     if not sp:
         thr = a.config.get("spike_grad_norm", 50)
         return Html(f"<p>No gradient spikes (no step with grad_norm &gt; {esc(fmt(thr))}).</p>")
     keys = ["step", "grad_norm", "ratio_max", "log_ratio_raw_max", "log_ratio_abs_p99"]
-    return table(keys + ["prompts"], [[s.get(k) for k in keys] + [len(s.get("prompt_hashes", []))] for s in sp[-n:]],
-                 caption=f"spike_log.jsonl (last {min(n, len(sp))} of {len(sp)})")
+    kept = set(recorded_steps(a))
+    rows = [[s.get(k) for k in keys] + [len(s.get("prompt_hashes", [])),
+                                       _batch_cell(a, s["step"], bool(s.get("record")) and s["step"] in kept)]
+            for s in sp[-n:]]
+    return table(keys + ["prompts", "batch"], rows, raw=(len(keys) + 1,),
+                 caption=f"spike_log.jsonl (last {min(n, len(sp))} of {len(sp)}); batch: the step's recorded batch "
+                         f"in the token inspector (record_on_spike)")
+
+
+def recorded_steps(a: Attempt) -> list[int]:
+    """Steps whose whole batch is on disk (records/step_N: record_batches, record_on_spike)."""
+    root = a.run_dir / "records"
+    if not root.is_dir():
+        return []
+    return sorted(int(p.name[5:]) for p in root.iterdir() if p.is_dir() and p.name[5:].isdigit()
+                  and p.name.startswith("step_"))
+
+
+def records_table(a: Attempt) -> Html:
+    """The recorded batches: step, why, size, where replay takes the weights from, the latest replay's verdict, and
+    a link to the step's token inspector (``rft replay RUN --step N`` adds counterfactual columns to it)."""
+    idx_p = a.run_dir / "records" / "index.json"
+    idx = json.loads(idx_p.read_text()) if idx_p.exists() else []
+    if not idx:
+        return Html("<p>No recorded batches (record_batches: [] for this attempt, or no step reached one).</p>")
+    kept = set(recorded_steps(a))
+    rows = []
+    for r in idx:
+        step = r["step"]
+        verdict = ""
+        rdir = a.run_dir / "records" / f"step_{step}" / "replays"
+        if rdir.is_dir():
+            files = sorted(rdir.glob("*.json"), key=lambda p: p.stat().st_mtime)
+            if files:
+                verdict = json.loads(files[-1].read_text()).get("verdict", "")[:80]
+        rows.append([step, r.get("reason", ""), f"{r['bytes'] / 1e6:.2f} MB", r.get("weights", ""),
+                     verdict or ("not replayed" if step in kept else r.get("why", "dropped")),
+                     _batch_cell(a, step, step in kept)])
+    return table(["step", "recorded because", "size", "weights", "replay", "inspector"], rows, raw=(5,),
+                 caption="records/ (rft replay RUN --step N --vary policy_loss=gspo,cispo adds counterfactuals)")
 
 
 def metrics_table(a: Attempt, keys: tuple[str, ...] = ("reward_mean", "correctness", "policy_loss", "kl", "grad_norm",

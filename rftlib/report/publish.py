@@ -96,6 +96,9 @@ def write_report(run_dir: str | Path, reports_dir: str | Path | None = None, *, 
     a = load_attempt(run_dir)  # fails here, with the path, before a kernel starts
     out = _reports_dir(run_dir, reports_dir)
     params = {"run_dir": str(run_dir), "baseline_attempt": str(Path(baseline_attempt).resolve()) if baseline_attempt else None}
+    if (run_dir / "records").is_dir():  # the token inspector of each recorded step, linked from the report
+        from rftlib.report.record_view import write_pages  # torch and the tokenizer: only where there are records
+        write_pages(run_dir, out / a.attempt_id)
     nb = execute(NOTEBOOKS / "analysis.ipynb", run_dir / "analysis.ipynb", params, log=log)
     html = to_html(nb, out / f"{a.attempt_id}.html", title=f"{a.attempt_id} report")
     if index:

@@ -25,15 +25,18 @@ import html
 import json
 import math
 import os
+import warnings
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from rftlib.algo.correction import tis_weights
+from rftlib.attempts import run_dir_path, runs_root
 from rftlib.algo.token_view import grad_weights, token_view
 from rftlib.models.loading import load_tokenizer
 from rftlib.monitor import records
+from rftlib.report.inspect import view_in_notebook, write_page
 from rftlib.report.live import clean_text
 from rftlib.train import steps
 from rftlib.train.record import unhex
@@ -207,18 +210,45 @@ def build_view(run_dir: str | Path, step: int, replay_result: dict[str, Any] | N
             "groups": groups}
 
 
+def write_pages(run_dir: str | Path, out_dir: str | Path) -> list[Path]:
+    """``<out_dir>/step-N.html`` for every recorded step of the attempt (with its latest replay's columns); a page
+    that cannot be built is skipped with a warning naming the step and why (the report is written anyway)."""
+    out = []
+    tok = None
+    for step in records.list_records(run_dir):
+        try:
+            if tok is None:
+                tok = load_tokenizer(replay_config(records.read_record(run_dir, step).manifest, world_size=1).model)
+            p = Path(out_dir) / f"step-{step}.html"
+            write_page(build_view(run_dir, step, tok=tok), p)
+            out.append(p)
+        except Exception as e:  # a damaged record must not cost the researcher the report
+            warnings.warn(f"{run_dir}/records/step_{step}: no inspector page ({type(e).__name__}: {e})")
+    return out
+
+
 # ---- the notebook's calls (replay.ipynb) ----------------------------------------------------------------------
 def run(run_dir: str | Path, step: int | None = None, counterfactuals: list[dict] | None = None,
         weights: str = "auto"):
     """Replay (rftlib.train.replay.replay) the given step, or the latest recorded one."""
-    from rftlib.attempts import run_dir_path
-    run_dir = run_dir_path(str(run_dir))
+    run_dir = run_dir_path(str(run_dir)) if run_dir else newest_recorded_attempt()
     if step is None:
         have = records.list_records(run_dir)
         if not have:
             raise FileNotFoundError(f"{run_dir}: no recorded step (records/ is empty; record_batches sets which)")
         step = have[-1]
     return replay(run_dir, step, counterfactuals or [], weights=weights)
+
+
+def newest_recorded_attempt() -> Path:
+    """The most recently modified attempt under the runs root that has a recorded step (replay.ipynb's default)."""
+    root = runs_root()
+    cands = [p for p in root.glob("attempt-*") if (p / "records").is_dir() and records.list_records(p)] \
+        if root.is_dir() else []
+    if not cands:
+        raise FileNotFoundError(f"no attempt under {root} has a recorded step: set run_dir (record_batches sets which "
+                                f"steps an attempt records)")
+    return max(cands, key=lambda p: p.stat().st_mtime)
 
 
 def verdict(res) -> "HTMLText":
@@ -246,7 +276,6 @@ def table(res) -> "HTMLText":
 def inspector(res_or_run, step: int | None = None, *, write: bool = True):
     """The inspector of a replay (or of ``run_dir``, ``step``) in the notebook: the same page the report links,
     in a sandboxed iframe; ``write`` also writes it beside the record as inspector.html."""
-    from rftlib.report.inspect import view_in_notebook, write_page
     if hasattr(res_or_run, "table"):
         view = build_view(res_or_run.run_dir, res_or_run.step, res_or_run.to_json())
         run_dir, step = res_or_run.run_dir, res_or_run.step

@@ -348,6 +348,10 @@ def replay_rank(run_dir: str | Path, step: int, *, weights: str = "auto", counte
                           f"--nproc {rec.world_size} (the same rows per rank are what make it equal)")
     cfg = replay_config(m, world_size=W)
     cfs = [(label(o), counterfactual_config(cfg, o)) for o in counterfactuals]
+    if cfs and cfg.backend not in ("single", "ddp"):
+        raise ReplayError(f"counterfactual gradients need whole gradients in the parameters (backends single, ddp); "
+                          f"step {step} ran under {cfg.backend}, which partitions them: replay it without "
+                          f"counterfactuals (the faithfulness check), or record an attempt under ddp")
     desc, wdir = choose_weights(run_dir, rec, weights)
     tr = build_trainer(cfg, m, dist)
     try:
