@@ -8,13 +8,16 @@
 //                                                run every cell (scripts/lab_launch_screenshots.py), wait for
 //                                                DONE_TEXT in the outputs, screenshot OUT_DIR/NAME.png; with
 //                                                MID_NAME also OUT_DIR/MID_NAME.png once 2 step lines streamed
+//   node lab_screenshots.mjs replay URL OUT_DIR NAME   run every cell of replay.ipynb, wait for FAITHFUL and the
+//                                                inspector's iframe: OUT_DIR/NAME.png (verdict, table),
+//                                                OUT_DIR/NAME_inspector.png, what it saw -> OUT_DIR/replay.json
 import fs from "node:fs";
 import { chromium } from "playwright-core";
 
 const [mode, url, out, name, doneText, midName] = process.argv.slice(2);
 const browser = await chromium.launch({ executablePath: process.env.CHROMIUM || "/usr/bin/chromium",
   args: ["--no-sandbox", "--disable-gpu"] });
-const page = await browser.newPage({ viewport: mode === "runall" ? { width: 1500, height: 1300 } : { width: 1400, height: 1100 } });
+const page = await browser.newPage({ viewport: mode === "runall" || mode === "replay" ? { width: 1500, height: 1300 } : { width: 1400, height: 1100 } });
 const log = (m) => console.log(`[lab_screenshots] ${m}`);
 await page.goto(url, { waitUntil: "domcontentloaded", timeout: 180000 });
 await page.waitForSelector(".jp-Notebook", { timeout: 180000 });
@@ -134,6 +137,35 @@ if (mode === "live") {
   await page.waitForTimeout(800);
   await page.screenshot({ path: `${out}/${name}.png` });
   log(`${name}.png written; outputs:\n${await outText()}`);
+} else if (mode === "replay") {
+  // replay.ipynb (issue 33): run every cell, wait for the verdict, then the table and the inspector's iframe
+  await page.waitForFunction(() => window.jupyterapp && document.querySelector(".jp-Notebook-ExecutionIndicator, .jp-Toolbar"),
+    null, { timeout: 180000 });
+  await page.waitForTimeout(8000);
+  await page.evaluate(() => { window.jupyterapp.commands.execute("notebook:run-all-cells"); });
+  const outText = () => page.evaluate(() => [...document.querySelectorAll(".jp-OutputArea-output")].map(o => o.innerText).join("\n"));
+  const seen = { faithful: false, iframe: false, cards: 0, errors: 0 };
+  for (let i = 0; i < 150; i++) {
+    await page.waitForTimeout(2000);
+    await page.evaluate(() => [...document.querySelectorAll(".jp-toast-button, button")].find(b => b.textContent.trim() === "No")?.click());
+    const text = await outText();
+    seen.faithful = text.includes("FAITHFUL");
+    seen.iframe = await page.evaluate(() => !!document.querySelector(".jp-OutputArea-output iframe"));
+    if (seen.faithful && seen.iframe) break;
+  }
+  seen.errors = await page.evaluate(() => document.querySelectorAll(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr'] .ansi-red-fg, .jp-RenderedText[data-mime-type='application/vnd.jupyter.error']").length);
+  await page.evaluate(() => document.querySelectorAll(".jp-Cell")[4]?.scrollIntoView({ block: "end" }));
+  await page.waitForTimeout(1000);
+  await page.screenshot({ path: `${out}/${name}.png` });
+  // the inspector: the iframe holds the same page the report links; count its group cards
+  await page.evaluate(() => document.querySelector(".jp-OutputArea-output iframe")?.scrollIntoView({ block: "start" }));
+  await page.waitForTimeout(3000);
+  for (const f of page.frames()) {
+    try { seen.cards = Math.max(seen.cards, await f.evaluate(() => document.querySelectorAll(".rft-group, .group-card, [data-group]").length)); } catch (e) { }
+  }
+  await page.screenshot({ path: `${out}/${name}_inspector.png` });
+  fs.writeFileSync(`${out}/replay.json`, JSON.stringify(seen));
+  log(`replay.json: ${JSON.stringify(seen)}`);
 } else {
   await page.waitForTimeout(2000);
   await page.screenshot({ path: `${out}/executed_top.png` });

@@ -1,7 +1,7 @@
 """Screenshots of the workbench in a real JupyterLab (issue 15): the live view of a tiny-preset
 attempt with its Stop button and a group of samples, Stop clicked while it trains and the attempt
 stopping with a checkpoint (issue 19 item 13), and the notebook papermill executed for another tiny
-attempt, reopened in JupyterLab.
+attempt, reopened in JupyterLab; with ``--replay-only``, replay.ipynb run on a recorded tiny attempt (issue 33).
 
 The live attempt is given a step count it never reaches and a time budget (max_train_minutes): it
 trains until the click on any machine, however fast or slow its steps, and the budget ends it if
@@ -84,6 +84,61 @@ def stop_checks(run_dir: Path, browser: dict) -> list[tuple[str, bool]]:
     ]
 
 
+def _replay_notebook(dst: Path, run_dir: Path, step: int) -> None:
+    """notebooks/replay.ipynb with its parameters set to ``run_dir`` and ``step`` (issue 33's Lab screenshot)."""
+    nb = nbformat.read(REPO / "notebooks" / "replay.ipynb", as_version=4)
+    for c in nb.cells:
+        if "parameters" in c.metadata.get("tags", []):
+            c.source = c.source.replace('run_dir: str = ""', f"run_dir: str = {str(run_dir)!r}").replace(
+                "step = None", f"step = {step}")
+            assert str(run_dir) in c.source and f"step = {step}" in c.source
+    nbformat.write(nb, dst)
+
+
+def replay_screenshots(out: Path, pw: Path) -> int:
+    """Train a tiny attempt that records step 2 (two optimizer steps a rollout: the second is off-policy), then run
+    replay.ipynb on it in a real JupyterLab: the verdict says FAITHFUL and the inspector's iframe shows its group
+    cards. Screenshots replay_notebook.png and replay_notebook_inspector.png in ``out``."""
+    root = Path(tempfile.mkdtemp(prefix="rft_lab_replay_"))
+    (root / "notebooks").mkdir()
+    env = {**os.environ, "PYTHONPATH": f"{REPO}:{os.environ.get('PYTHONPATH', '')}", "RFTLIB_RUNS": str(root / "runs"),
+           "OMP_NUM_THREADS": "1"}
+    subprocess.run([str(VENV_BIN / "rft"), "train", "-p", "tiny", "--set", "num_steps=2", "--set", "name=recorded",
+                    "--set", "record_batches=[2]", "--set", "train_batch_size=2", "--set", "autocast=none"],
+                   env=env, cwd=root, check=True, stdout=subprocess.DEVNULL)
+    (run,) = [p for p in (root / "runs").iterdir() if p.name.endswith("recorded")]
+    _replay_notebook(root / "notebooks" / "replay_tiny.ipynb", run, 2)
+    port, token = _free_port(), secrets.token_hex(16)
+    lab = subprocess.Popen([str(VENV_BIN / "jupyter"), "lab", "--no-browser", "--ip=127.0.0.1", f"--port={port}",
+                            f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={root}",
+                            "--allow-root", "--LabApp.expose_app_in_browser=True"], env=env, cwd=root,
+                           stdout=open(out / "jupyterlab_replay.log", "w"), stderr=subprocess.STDOUT)
+    try:
+        base = f"http://127.0.0.1:{port}"
+        for _ in range(120):
+            try:
+                urllib.request.urlopen(f"{base}/api/status?token={token}", timeout=2)
+                break
+            except OSError:
+                time.sleep(1)
+        subprocess.run(["node", "lab_screenshots.mjs", "replay",
+                        f"{base}/lab/workspaces/replay/tree/notebooks/replay_tiny.ipynb?reset&token={token}", str(out),
+                        "replay_notebook"], cwd=pw, env=env, timeout=900)
+    finally:
+        lab.terminate()
+        lab.wait(30)
+    seen = json.loads((out / "replay.json").read_text()) if (out / "replay.json").exists() else {}
+    checks = [("FAITHFUL in the replay notebook's outputs", bool(seen.get("faithful"))),
+              ("the inspector's iframe rendered in the output", bool(seen.get("iframe"))),
+              (f"the iframe shows group cards ({seen.get('cards')})", (seen.get("cards") or 0) > 0),
+              (f"{out / 'replay_notebook.png'} written", (out / "replay_notebook.png").exists()),
+              (f"{out / 'replay_notebook_inspector.png'} written", (out / "replay_notebook_inspector.png").exists())]
+    for what, ok in checks:
+        print(f"[lab_screenshots] {'ok ' if ok else 'FAIL'} {what}")
+    print(f"[lab_screenshots] scratch root: {root}")
+    return 0 if all(ok for _, ok in checks) else 1
+
+
 def prepare_playwright(pw: Path) -> Path | None:
     """The playwright-core install to drive Chromium from (the driver script copied in), or None, said why."""
     if not (pw / "node_modules" / "playwright-core").is_dir() or not shutil.which("node"):
@@ -98,6 +153,7 @@ def main() -> int:
     ap.add_argument("--out", default="/tmp/rft_artefacts")
     ap.add_argument("--playwright", default=os.environ.get("RFT_PLAYWRIGHT_DIR", "/tmp/rft_pw"))
     ap.add_argument("--live-only", action="store_true", help="skip the papermill attempt and its screenshots")
+    ap.add_argument("--replay-only", action="store_true", help="only replay.ipynb on a recorded tiny attempt (issue 33)")
     ap.add_argument("--minutes", type=float, default=15.0,
                     help="the live attempt's time budget: it ends by itself this long after training starts")
     args = ap.parse_args()
@@ -106,6 +162,8 @@ def main() -> int:
     pw = prepare_playwright(Path(args.playwright))
     if pw is None:
         return 2
+    if args.replay_only:
+        return replay_screenshots(out, pw)
     root = Path(tempfile.mkdtemp(prefix="rft_lab_"))
     (root / "notebooks").mkdir()
     _tiny_notebook(root / "notebooks" / "train_tiny.ipynb", args.minutes)

@@ -152,6 +152,16 @@ def test_index_rebuilt_after_delete_and_add(ws, tmp_path):
 
 
 # ---- headless Chromium ----------------------------------------------------------------------------
+def test_the_report_links_each_recorded_batch_to_its_inspector_page(ws):
+    """rft train -p tiny records its eval steps (here the final step, 3): the report's records table links
+    reports/<id>/step-3.html, which write_report built, self-contained (no fetch: its CSP forbids one)."""
+    html = (ws["reports"] / f"{T_ID}.html").read_text()
+    assert "Recorded batches" in html and f'href="{T_ID}/step-3.html"' in html
+    page = (ws["reports"] / T_ID / "step-3.html").read_text()
+    assert "Content-Security-Policy" in page and "default-src 'none'" in page
+    assert (ws["runs"] / T_ID / "records" / "step_3" / "manifest.json").exists()
+
+
 CHROME = next((b for b in ("chromium", "chromium-browser", "google-chrome") if shutil.which(b)), None)
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
          "--disable-background-networking", "--disable-component-update", "--disable-sync"]

@@ -329,7 +329,15 @@ def _weighted(mets: list[tuple[float, dict[str, float]]]) -> dict[str, float]:
     return out
 
 
+def table_metric(key: str) -> bool:
+    """The loss metrics a replay table shows: clip fractions, ratio maxima, the KL to the old and reference policy,
+    entropy, the policy term (every built-in loss names its own clip metric: ppo_clip_ratio, seq_clip_frac, ...)."""
+    return key.endswith(("clip_frac", "clip_ratio", "ratio_max")) or key in (
+        "approx_kl_old", "kl", "entropy_mean", "policy_loss")
+
+
 def _table_row(k: int, name: str, loss: float, g: torch.Tensor, g_rec: torch.Tensor, mets: dict[str, float]):
+    mets = {key: v for key, v in mets.items() if table_metric(key)}
     norm = float(g.norm())
     den = norm * float(g_rec.norm())
     cos = float(g @ g_rec) / den if den > 0 else float("nan")
@@ -515,9 +523,7 @@ def save_result(rec: records.Record, res: ReplayResult) -> Path:
 def format_table(res: ReplayResult) -> str:
     """The replay's table as text: one line per optimizer step and config."""
     cols = ["opt_step", "config", "loss", "grad_norm", "cos_rec"]
-    extra = [k for k in ("ppo_clip_ratio", "seq_clip_frac", "ratio_max", "seq_ratio_max", "kl", "entropy_mean",
-                         "policy_loss") if any(k in r for r in res.table)]
-    cols += extra
+    cols += sorted({k for r in res.table for k in r} - set(cols))
     w = max(12, max((len(r["config"]) for r in res.table), default=8) + 1)
 
     def fmt(v):
