@@ -38,6 +38,7 @@ LossSpec, and ``loss_spec(name)`` is the declaration alone. Pure: plain values i
 from __future__ import annotations
 
 import dataclasses
+import importlib
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -57,6 +58,13 @@ class LossSpec:
     default_aggregation: str = "seq-mean-token-mean"  # what loss_agg_mode auto means for it (GRPO's)
     why: str = ""  # why other aggregations are refused, shown in the error
     dual_clip: bool = False  # whether it takes a dual clip (a token-level PPO device)
+    token_view: Callable | str | None = None  # what its clip did to each token (below); "module:attr" or the function
+
+    # ``token_view(logprobs, old_logprobs, advantages, mask, *, clip_low, clip_high, dual_clip, log_ratio_clamp)``
+    # -> {"ratio": (N, T) the ratio the loss clips (GSPO: s_i broadcast), "clip": (N, T) int8 -1 low side / +1 high
+    # side / 0 none (0 where mask is 0), and any extra (N, T) tensors}. The built-ins compute it with the same
+    # function their loss calls, so the view cannot drift from the loss; rftlib.algo.token_view infers one
+    # (from the gradient) for a loss that declares none.
 
     def __post_init__(self):
         s = self.settings
@@ -68,11 +76,22 @@ class LossSpec:
             if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
                 raise ValueError(f"settings {s.__name__}.{f.name} has no default: every loss setting needs one "
                                  "(a config that does not set it uses the default)")
+        v = self.token_view
+        if not (v is None or callable(v) or (isinstance(v, str) and ":" in v)):
+            raise ValueError(f"token_view={v!r}: give the view function or its 'package.module:attr', or None")
         if self.aggregations is not None and self.default_aggregation not in self.aggregations:
             raise ValueError(f"default_aggregation '{self.default_aggregation}' is not one of {self.aggregations}")
 
     def __call__(self, *args, **kwargs):
         return self.fn(*args, **kwargs)
+
+    def view_fn(self) -> Callable | None:
+        """The token view function (its module imported on first use), or None when the loss declares none."""
+        v = self.token_view
+        if isinstance(v, str):
+            module, attr = v.split(":", 1)
+            return getattr(importlib.import_module(module), attr)
+        return v
 
     def aggregation(self, mode: str) -> str:
         """The aggregation to run for loss_agg_mode ``mode``: the default for ``auto``, else ``mode``
@@ -85,11 +104,13 @@ class LossSpec:
 
 
 def _loss_declarations(settings: type[Section], aggregations: tuple[str, ...] | None = None,
-                       default_aggregation: str | None = None, why: str = "", dual_clip: bool = False) -> dict[str, Any]:
+                       default_aggregation: str | None = None, why: str = "", dual_clip: bool = False,
+                       token_view: Callable | str | None = None) -> dict[str, Any]:
     """LossSpec's fields but ``fn``, checked now (a bad declaration fails where it is written): ``default_aggregation``
     None means the first of ``aggregations`` (GRPO's seq-mean-token-mean when every mode is allowed)."""
     default = default_aggregation or (aggregations[0] if aggregations else "seq-mean-token-mean")
-    decl = dict(settings=settings, aggregations=aggregations, default_aggregation=default, why=why, dual_clip=dual_clip)
+    decl = dict(settings=settings, aggregations=aggregations, default_aggregation=default, why=why, dual_clip=dual_clip,
+                token_view=token_view)
     LossSpec(None, **decl)
     return decl
 
@@ -99,12 +120,13 @@ POLICY_LOSSES = Registry("policy loss", make=lambda name, fn, decl: LossSpec(fn,
 
 
 def register_loss(name: str, *, settings: type[Section], aggregations: tuple[str, ...] | None = None,
-                  default_aggregation: str | None = None, why: str = "", dual_clip: bool = False) -> Callable:
+                  default_aggregation: str | None = None, why: str = "", dual_clip: bool = False,
+                  token_view: Callable | str | None = None) -> Callable:
     """Decorator: register a policy loss under ``name`` in POLICY_LOSSES with its LossSpec; the
     function is returned unchanged. ``settings``: its settings class (see the module doc);
     ``default_aggregation`` None: the first of ``aggregations`` (GRPO's seq-mean-token-mean when every
-    mode is allowed)."""
-    decl = _loss_declarations(settings, aggregations, default_aggregation, why, dual_clip)
+    mode is allowed); ``token_view``: its per-token ratio and clip sides (LossSpec), None: inferred."""
+    decl = _loss_declarations(settings, aggregations, default_aggregation, why, dual_clip, token_view)
 
     def add(fn: Callable) -> Callable:
         POLICY_LOSSES.add(name, fn, **decl)
@@ -139,16 +161,17 @@ SEQUENCE_LEVEL = ("seq-mean-token-mean",)  # the mean over completions of a per-
 
 
 # a per-token surrogate: every aggregation is a weighting of its tokens (GRPO, Dr-GRPO and DAPO use one each)
-declare_loss("ppo_clip", "rftlib.algo.losses:ppo_clip", settings=PPOClipSettings, dual_clip=True)
+declare_loss("ppo_clip", "rftlib.algo.losses:ppo_clip", settings=PPOClipSettings, dual_clip=True,
+             token_view="rftlib.algo.losses:ppo_clip_view")
 declare_loss("gspo", "rftlib.algo.losses:gspo", settings=GSPOSettings,
-             aggregations=SEQUENCE_LEVEL,
+             aggregations=SEQUENCE_LEVEL, token_view="rftlib.algo.losses:gspo_view",
              why="GSPO's objective is the mean over completions of a length-normalised sequence ratio "
                  "(Zheng et al. 2025, eq. 5 and 13); another mode weights each completion by its length")
 declare_loss("cispo", "rftlib.algo.losses:cispo", settings=CISPOSettings,
-             aggregations=("token-mean", "seq-mean-token-sum-norm"),
+             aggregations=("token-mean", "seq-mean-token-sum-norm"), token_view="rftlib.algo.losses:cispo_view",
              why="CISPO normalises by the batch's token count (MiniMax-M1, eq. 4: 1 / sum_i |o_i|), every token "
                  "weighted the same; seq-mean-token-mean weighs a short completion's tokens more")
 declare_loss("gmpo", "rftlib.algo.losses:gmpo", settings=GMPOSettings,
-             aggregations=SEQUENCE_LEVEL,
+             aggregations=SEQUENCE_LEVEL, token_view="rftlib.algo.losses:gmpo_view",
              why="GMPO's loss is one number per completion, the geometric mean of its token ratios (Zhao et al. "
                  "2025, eq. 4), written at each of its tokens; another mode weights each completion by its length")

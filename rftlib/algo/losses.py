@@ -13,6 +13,10 @@ class (a rftlib.settings Section whose fields, ranges and rules are its own sett
 ``clip_range()`` gives clip_low and clip_high: PPOClipSettings, GSPOSettings, CISPOSettings, GMPOSettings
 for the losses here), the aggregations its paper's objective is defined under and its default one,
 which the config and the trainer read.
+
+Each built-in loss also has a token view, ``<name>_view`` (same arguments, no grad): the ratio it clips and
+the side each token was clipped on, computed by the ``_<name>_parts`` function the loss itself calls, so the
+view and the loss cannot drift apart (LossSpec.token_view; rftlib.algo.token_view reads it).
 """
 
 from __future__ import annotations
@@ -89,12 +93,30 @@ def ppo_clip(
 
     Returns (loss_mat (N, T), metrics). Padded positions of loss_mat are not zeroed: aggregate.
     """
+    parts = _ppo_clip_parts(logprobs, old_logprobs, advantages, mask, clip_low=clip_low, clip_high=clip_high,
+                            dual_clip=dual_clip, log_ratio_clamp=log_ratio_clamp)
+    with torch.no_grad():
+        clip_active = (parts["side"] != 0).float()  # (N, T): the clipped branch is the larger one
+        metrics = _ratio_metrics(clip_active, parts["log_ratio_raw"], parts["log_ratio"], mask)
+        if dual_clip is not None:
+            metrics["dual_clip_frac"] = masked_mean(parts["dual"].float(), mask)
+    return parts["loss_mat"], {k: v.detach() for k, v in metrics.items()}
+
+
+def _ppo_clip_parts(logprobs, old_logprobs, advantages, mask, *, clip_low, clip_high, dual_clip, log_ratio_clamp):
+    """ppo_clip's computation, shared by the loss and its token view (so the two cannot drift apart).
+
+    Returns loss_mat (N, T); ratio (N, T) (clamped, as the loss clips it); side (N, T) float, detached:
+    -1 where the clipped branch is the larger one on the low side (A < 0, ratio < 1 - clip_low), +1 on the
+    high side (A > 0, ratio > 1 + clip_high), 0 otherwise; dual (N, T) bool, detached: capped by the dual clip
+    (all False without one); log_ratio_raw / log_ratio (N, T) before / after the clamp.
+    Checks the inputs (shapes, clip range, dual clip) first: ValueError naming the bad one.
+    """
     _check_shapes(logprobs, old_logprobs, advantages, mask)
     if not (0.0 <= clip_low < 1.0) or clip_high < 0.0:
         raise ValueError(f"need 0 <= clip_low < 1 and clip_high >= 0, got clip_low={clip_low}, clip_high={clip_high}")
     if dual_clip is not None and dual_clip <= 1.0:
         raise ValueError(f"dual_clip must be > 1 (Ye et al. 2020 use 3), got {dual_clip}")
-
     log_ratio_raw = logprobs - old_logprobs  # (N, T)
     log_ratio = log_ratio_raw.clamp(-log_ratio_clamp, log_ratio_clamp)  # (N, T)
     ratio = torch.exp(log_ratio)  # (N, T)
@@ -103,17 +125,39 @@ def ppo_clip(
     loss_unclipped = -adv * ratio  # (N, T)
     loss_clipped = -adv * ratio.clamp(1.0 - clip_low, 1.0 + clip_high)  # (N, T)
     loss_mat = torch.maximum(loss_unclipped, loss_clipped)  # (N, T)
+    dual_active = torch.zeros_like(loss_mat, dtype=torch.bool)  # (N, T)
     if dual_clip is not None:
         loss_dual = -adv * dual_clip  # (N, 1)
         dual_active = (adv < 0) & (loss_dual < loss_mat)  # (N, T)
         loss_mat = torch.where(dual_active, loss_dual, loss_mat)  # (N, T)
-
     with torch.no_grad():
-        clip_active = (loss_clipped > loss_unclipped).float()  # (N, T)
-        metrics = _ratio_metrics(clip_active, log_ratio_raw, log_ratio, mask)
-        if dual_clip is not None:
-            metrics["dual_clip_frac"] = masked_mean(dual_active.float(), mask)
-    return loss_mat, {k: v.detach() for k, v in metrics.items()}
+        # the clipped branch is strictly larger only for A > 0 above the ceiling or A < 0 below the floor:
+        # the side is the advantage's sign
+        side = torch.sign(adv) * (loss_clipped > loss_unclipped).to(adv.dtype)  # (N, T)
+    return dict(loss_mat=loss_mat, ratio=ratio, side=side, dual=dual_active.detach(),
+                log_ratio_raw=log_ratio_raw, log_ratio=log_ratio)
+
+
+def ppo_clip_view(logprobs, old_logprobs, advantages, mask, *, clip_low=0.2, clip_high=0.2, dual_clip=None,
+                  log_ratio_clamp=20.0) -> dict[str, torch.Tensor]:
+    """ppo_clip's token view (LossSpec.token_view; rftlib.algo.token_view): what its clip did to each token.
+
+    ratio (N, T): the token ratio the loss clips; clip (N, T) int8: -1 low side, +1 high side (a
+    dual-clipped token counts as high: its ratio is above the dual bound), 0 none, 0 where mask is 0;
+    dual (N, T) bool; clamped (N, T) bool: |log ratio| beyond log_ratio_clamp (no gradient through it).
+    """
+    with torch.no_grad():
+        p = _ppo_clip_parts(logprobs, old_logprobs, advantages, mask, clip_low=clip_low, clip_high=clip_high,
+                            dual_clip=dual_clip, log_ratio_clamp=log_ratio_clamp)
+        side = torch.where(p["dual"], torch.ones_like(p["side"]), p["side"])  # (N, T)
+        return _view(p["ratio"], side, mask, dual=p["dual"] & (mask > 0),
+                     clamped=(p["log_ratio_raw"].abs() > log_ratio_clamp) & (mask > 0))
+
+
+def _view(ratio, side, mask, **extra) -> dict[str, torch.Tensor]:
+    """A token view: ratio (N, T) detached, clip (N, T) int8 = side where mask > 0 else 0, and ``extra``."""
+    clip = torch.where(mask > 0, side, torch.zeros_like(side)).to(torch.int8)  # (N, T)
+    return {"ratio": ratio.detach(), "clip": clip, **{k: v.detach() for k, v in extra.items()}}
 
 
 def _seq_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -150,6 +194,25 @@ def gspo(
 
     Returns (loss_mat (N, T), metrics). Padded positions of loss_mat are not zeroed: aggregate.
     """
+    p = _gspo_parts(logprobs, old_logprobs, advantages, mask, clip_low=clip_low, clip_high=clip_high,
+                    dual_clip=dual_clip, log_ratio_clamp=log_ratio_clamp)
+    log_ratio_raw, log_ratio, log_s_tok, loss_mat = p["log_ratio_raw"], p["log_ratio"], p["log_s_tok"], p["loss_mat"]
+    with torch.no_grad():
+        clip_active = (p["side"] != 0).float()  # (N, T): the whole completion clipped or not
+        metrics = _ratio_metrics(clip_active, log_ratio_raw, log_ratio, mask)
+        rows = (mask.sum(dim=-1) > 0).float()  # (N,) completions with at least one token
+        seq_ratio = torch.exp(log_s_tok[:, 0])  # (N,)
+        metrics["seq_clip_frac"] = (clip_active[:, 0] * rows).sum() / rows.sum().clamp(min=1.0)
+        metrics["seq_ratio_max"] = masked_max(seq_ratio, rows)
+        metrics["seq_ratio_min"] = masked_min(seq_ratio, rows)
+    return loss_mat, {k: v.detach() for k, v in metrics.items()}
+
+
+def _gspo_parts(logprobs, old_logprobs, advantages, mask, *, clip_low, clip_high, dual_clip, log_ratio_clamp):
+    """gspo's computation, shared by the loss and its token view. Checks the inputs, then returns loss_mat
+    (N, T); log_s_tok (N, T) (value log s_i at every token of row i, clamped); side (N, T) float, detached:
+    -1 where the row is clipped on the low side (A < 0, s_i < 1 - clip_low), +1 on the high side (A > 0,
+    s_i > 1 + clip_high), 0 otherwise; log_s (N, 1) before the clamp; log_ratio_raw / log_ratio (N, T)."""
     _check_shapes(logprobs, old_logprobs, advantages, mask)
     if not (0.0 <= clip_low < 1.0) or clip_high < 0.0:
         raise ValueError(f"gspo needs 0 <= clip_low < 1 and clip_high >= 0, got {clip_low}, {clip_high}")
@@ -164,15 +227,22 @@ def gspo(
     loss_unclipped = -adv * s_tok  # (N, T)
     loss_clipped = -adv * s_tok.clamp(1.0 - clip_low, 1.0 + clip_high)  # (N, T)
     loss_mat = torch.maximum(loss_unclipped, loss_clipped)  # (N, T)
+    with torch.no_grad():  # strictly larger only for A > 0 above the ceiling or A < 0 below the floor
+        side = torch.sign(adv) * (loss_clipped > loss_unclipped).to(adv.dtype)  # (N, T)
+    return dict(loss_mat=loss_mat, log_s_tok=log_s_tok, side=side, log_s=log_s,
+                log_ratio_raw=log_ratio_raw, log_ratio=log_ratio)
+
+
+def gspo_view(logprobs, old_logprobs, advantages, mask, *, clip_low=3e-4, clip_high=4e-4, dual_clip=None,
+              log_ratio_clamp=20.0) -> dict[str, torch.Tensor]:
+    """gspo's token view (LossSpec.token_view): ratio (N, T) the sequence ratio s_i broadcast over row i (the
+    ratio GSPO clips); clip (N, T) int8, the row's side at each of its valid tokens (-1 low, +1 high, 0 none);
+    clamped (N, T) bool: |log s_i| beyond log_ratio_clamp (the row gets no gradient)."""
     with torch.no_grad():
-        clip_active = (loss_clipped > loss_unclipped).float()  # (N, T)
-        metrics = _ratio_metrics(clip_active, log_ratio_raw, log_ratio, mask)
-        rows = (mask.sum(dim=-1) > 0).float()  # (N,) completions with at least one token
-        seq_ratio = torch.exp(log_s_tok[:, 0])  # (N,)
-        metrics["seq_clip_frac"] = (clip_active[:, 0] * rows).sum() / rows.sum().clamp(min=1.0)
-        metrics["seq_ratio_max"] = masked_max(seq_ratio, rows)
-        metrics["seq_ratio_min"] = masked_min(seq_ratio, rows)
-    return loss_mat, {k: v.detach() for k, v in metrics.items()}
+        p = _gspo_parts(logprobs, old_logprobs, advantages, mask, clip_low=clip_low, clip_high=clip_high,
+                        dual_clip=dual_clip, log_ratio_clamp=log_ratio_clamp)
+        clamped = (p["log_s"].abs() > log_ratio_clamp).expand_as(mask) & (mask > 0)  # (N, T)
+        return _view(torch.exp(p["log_s_tok"]), p["side"], mask, clamped=clamped)
 
 
 def cispo(
@@ -201,6 +271,18 @@ def cispo(
     clipped (their gradient is scaled down, not zeroed).
     Returns (loss_mat (N, T), metrics). Padded positions of loss_mat are not zeroed: aggregate.
     """
+    p = _cispo_parts(logprobs, old_logprobs, advantages, mask, clip_low=clip_low, clip_high=clip_high,
+                     dual_clip=dual_clip, log_ratio_clamp=log_ratio_clamp)
+    metrics = _ratio_metrics((p["side"] != 0).float(), p["log_ratio_raw"], p["log_ratio"], mask)
+    return p["loss_mat"], metrics
+
+
+def _cispo_parts(logprobs, old_logprobs, advantages, mask, *, clip_low, clip_high, dual_clip, log_ratio_clamp):
+    """cispo's computation, shared by the loss and its token view. Checks the inputs, then returns loss_mat
+    (N, T); ratio (N, T) and weight (N, T), both detached (weight = the ratio clipped to the IS-weight range);
+    side (N, T) float: +1 where the weight was capped (ratio > 1 + clip_high), -1 where it was raised to the
+    floor (ratio < 1 - clip_low), 0 otherwise, whatever the advantage (as its ppo_clip_ratio metric counts);
+    log_ratio_raw / log_ratio (N, T)."""
     _check_shapes(logprobs, old_logprobs, advantages, mask)
     if clip_low < 0.0 or clip_high < 0.0:
         raise ValueError(f"cispo needs clip_low >= 0 and clip_high >= 0, got {clip_low}, {clip_high}")
@@ -211,8 +293,20 @@ def cispo(
     ratio = torch.exp(log_ratio).detach()  # (N, T)
     weight = ratio.clamp(max(0.0, 1.0 - clip_low), 1.0 + clip_high)  # (N, T), stop-gradient
     loss_mat = -weight * advantages.unsqueeze(-1) * logprobs  # (N, T)
-    metrics = _ratio_metrics((weight != ratio).float(), log_ratio_raw, log_ratio, mask)
-    return loss_mat, metrics
+    side = (weight < ratio).to(ratio.dtype) - (weight > ratio).to(ratio.dtype)  # (N, T)
+    return dict(loss_mat=loss_mat, ratio=ratio, weight=weight, side=side,
+                log_ratio_raw=log_ratio_raw, log_ratio=log_ratio)
+
+
+def cispo_view(logprobs, old_logprobs, advantages, mask, *, clip_low=1.0, clip_high=0.28, dual_clip=None,
+               log_ratio_clamp=20.0) -> dict[str, torch.Tensor]:
+    """cispo's token view (LossSpec.token_view): ratio (N, T) the token ratio; clip (N, T) int8, +1 where the
+    IS weight was capped at 1 + clip_high, -1 where it was raised to 1 - clip_low (the gradient is scaled,
+    not zeroed), 0 otherwise; weight (N, T) the clipped IS weight each token's REINFORCE term carries."""
+    with torch.no_grad():
+        p = _cispo_parts(logprobs, old_logprobs, advantages, mask, clip_low=clip_low, clip_high=clip_high,
+                         dual_clip=dual_clip, log_ratio_clamp=log_ratio_clamp)
+        return _view(p["ratio"], p["side"], mask, weight=p["weight"])
 
 
 def gmpo(
@@ -242,6 +336,18 @@ def gmpo(
     completion is never counted (nothing is clipped where there is no gradient to cut).
     Returns (loss_mat (N, T), metrics). Padded positions of loss_mat are not zeroed: aggregate.
     """
+    p = _gmpo_parts(logprobs, old_logprobs, advantages, mask, clip_low=clip_low, clip_high=clip_high,
+                    dual_clip=dual_clip, log_ratio_clamp=log_ratio_clamp)
+    with torch.no_grad():
+        metrics = _ratio_metrics((p["side"] != 0).float(), p["log_ratio_raw"], p["log_ratio"], mask)
+    return p["loss_mat"], metrics
+
+
+def _gmpo_parts(logprobs, old_logprobs, advantages, mask, *, clip_low, clip_high, dual_clip, log_ratio_clamp):
+    """gmpo's computation, shared by the loss and its token view. Checks the inputs, then returns loss_mat
+    (N, T); side (N, T) float, detached: sgn(A_i) where the token's log ratio was clipped on the advantage's
+    side (+1: A > 0 and log r > clip_high; -1: A < 0 and log r < -clip_low), 0 otherwise;
+    log_ratio_raw / log_ratio (N, T) before / after the clamp."""
     _check_shapes(logprobs, old_logprobs, advantages, mask)
     if clip_low < 0.0 or clip_high < 0.0:
         raise ValueError(f"gmpo needs clip_low >= 0 and clip_high >= 0 (log-space bounds), got {clip_low}, {clip_high}")
@@ -256,9 +362,20 @@ def gmpo(
     loss_mat = (-advantages * seq_ratio).unsqueeze(-1).expand_as(logprobs)  # (N, T)
     with torch.no_grad():
         # clipped where the min took the clipped branch strictly; A = 0 (sgn 0) clips nothing: 0 > 0 is false
-        clip_active = (sgn * log_ratio > sgn * clipped).float()  # (N, T)
-        metrics = _ratio_metrics(clip_active, log_ratio_raw, log_ratio, mask)
-    return loss_mat, metrics
+        side = sgn * (sgn * log_ratio > sgn * clipped).to(sgn.dtype)  # (N, T)
+    return dict(loss_mat=loss_mat, side=side, log_ratio_raw=log_ratio_raw, log_ratio=log_ratio)
+
+
+def gmpo_view(logprobs, old_logprobs, advantages, mask, *, clip_low=0.4, clip_high=0.4, dual_clip=None,
+              log_ratio_clamp=20.0) -> dict[str, torch.Tensor]:
+    """gmpo's token view (LossSpec.token_view): ratio (N, T) the token ratio GMPO clips (in log space, before
+    the geometric mean); clip (N, T) int8, -1 / +1 where the token's log ratio was clipped on the advantage's
+    side (it gets no gradient), 0 otherwise; clamped (N, T) bool: |log r| beyond log_ratio_clamp."""
+    with torch.no_grad():
+        p = _gmpo_parts(logprobs, old_logprobs, advantages, mask, clip_low=clip_low, clip_high=clip_high,
+                        dual_clip=dual_clip, log_ratio_clamp=log_ratio_clamp)
+        return _view(torch.exp(p["log_ratio"]), p["side"], mask,
+                     clamped=(p["log_ratio_raw"].abs() > log_ratio_clamp) & (mask > 0))
 
 
 def grpo_loss(
