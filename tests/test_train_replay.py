@@ -134,6 +134,9 @@ def test_counterfactuals_on_the_same_weights_and_rows(recorded):
     # optimizer step 1 runs on weights one step on: ratios move, the tighter clip clips more, and the gradients differ
     r1, tight = rows[(1, "recorded")], rows[(1, "eps_clip=0.05")]
     assert tight["ppo_clip_ratio"] > r1["ppo_clip_ratio"]
+    # the clip sides come from the loss's own view (rftlib.algo.token_view): none on-policy, some one step off
+    assert rec0["clip_low_frac"] == rec0["clip_high_frac"] == 0.0
+    assert 0 < tight["clip_low_frac"] + tight["clip_high_frac"] <= 1
     assert rows[(1, "policy_loss=gspo")]["cos_rec"] < 0.999
     assert rec0["cos_rec"] == pytest.approx(1.0, abs=1e-12)  # g.g / (|g| |g|) in float64
     saved = json.loads(open(res.path).read())

@@ -44,6 +44,7 @@ import torch
 import yaml
 
 from rftlib.algo.loss_spec import loss_settings_owners
+from rftlib.algo.token_view import token_view
 from rftlib.config import ConfigError, RunConfig, make_config, to_dict
 from rftlib.models.loading import load_trainable_state
 from rftlib.monitor import records
@@ -281,35 +282,67 @@ class ReplayTrace(UpdateTrace):
         params = trainer.backend.params
         recorded = [None if p.grad is None else p.grad.detach().clone() for p in params]
         g_rec = _flat(recorded, params)  # (P,) this optimizer batch's gradient (all ranks': DDP reduced it)
-        self.rows.append(_table_row(k, "recorded", loss, g_rec, g_rec, self._micro_metrics(k)))
+        sides = ClipSides()
+        for mb in (m for m in self.micro if m["k"] == k):
+            ix = torch.tensor(mb["rows"], dtype=torch.long)
+            lp = mb["logprobs"]  # (n, T') host
+            t1 = lp.shape[1]
+            old = lp if batch.old_logprobs is None else batch.old_logprobs[ix, :t1].float().cpu()
+            sides.add(lp, old, advantages[ix].float().cpu(), batch.loss_mask[ix, :t1].float().cpu(), loss_kw)
+        self.rows.append(_table_row(k, "recorded", loss, g_rec, g_rec, {**self._micro_metrics(k), **sides.result()}))
         cfg0 = trainer.cfg
         for name, cf in self.counterfactuals:
             for p in params:
                 p.grad = None
             mets: list[tuple[float, dict[str, float]]] = []
+            sides = ClipSides()
             trainer.cfg = cf  # the micro-batch pass reads the TIS cap and entropy bonus off the trainer's config
             try:
                 kw = steps.loss_kwargs(cf)
+
+                def after(ix, fwd, l, m, old, kw=kw, sides=sides, mets=mets):
+                    mask = fwd.rows["completion_mask"]  # (n, T')
+                    mets.append((float(mask.sum()), {a: float(b) for a, b in m.items()}))
+                    sides.add(fwd.logprobs.detach().float().cpu(), old.detach().float().cpu(),
+                              advantages[ix].float().cpu(), batch.loss_mask[ix, :mask.shape[1]].float().cpu(), kw)
                 ns, nt = steps.loss_totals(cf, batch.loss_mask[rows], trainer.dist.all_sum)
                 tot = dict(num_seqs=ns, num_tokens=nt, norm_const=(cf.loss_norm_const if cf.loss_norm_const
                                                                     is not None else float(cf.max_new_tokens)))
-                local = trainer.backward_batch(
-                    batch, advantages, micro, epoch=epoch, totals=tot, loss_kw=kw,
-                    after=lambda ix, fwd, l, m, old: mets.append((float(fwd.rows["completion_mask"].sum()),
-                                                                  {a: float(b) for a, b in m.items()})))
+                local = trainer.backward_batch(batch, advantages, micro, epoch=epoch, totals=tot, loss_kw=kw,
+                                               after=after)
                 if not micro:
                     trainer._zero_backward()
                 cf_loss = float(trainer.dist.all_sum(torch.tensor([local], device=trainer.dist.device))[0])
             finally:
                 trainer.cfg = cfg0
             g_cf = _flat([p.grad for p in params], params)
-            self.rows.append(_table_row(k, name, cf_loss, g_cf, g_rec, _weighted(mets)))
+            self.rows.append(_table_row(k, name, cf_loss, g_cf, g_rec, {**_weighted(mets), **sides.result()}))
         for p, g in zip(params, recorded):
             p.grad = g
 
     def _micro_metrics(self, k: int) -> dict[str, float]:
         """The recorded configuration's loss metrics over optimizer step ``k``'s micro-batches (this rank's)."""
         return _weighted([(m["tokens"], m["metrics"]) for m in self.micro if m["k"] == k])
+
+
+class ClipSides:
+    """Which side each token of an optimizer batch was clipped on, as the loss itself decides it
+    (rftlib.algo.token_view.token_view: the loss's own view), counted over this rank's valid tokens."""
+
+    def __init__(self):
+        self.low = self.high = self.tokens = 0.0
+
+    def add(self, logp, old, adv, mask, loss_kw) -> None:
+        """One micro-batch: logp, old, mask (n, T') host; adv (n,)."""
+        v = token_view(logp, old, adv, mask, loss_kwargs=loss_kw)
+        valid = mask > 0
+        self.low += float((v["clip"][valid] < 0).sum())
+        self.high += float((v["clip"][valid] > 0).sum())
+        self.tokens += float(valid.sum())
+
+    def result(self) -> dict[str, float]:
+        n = max(self.tokens, 1.0)
+        return {"clip_low_frac": self.low / n, "clip_high_frac": self.high / n}
 
 
 def _flat(grads, params) -> torch.Tensor:
@@ -333,7 +366,7 @@ def table_metric(key: str) -> bool:
     """The loss metrics a replay table shows: clip fractions, ratio maxima, the KL to the old and reference policy,
     entropy, the policy term (every built-in loss names its own clip metric: ppo_clip_ratio, seq_clip_frac, ...)."""
     return key.endswith(("clip_frac", "clip_ratio", "ratio_max")) or key in (
-        "approx_kl_old", "kl", "entropy_mean", "policy_loss")
+        "clip_low_frac", "clip_high_frac", "approx_kl_old", "kl", "entropy_mean", "policy_loss")
 
 
 def _table_row(k: int, name: str, loss: float, g: torch.Tensor, g_rec: torch.Tensor, mets: dict[str, float]):
