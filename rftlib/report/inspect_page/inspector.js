@@ -127,7 +127,7 @@
     if (v === 0) return "0";
     var a = Math.abs(v);
     if (a >= 1e-3 && a < 1e5) return String(Number(v.toPrecision(4)));
-    return v.toExponential(2).replace("e+", "e");
+    return v.toExponential(3).replace("e+", "e");
   }
   function fmt1(v) { return v === 0 ? "0" : v !== v ? "NaN" : v.toExponential(1).replace("e+", "e"); }
   function el(tag, cls, text) {
