@@ -7,6 +7,7 @@
     index       reports/index.html, rebuilt from the run directories
     publish     papermill + nbconvert: reports/<attempt-id>.html, reports/compare-*.html
     live        the JupyterLab panel and the headless log lines
+    inspect     one recorded step's tokens as a self-contained page (and a sandboxed iframe in Lab)
 
 Beside it, a layer up: rftlib.eval_checkpoints evaluates every training_state/step_N, rftlib.validate
 runs seed 002's loop validation, rftlib.notebooks builds notebooks/*.ipynb.
