@@ -36,7 +36,7 @@ def test_replay_notebook_under_papermill(attempt, tmp_path):
     nb_path = execute(NOTEBOOKS / "replay.ipynb", tmp_path / "replay.ipynb",
                       {"run_dir": str(attempt), "step": 2, "counterfactuals": [{"policy_loss": "gspo"}]})
     text = _outputs(nbformat.read(str(nb_path), as_version=4))
-    assert "FAITHFUL" in text and "NOT REPRODUCED" not in text
+    assert "FAITHFUL: " in text and "NOT REPRODUCED: " not in text  # the verdict line (the page script names both)
     assert "policy_loss=gspo" in text  # the counterfactual's rows in the table
     assert '<iframe' in text and 'sandbox="allow-scripts"' in text and "srcdoc=" in text
     assert (attempt / "records" / "step_2" / "inspector.html").exists()
