@@ -84,6 +84,23 @@ def stop_checks(run_dir: Path, browser: dict) -> list[tuple[str, bool]]:
     ]
 
 
+def start_lab(root: Path, env: dict, log: Path) -> tuple[subprocess.Popen, str, str]:
+    """JupyterLab serving ``root`` on a free port with a fresh token, once its API answers: (process, base URL, token)."""
+    port, token = _free_port(), secrets.token_hex(16)
+    lab = subprocess.Popen([str(VENV_BIN / "jupyter"), "lab", "--no-browser", "--ip=127.0.0.1", f"--port={port}",
+                            f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={root}",
+                            "--allow-root", "--LabApp.expose_app_in_browser=True"], env=env, cwd=root,
+                           stdout=open(log, "w"), stderr=subprocess.STDOUT)
+    base = f"http://127.0.0.1:{port}"
+    for _ in range(120):
+        try:
+            urllib.request.urlopen(f"{base}/api/status?token={token}", timeout=2)
+            break
+        except OSError:
+            time.sleep(1)
+    return lab, base, token
+
+
 def _replay_notebook(dst: Path, run_dir: Path, step: int) -> None:
     """notebooks/replay.ipynb with its parameters set to ``run_dir`` and ``step`` (issue 33's Lab screenshot)."""
     nb = nbformat.read(REPO / "notebooks" / "replay.ipynb", as_version=4)
@@ -108,19 +125,8 @@ def replay_screenshots(out: Path, pw: Path) -> int:
                    env=env, cwd=root, check=True, stdout=subprocess.DEVNULL)
     (run,) = [p for p in (root / "runs").iterdir() if p.name.endswith("recorded")]
     _replay_notebook(root / "notebooks" / "replay_tiny.ipynb", run, 2)
-    port, token = _free_port(), secrets.token_hex(16)
-    lab = subprocess.Popen([str(VENV_BIN / "jupyter"), "lab", "--no-browser", "--ip=127.0.0.1", f"--port={port}",
-                            f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={root}",
-                            "--allow-root", "--LabApp.expose_app_in_browser=True"], env=env, cwd=root,
-                           stdout=open(out / "jupyterlab_replay.log", "w"), stderr=subprocess.STDOUT)
+    lab, base, token = start_lab(root, env, out / "jupyterlab_replay.log")
     try:
-        base = f"http://127.0.0.1:{port}"
-        for _ in range(120):
-            try:
-                urllib.request.urlopen(f"{base}/api/status?token={token}", timeout=2)
-                break
-            except OSError:
-                time.sleep(1)
         subprocess.run(["node", "lab_screenshots.mjs", "replay",
                         f"{base}/lab/workspaces/replay/tree/notebooks/replay_tiny.ipynb?reset&token={token}", str(out),
                         "replay_notebook"], cwd=pw, env=env, timeout=900)
@@ -182,19 +188,8 @@ def main() -> int:
     (pm_run,) = [p for p in (root / "runs").iterdir() if p.name.endswith("papermill")]
     print(f"[lab_screenshots] papermill attempt {pm_run.name} in {time.time() - t:.0f} s")
 
-    port, token = _free_port(), secrets.token_hex(16)
-    lab = subprocess.Popen([str(VENV_BIN / "jupyter"), "lab", "--no-browser", "--ip=127.0.0.1", f"--port={port}",
-                            f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={root}",
-                            "--allow-root", "--LabApp.expose_app_in_browser=True"], env=env, cwd=root,
-                           stdout=open(out / "jupyterlab.log", "w"), stderr=subprocess.STDOUT)
+    lab, base, token = start_lab(root, env, out / "jupyterlab.log")
     try:
-        base = f"http://127.0.0.1:{port}"
-        for _ in range(120):
-            try:
-                urllib.request.urlopen(f"{base}/api/status?token={token}", timeout=2)
-                break
-            except OSError:
-                time.sleep(1)
         node = lambda *a: subprocess.run(["node", "lab_screenshots.mjs", *a], cwd=pw, env=env, timeout=1500)
         # 2) the executed notebook, reopened
         rel = pm_run.relative_to(root) / "notebook.ipynb"

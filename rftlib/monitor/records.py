@@ -59,25 +59,15 @@ def _fsync_path(p: Path) -> None:
         pass
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def clean_temporaries(run_dir: str | Path) -> None:
-    """Remove ``.tmp_step_*`` directories left by processes that no longer run (a crash mid-write)."""
+    """Remove ``.tmp_step_*`` directories: what a process killed mid-write left. Only the trainer that holds the
+    attempt's lock (rftlib.attempts.lock_attempt) writes records, so a temporary found here is a dead writer's or
+    this process's own abandoned one."""
     root = records_root(run_dir)
     if not root.exists():
         return
     for p in root.glob(".tmp_step_*"):
-        pid = p.name.rsplit("_", 1)[-1]
-        if pid.isdigit() and (int(pid) == os.getpid() or not _alive(int(pid))):
-            shutil.rmtree(p, ignore_errors=True)
+        shutil.rmtree(p, ignore_errors=True)
 
 
 def begin(run_dir: str | Path, step: int) -> Path:
