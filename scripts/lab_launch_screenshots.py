@@ -18,18 +18,16 @@ import argparse
 import json
 import os
 import re
-import secrets
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 import nbformat
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from lab_screenshots import REPO, VENV_BIN, _free_port, prepare_playwright  # noqa: E402
+from lab_screenshots import REPO, VENV_BIN, prepare_playwright, start_lab  # noqa: E402
 
 
 def _launch_notebook(dst: Path, **params) -> None:
@@ -72,20 +70,9 @@ def main() -> int:
     checks: list[tuple[str, bool]] = []
     _launch_notebook(root / "launch_dry_run.ipynb", preset="seed003-gpt-oss-20b-a28b", dry_run=True)
 
-    port, token = _free_port(), secrets.token_hex(16)
-    lab = subprocess.Popen([str(VENV_BIN / "jupyter"), "lab", "--no-browser", "--ip=127.0.0.1", f"--port={port}",
-                            f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={root}",
-                            "--allow-root", "--LabApp.expose_app_in_browser=True"], env=env, cwd=root,
-                           stdout=open(out / "jupyterlab_launch.log", "w"), stderr=subprocess.STDOUT)
+    lab, base, token = start_lab(root, env, out / "jupyterlab_launch.log")
     run_dir = None
     try:
-        base = f"http://127.0.0.1:{port}"
-        for _ in range(120):
-            try:
-                urllib.request.urlopen(f"{base}/api/status?token={token}", timeout=2)
-                break
-            except OSError:
-                time.sleep(1)
         node = lambda *a: subprocess.run(["node", "lab_screenshots.mjs", *a], cwd=pw, env=env, timeout=900)
         # 1) dry run of seed 003's a28b layout: the GPU map and the commands, then the status cell
         node("runall", f"{base}/lab/workspaces/dry/tree/launch_dry_run.ipynb?reset&token={token}", str(out),
