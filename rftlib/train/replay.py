@@ -363,10 +363,12 @@ def _weighted(mets: list[tuple[float, dict[str, float]]]) -> dict[str, float]:
 
 
 def table_metric(key: str) -> bool:
-    """The loss metrics a replay table shows: clip fractions, ratio maxima, the KL to the old and reference policy,
-    entropy, the policy term (every built-in loss names its own clip metric: ppo_clip_ratio, seq_clip_frac, ...)."""
+    """The loss metrics a replay table shows, token-weighted over this rank's micro-batches (rank 0's rows under
+    several ranks): clip fractions, ratio maxima, the KL to the old and reference policy, entropy (every built-in
+    loss names its own clip metric: ppo_clip_ratio, seq_clip_frac, ...). Not the per-micro-batch policy_loss: it is
+    a share of a sum normalised by the batch's totals, so its mean means nothing (the table's loss is the sum)."""
     return key.endswith(("clip_frac", "clip_ratio", "ratio_max")) or key in (
-        "clip_low_frac", "clip_high_frac", "approx_kl_old", "kl", "entropy_mean", "policy_loss")
+        "clip_low_frac", "clip_high_frac", "approx_kl_old", "kl", "entropy_mean")
 
 
 def _table_row(k: int, name: str, loss: float, g: torch.Tensor, g_rec: torch.Tensor, mets: dict[str, float]):
