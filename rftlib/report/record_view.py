@@ -32,6 +32,7 @@ from typing import Any
 import torch
 
 from rftlib.algo.correction import tis_weights
+from rftlib.algo.kl import kl_penalty
 from rftlib.attempts import run_dir_path, runs_root
 from rftlib.algo.token_view import grad_weights, token_view
 from rftlib.models.loading import load_tokenizer
@@ -46,17 +47,22 @@ WINDOW = 8  # tokens of left context a piece is decoded with (a multi-byte chara
 
 
 # ---- token pieces ---------------------------------------------------------------------------------------------
-def token_pieces(tok, ids: list[int]) -> list[str]:
-    """What each token of ``ids`` adds to the decoded text (one string per token), made readable by
-    rftlib.report.live.clean_text. Joined, the pieces are the completion's text."""
+def token_pieces(tok, ids: list[int], *, readable: bool = True) -> list[str]:
+    """What each token of ``ids`` adds to the decoded text (one string per token); joined (``readable=False``) they
+    are ``tok.decode(ids)`` exactly. A character split over byte tokens (byte-level BPE: "日" is 3 bytes) is given to
+    the token that completes it, and the tokens before it get "": a window decode ending inside a character ends
+    in U+FFFD, which is not text yet. A byte that never completes stays U+FFFD, on the token after it (or the last).
+    ``readable`` passes each piece through rftlib.report.live.clean_text (control characters escaped)."""
     windows = [ids[max(0, t - WINDOW):t + 1] for t in range(len(ids))]
     prefixes = [ids[max(0, t - WINDOW):t] for t in range(len(ids))]
     full = tok.batch_decode(windows, skip_special_tokens=False, clean_up_tokenization_spaces=False)
     pre = tok.batch_decode(prefixes, skip_special_tokens=False, clean_up_tokenization_spaces=False)
     out = []
     for t, (f, p) in enumerate(zip(full, pre)):
-        piece = f[len(p):] if f.startswith(p) else tok.decode([ids[t]], skip_special_tokens=False)
-        out.append(clean_text(piece))
+        f_done = f if t == len(ids) - 1 else f.rstrip("\ufffd")  # a character still open at the end is not text yet
+        p_done = p.rstrip("\ufffd")
+        piece = f_done[len(p_done):] if f_done.startswith(p_done) else tok.decode([ids[t]], skip_special_tokens=False)
+        out.append(clean_text(piece) if readable else piece)
     return out
 
 
@@ -101,8 +107,11 @@ def token_quantities(rec: records.Record, configs: list[tuple[str, Any]]) -> lis
         ref = t.get("ref_logprobs")
         q: dict[str, torch.Tensor] = {"entropy": t["entropy"], "gap": torch.where(
             torch.isnan(lp_all), lp_all, lp_all - beh), "ran": ran}
+        if ref is not None:  # per-token KL to the reference, the recorded estimator's (NaN where the row did not run)
+            q["kl"] = torch.where(torch.isnan(lp_all), lp_all, kl_penalty(configs[0][1].kl_estimator, lp, ref).float())
         for name, cfg in configs:
             c, ratio, clip = torch.zeros(N, T), torch.ones(N, T), torch.zeros(N, T, dtype=torch.int8)
+            isw_all = torch.ones(N, T)  # the TIS weight each token's policy term carried (1: none, an HF engine)
             kw = steps.loss_kwargs(cfg)
             for k, o in enumerate(m["opt_steps"]):
                 if o["epoch"] != 0:
@@ -126,7 +135,9 @@ def token_quantities(rec: records.Record, configs: list[tuple[str, Any]]) -> lis
                                  ref=None if ref is None else ref[rows_k], is_weights=isw)
                 v = token_view(lp[rows_k], old[rows_k], adv[rows_k], lmask[rows_k], loss_kwargs=kw, is_weights=isw)
                 c[rows_k], ratio[rows_k], clip[rows_k] = g["c"].float(), v["ratio"].float(), v["clip"]
+                isw_all[rows_k] = v["is_weight"].float()
             q[f"c/{name}"], q[f"ratio/{name}"], q[f"clip/{name}"] = c, ratio, clip
+            q[f"isw/{name}"] = isw_all
         out.append(q)
     return out
 
@@ -170,12 +181,15 @@ def build_view(run_dir: str | Path, step: int, replay_result: dict[str, Any] | N
                 n = int(lens[i])
                 valid = lmask[i, :n] > 0
                 vals = {"entropy": [_f(x) for x in t["entropy"][i, :n]], "gap": [_f(x) for x in q["gap"][i, :n]]}
+                if "kl" in q:
+                    vals["kl"] = [_f(x) for x in q["kl"][i, :n]]
                 totals = {}
                 for name in names:
                     c, ratio, clip = q[f"c/{name}"][i, :n], q[f"ratio/{name}"][i, :n], q[f"clip/{name}"][i, :n]
                     vals[f"c/{name}"] = [float(x) for x in c]
                     vals[f"ratio/{name}"] = [float(x) for x in ratio]
                     vals[f"clip/{name}"] = [int(x) for x in clip]
+                    vals[f"isw/{name}"] = [float(x) for x in q[f"isw/{name}"][i, :n]]
                     totals[f"sum c/{name}"] = float(c.sum())
                     totals[f"clip_frac/{name}"] = float((clip[valid] != 0).float().mean()) if valid.any() else 0.0
                     totals[f"max ratio/{name}"] = float(ratio[valid].max()) if valid.any() else 1.0
@@ -205,8 +219,12 @@ def build_view(run_dir: str | Path, step: int, replay_result: dict[str, Any] | N
                 "c": {"label": "gradient weight dL/dlogp", "scale": "diverging", "per_config": True},
                 "ratio": {"label": "importance ratio the loss clips", "scale": "log1", "per_config": True},
                 "clip": {"label": "clipped (-1 low, +1 high)", "scale": "categorical", "per_config": True},
+                "isw": {"label": "TIS weight pi_old / pi_behaviour, capped (1: the trainer's module sampled)",
+                        "scale": "log1", "per_config": True},
                 "entropy": {"label": "entropy (nats)", "scale": "sequential", "per_config": False},
-                "gap": {"label": "trainer - behaviour logprob", "scale": "diverging", "per_config": False}},
+                "gap": {"label": "trainer - behaviour logprob", "scale": "diverging", "per_config": False},
+                **({"kl": {"label": f"KL to the reference ({m['config']['kl_estimator']})", "scale": "sequential",
+                           "per_config": False}} if "kl" in qs[0] else {})},
             "groups": groups}
 
 
