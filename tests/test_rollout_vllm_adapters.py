@@ -242,3 +242,19 @@ def test_launch_plan_engines_get_the_max_loras_of_max_staleness():
     cfg0 = make_config("seed003-gpt-oss-20b-a28b")
     engines0 = [p for p in make_plan(cfg0, "r", gpus_per_node=8).processes if p.role == "vllm"]
     assert all(" --max-loras 1 " in " ".join(p.cmd) and "--max-cpu-loras" not in p.cmd for p in engines0)
+
+
+def test_each_sync_judges_against_the_largest_noise_measured_so_far(engine_factory, monkeypatch):
+    """The engine hands check_sync the largest precision noise of its earlier syncs (rftlib.rollout.sync_probe:
+    why), so a low measurement at one sync does not tighten the threshold under an honest gap."""
+    eng, fake = engine_factory(0)
+    noises, seen = iter([0.17, 0.03, 0.05]), []
+
+    def probe(*a, noise_seen=0.0, **k):
+        seen.append(noise_seen)
+        return {"max_diff": 0.0, "threshold": 1.0, "noise": next(noises)}
+    monkeypatch.setattr(vb, "check_sync", probe)
+    model = FakePeft()
+    for _ in range(3):
+        eng.sync_weights(model)
+    assert seen == [0.0, 0.17, 0.17]

@@ -502,7 +502,8 @@ class _VLLMBase:
                                noise_seen=getattr(self, "probe_noise_seen", 0.0))
         finally:
             self.probing = False
-        self.probe_noise_seen = probe["noise_used"]  # the largest noise measured so far (check_sync: why)
+        # the largest noise measured so far (check_sync: why)
+        self.probe_noise_seen = max(getattr(self, "probe_noise_seen", 0.0), probe["noise"])
         if self.probe_baseline is None:
             self.probe_baseline = probe["max_diff"]
         return {"seconds": seconds, "bytes": nbytes, "probe_max_diff": probe["max_diff"],
