@@ -70,7 +70,7 @@ def demo_view(seed: int = 0, groups: int = 8, rows: int = 8, long_len: int = 409
             drift = 0.02 + 0.25 * rng.random() ** 3  # how stale the behaviour policy was for this row
             logr = [rng.gauss(0.0, drift) for _ in range(n)]
             if n > 1000:  # the long ramble: mostly confident tokens, a few surprising ones
-                logr = [x * 0.2 if rng.random() < 0.97 else x * 6 for x in logr]
+                logr = [x * 0.2 if rng.random() < 0.995 else x * 6 for x in logr]
             ratio = [math.exp(x) for x in logr]
             seq = math.exp(sum(logr) / n)
             clip, c_rec, c_cis = [], [], []

@@ -448,7 +448,9 @@
     order.forEach(function (ri) {
       var r = g.rows[ri], tr = el("tr", "rft-row" + (r.skipped ? " rft-skipped" : ""));
       tr.dataset.row = ri;
-      tr.appendChild(el("td", null, String(r.row === null ? ri : r.row) + (r.rank !== null && r.rank !== undefined ? " (rank " + r.rank + ")" : "")));
+      var id = el("td", "rft-rowid", String(r.row === null ? ri : r.row));
+      if (r.rank !== null && r.rank !== undefined) id.title = "rank " + r.rank;
+      tr.appendChild(id);
       var rw = el("td", "rft-reward", fmt(r.reward));
       if (r.components.length) rw.title = r.components.map(function (kv) { return kv[0] + ": " + fmt(kv[1]); }).join("\n");
       tr.appendChild(rw);
