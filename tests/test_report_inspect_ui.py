@@ -10,6 +10,8 @@ goes to $RFTLIB_ARTEFACTS/inspector.png. Skips without Chromium, as the report b
 
 from __future__ import annotations
 
+import math
+import re
 import statistics
 from html.parser import HTMLParser
 
@@ -218,3 +220,32 @@ def test_inspector_screenshot_is_not_blank(page, artefacts, tmp_path):
     reddish = ((px[..., 0] - px[..., 2]) > 40).sum()
     bluish = ((px[..., 2] - px[..., 0]) > 40).sum()
     assert reddish > 500 and bluish > 500, (reddish, bluish)
+
+
+@needs_chrome
+def test_inspector_colours_tokens_by_the_chosen_quantity(dom, page):
+    """color=c&cf=gspo: each token's background is the diverging scale of its c under gspo, red above 0,
+    blue below, alpha 0.75 * sqrt(|c| / max|c|) over the batch (the scale the legend shows)."""
+    d, _, _ = dom
+    view, path = page
+    dec = I.decode_arrays(path.read_text())
+    top = np.nanmax(np.abs(dec["c/gspo"]))
+    box = d.find("rft-toks", **{"data-group": "0", "data-row": "0"})[0]
+    spans = d.find("rft-tok", within=box)
+    vals = view["groups"][0]["rows"][0]["values"]["c/gspo"]
+    assert len(spans) == len(vals)
+    coloured = 0
+    for e in spans:
+        v = vals[int(e["attrs"]["data-t"])]
+        alpha = 0.75 * math.sqrt(abs(v) / top)
+        m = re.search(r"background-color: rgba\((\d+), (\d+), (\d+), ([\d.]+)\)", e["attrs"].get("style", ""))
+        if alpha < 0.004:
+            assert m is None
+            continue
+        assert m, (e["attrs"], v)
+        coloured += 1
+        assert tuple(int(x) for x in m.groups()[:3]) == ((214, 39, 40) if v > 0 else (31, 119, 180)), v
+        # the page writes 3 decimals (5e-4); Chromium keeps alpha in 8 bits (half a step: 1/510) and
+        # serialises it with 3 decimals again (5e-4)
+        assert abs(float(m[4]) - alpha) <= 5e-4 + 1 / 510 + 5e-4, (m[4], alpha)
+    assert coloured >= len(spans) // 2
