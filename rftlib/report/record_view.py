@@ -86,10 +86,6 @@ def pieces_for(rec: records.Record, tok) -> list[list[list[str]]]:
 
 
 # ---- per-token quantities -------------------------------------------------------------------------------------
-def _nan_to_zero(x: torch.Tensor) -> torch.Tensor:
-    return torch.where(torch.isnan(x), torch.zeros_like(x), x)
-
-
 def token_quantities(rec: records.Record, configs: list[tuple[str, Any]]) -> list[dict[str, torch.Tensor]]:
     """Per rank, {"<quantity>/<config>": (N, T)} for c, ratio and clip (epoch 0: the first pass over the rollout),
     plus "entropy", "gap" and "ran" (bool, (N,): the update ran the row). Each optimizer step's rows get its
@@ -101,7 +97,7 @@ def token_quantities(rec: records.Record, configs: list[tuple[str, Any]]) -> lis
         lp_all = t["trainer_logprobs"][0]  # (N, T) epoch 0, NaN where the row was not run
         N, T = lp_all.shape
         ran = ~torch.isnan(lp_all).all(-1)  # (N,)
-        lp = _nan_to_zero(lp_all)
+        lp = torch.nan_to_num(lp_all, nan=0.0)  # rows not run: masked out of every loss
         old = t["old_logprobs"] if "old_logprobs" in t else lp  # on-policy: the forward's own, detached
         adv, lmask, beh = t["advantages"], t["loss_mask"].float(), t["behaviour_logprobs"]
         ref = t.get("ref_logprobs")

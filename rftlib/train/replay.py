@@ -134,13 +134,9 @@ def counterfactual_config(cfg: RunConfig, overrides: dict[str, Any]) -> RunConfi
                           f"({', '.join(sorted(REPLAYABLE))}, and a registered loss's own settings); "
                           f"{bad[0]} would change the batch itself: train an attempt with it (rft ab)")
     try:
-        return make_config(None, {**_config_dict(cfg), **overrides})
+        return make_config(None, {**to_dict(cfg), **overrides})
     except ConfigError as e:
         raise ReplayError(f"counterfactual {overrides}: {e}") from e
-
-
-def _config_dict(cfg: RunConfig) -> dict[str, Any]:
-    return to_dict(cfg)
 
 
 def label(overrides: dict[str, Any]) -> str:
