@@ -139,7 +139,9 @@ def stage_probe_noise(cpu: bool) -> dict:
     shapes = ["toy"] if cpu else ["smollm2-135m", "qwen2.5-1.5b"]
     for shape in shapes:
         for init_std in (0.02, 0.2):  # 0.02: near-uniform next-token distributions; 0.2: peaked, like a trained LM
+            t0 = time.time()
             model = _random_model(shape, init_std=init_std, device=device, dtype=torch.bfloat16)
+            print(f"[probe_noise] {shape} init {init_std}: model built in {time.time() - t0:.1f} s", flush=True)
             g = torch.Generator(device=device).manual_seed(sync_probe.PROBE_SEED)
             ids, behaviour = [], []
             model.set_attn_implementation("sdpa")
@@ -175,6 +177,7 @@ def stage_probe_noise(cpu: bool) -> dict:
                          "sdpa_vs_eager_bf16": round(float((trainer - sdpa).abs().max()), 4),
                          "gap_over_noise": round(gap / max(noise, 1e-12), 2), "threshold": round(threshold, 4),
                          "passes": gap <= threshold})
+            print(json.dumps(rows[-1]), flush=True)  # progress in the stage's log: a timed-out stage keeps its rows
             del model
             if not cpu:
                 torch.cuda.empty_cache()
@@ -211,7 +214,13 @@ def _train_steps(preset: str, overrides: dict, steps: int, *, memory_cap_gb: flo
         try:
             params = [p for p in tr.params]
             before = [p.detach().float().clone() for p in params[:4]]
-            rows = [tr.step() for _ in range(steps)]
+            print(f"[train] trainer built in {load_s:.1f} s", flush=True)
+            rows = []
+            for _ in range(steps):
+                rows.append(tr.step())
+                r = rows[-1]
+                print(f"[train] step {len(rows)}: {r.get('timing/step', 0.0):.1f} s, loss {r['loss']:.4f}, "
+                      f"peak {r.get('memory/cuda_peak_gib', r.get('memory/peak_rss_gib', 0.0)):.2f} GiB", flush=True)
             moved = any(not torch.equal(b, p.detach().float()) for b, p in zip(before, params[:4]))
             est = tr.memory_estimate
         finally:
