@@ -26,15 +26,19 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-# (name, limit in seconds on a GPU) -- the stages run in this order; the sum stays under 10 minutes
+# (name, limit in seconds on a GPU) -- the stages run in this order; the limits sum to 10 minutes. Each limit is
+# its stage's time on an H200 (2026-11-27, torch 2.11, transformers 5.17; the note of that session) plus a margin:
+# versions 25 s, probe_noise 24, seed002 134 (HF generate at ~50-115 ms a token on that machine), seed000 81,
+# mxfp4 79 (flex attention compiling during generate), smoke_single 32, gptoss_nograd: flex attention's first
+# compile at T 4450 took 107 s, so it goes last and compiles one shape only
 STAGES: list[tuple[str, int]] = [
-    ("versions", 45),
-    ("probe_noise", 75),
-    ("seed002_fp16_lora", 90),
-    ("seed000_full_step", 150),
-    ("mxfp4_lora_step", 60),
-    ("gptoss_nograd", 90),
-    ("smoke_single", 90),
+    ("versions", 35),
+    ("probe_noise", 50),
+    ("seed002_fp16_lora", 145),
+    ("seed000_full_step", 95),
+    ("mxfp4_lora_step", 95),
+    ("smoke_single", 40),
+    ("gptoss_nograd", 140),
 ]
 
 
@@ -298,18 +302,22 @@ GPTOSS_20B_ATTN = dict(hidden=2880, heads=64, kv_heads=8, head_dim=64, sliding_w
 def stage_gptoss_nograd(cpu: bool) -> dict:
     """The reference / old-logprob pass of seed 003 (gpt-oss-20b, T ~ 4,450: prompt + 4,096 completion tokens) at
     its attention dims, 2 layers (one sliding-window, one full) with random weights: peak memory of one no-grad
-    forward at 1 and 8 rows, under flex attention (what rftlib picks for gpt-oss on CUDA) and eager (the model's
-    default, whose (heads, T, T) scores the preflight counts), against rftlib.models.memory.nograd_row_bytes.
+    forward under flex attention (what rftlib picks for gpt-oss on CUDA; 8 rows, one compile) and eager (the model's
+    default, whose (heads, T, T) scores the preflight counts; 1 row and the rows rftlib's auto logprob_batch_size
+    would run on this GPU, at most 8), against rftlib.models.memory.nograd_row_bytes.
     Passes when no measured peak exceeds 1.25 x the estimate (the preflight must not under-count); the CPU form
     runs the eager forward at toy sizes and checks only that it runs and is estimated."""
     import torch
     from transformers import AutoModelForCausalLM, GptOssConfig
 
-    from rftlib.models.memory import estimator_attention, nograd_row_bytes, pick_attention, shape_from_hf_config
+    from rftlib.models.memory import (estimator_attention, nograd_row_bytes, nograd_rows, pick_attention,
+                                      shape_from_hf_config)
 
     dims = dict(hidden=64, heads=4, kv_heads=2, head_dim=16, sliding_window=16, intermediate=64, experts=4,
                 experts_per_tok=2) if cpu else GPTOSS_20B_ATTN
     T, rows_list = (128, (1, 2)) if cpu else (4450, (1, 8))
+    # flex compiles per input shape (the first at T 4450 took 107 s on an H200; a second row count recompiles, and
+    # did not finish in the 72 s left): on a GPU flex runs one shape, 8 rows (per-row peak = peak / 8), eager both
     device = "cpu" if cpu else "cuda"
     dtype = torch.float32 if cpu else torch.bfloat16
     c = GptOssConfig(vocab_size=512, hidden_size=dims["hidden"], intermediate_size=dims["intermediate"],
@@ -329,7 +337,13 @@ def stage_gptoss_nograd(cpu: bool) -> dict:
         # progress on stdout (the stage's log): the first GPU run timed out at 90 s with nothing printed
         print(f"[gptoss_nograd] {attn}: model built in {time.time() - t0:.1f} s", flush=True)
         shape = shape_from_hf_config(model.config, "gpt-oss-20b-attn-2-layers")
-        for rows in rows_list:
+        rows_here = rows_list
+        if attn == "flex_attention":
+            rows_here = rows_list[-1:]
+        elif not cpu:  # eager: as many rows as rftlib's auto logprob_batch_size would run here (an H100 fits fewer)
+            fits = nograd_rows(shape, T, b, "eager", free_bytes=torch.cuda.mem_get_info()[0], most=rows_list[-1])
+            rows_here = sorted({1, fits})
+        for rows in rows_here:
             ids = torch.randint(0, c.vocab_size, (rows, T), device=device)
             mask = torch.ones_like(ids)
             est = rows * nograd_row_bytes(shape, T, b, estimator_attention(attn))

@@ -19,6 +19,7 @@ def test_the_gpu_check_cpu_form_runs_every_stage(tmp_path):
     import gpu_check
 
     assert [r["stage"] for r in rows] == [name for name, _ in gpu_check.STAGES]
+    assert sum(limit for _, limit in gpu_check.STAGES) <= 600  # README: the whole check in under 10 minutes
     assert p.returncode == 0 and all(r["status"] == "pass" for r in rows), p.stdout[-4000:]
     by = {r["stage"]: r for r in rows}
     assert all(r["passes"] and r["threshold"] >= 0.05 for r in by["probe_noise"]["rows"])
