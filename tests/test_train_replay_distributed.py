@@ -53,3 +53,52 @@ def test_rft_replay_cli_on_two_ranks(ddp_recorded):
                         "--vary", "policy_loss=gspo"], capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stdout + p.stderr
     assert "FAITHFUL" in p.stdout and "policy_loss=gspo" in p.stdout
+
+
+def _clip_counts(rec, rank: int, k: int, kw) -> tuple[float, float, float]:
+    """(low, high, tokens) of rank ``rank``'s rows of optimizer step ``k``, worked out from the record alone: the
+    recorded trainer logprobs (the faithful replay's, bit for bit), old logprobs, advantages and mask through the
+    loss's own token view."""
+    import torch
+
+    from rftlib.algo.token_view import token_view
+
+    t = rec.rank(rank)
+    low = high = tokens = 0.0
+    for p in rec.manifest["micro"][rank]:
+        if p["k"] != k:
+            continue
+        ix = torch.tensor(p["rows"], dtype=torch.long)
+        lp = t["trainer_logprobs"][p["epoch"], ix].float()  # (n, T)
+        old = t["old_logprobs"][ix].float() if "old_logprobs" in t else lp
+        mask = t["loss_mask"][ix].float()
+        v = token_view(lp, old, t["advantages"][ix].float(), mask, loss_kwargs=kw)
+        valid = mask > 0
+        low += float((v["clip"][valid] < 0).sum())
+        high += float((v["clip"][valid] > 0).sum())
+        tokens += float(valid.sum())
+    return low, high, tokens
+
+
+def test_two_rank_table_clip_fractions_count_both_ranks_tokens(ddp_recorded):
+    """The replay table's clip fractions (recorded config and counterfactual) are over both ranks' tokens, as worked
+    out from the record; rank 0's tokens alone give other fractions here, so a rank-0-only table fails this."""
+    from rftlib.train import steps
+    from rftlib.train.replay import counterfactual_config, replay_config
+
+    res = replay(ddp_recorded, 2, [{"eps_clip": 0.001}], save=False)
+    assert res.faithful, res.first_mismatch
+    rec = records.read_record(ddp_recorded, 2)
+    cfg = replay_config(rec.manifest, world_size=2)
+    kws = {"recorded": steps.loss_kwargs(cfg),
+           "eps_clip=0.001": steps.loss_kwargs(counterfactual_config(cfg, {"eps_clip": 0.001}))}
+    rank0_differs = False
+    assert {r["config"] for r in res.table} == set(kws) and len(res.table) == 4  # 2 optimizer steps x 2 configs
+    for row in res.table:
+        per_rank = [_clip_counts(rec, r, row["opt_step"], kws[row["config"]]) for r in (0, 1)]
+        low, high, tokens = (sum(c[i] for c in per_rank) for i in range(3))
+        assert row["clip_low_frac"] == pytest.approx(low / tokens, rel=1e-12, abs=0)
+        assert row["clip_high_frac"] == pytest.approx(high / tokens, rel=1e-12, abs=0)
+        l0, h0, t0 = per_rank[0]
+        rank0_differs |= (l0 / t0, h0 / t0) != (low / tokens, high / tokens)
+    assert rank0_differs  # the check can tell a rank-0-only table from the whole one

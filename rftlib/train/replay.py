@@ -285,7 +285,9 @@ class ReplayTrace(UpdateTrace):
             t1 = lp.shape[1]
             old = lp if batch.old_logprobs is None else batch.old_logprobs[ix, :t1].float().cpu()
             sides.add(lp, old, advantages[ix].float().cpu(), batch.loss_mask[ix, :t1].float().cpu(), loss_kw)
-        self.rows.append(_table_row(k, "recorded", loss, g_rec, g_rec, {**self._micro_metrics(k), **sides.result()}))
+        D = trainer.dist
+        mine = [(m["tokens"], m["metrics"]) for m in self.micro if m["k"] == k]
+        self.rows.append(_table_row(k, "recorded", loss, g_rec, g_rec, _all_ranks(D, sides, mine)))
         cfg0 = trainer.cfg
         for name, cf in self.counterfactuals:
             for p in params:
@@ -312,18 +314,27 @@ class ReplayTrace(UpdateTrace):
             finally:
                 trainer.cfg = cfg0
             g_cf = _flat([p.grad for p in params], params)
-            self.rows.append(_table_row(k, name, cf_loss, g_cf, g_rec, {**_weighted(mets), **sides.result()}))
+            self.rows.append(_table_row(k, name, cf_loss, g_cf, g_rec, _all_ranks(D, sides, mets)))
         for p, g in zip(params, recorded):
             p.grad = g
 
-    def _micro_metrics(self, k: int) -> dict[str, float]:
-        """The recorded configuration's loss metrics over optimizer step ``k``'s micro-batches (this rank's)."""
-        return _weighted([(m["tokens"], m["metrics"]) for m in self.micro if m["k"] == k])
+
+
+def _all_ranks(dist, sides: "ClipSides", mets: list[tuple[float, dict[str, float]]]) -> dict[str, float]:
+    """The table's loss metrics over every rank's tokens of one optimizer batch: each rank's clip-side counts and
+    (tokens, metrics) pairs are gathered (small: a few floats per micro-batch; every rank calls this at the same
+    optimizer step, as DDP's reduction already makes them) and combined as on one rank."""
+    parts = dist.gather_objects(((sides.low, sides.high, sides.tokens), mets))
+    total = ClipSides()
+    for (low, high, tokens), _ in parts:
+        total.low, total.high, total.tokens = total.low + low, total.high + high, total.tokens + tokens
+    return {**_weighted([m for _, ms in parts for m in ms]), **total.result()}
 
 
 class ClipSides:
     """Which side each token of an optimizer batch was clipped on, as the loss itself decides it
-    (rftlib.algo.token_view.token_view: the loss's own view), counted over this rank's valid tokens."""
+    (rftlib.algo.token_view.token_view: the loss's own view), counted over this rank's valid tokens (the table sums
+    the ranks' counts: :func:`_all_ranks`)."""
 
     def __init__(self):
         self.low = self.high = self.tokens = 0.0
@@ -359,8 +370,7 @@ def _weighted(mets: list[tuple[float, dict[str, float]]]) -> dict[str, float]:
 
 
 def table_metric(key: str) -> bool:
-    """The loss metrics a replay table shows, token-weighted over this rank's micro-batches (rank 0's rows under
-    several ranks): clip fractions, ratio maxima, the KL to the old and reference policy, entropy (every built-in
+    """The loss metrics a replay table shows, token-weighted over every rank's micro-batches: clip fractions, ratio maxima, the KL to the old and reference policy, entropy (every built-in
     loss names its own clip metric: ppo_clip_ratio, seq_clip_frac, ...). Not the per-micro-batch policy_loss: it is
     a share of a sum normalised by the batch's totals, so its mean means nothing (the table's loss is the sum)."""
     return key.endswith(("clip_frac", "clip_ratio", "ratio_max")) or key in (
