@@ -443,7 +443,8 @@ class EvalLogSettings(Section):
     most 256 MiB (LoRA), else such a record can replay only from a checkpoint of the step before"""
     record_max_bytes: int = ranged(1 << 30, gt=0, msg="must be a positive number of bytes")
     """all records of an attempt together; the oldest are dropped first (the newest is always kept, unless it
-    alone is larger)"""
+    alone is larger). A trainable start state over it (a full fine-tune) is not copied into records: they hold the
+    batch, and replay from the checkpoint of the step before"""
     torch_threads: int = 0
     """torch intra-op threads; 0 leaves torch's default (several ranks on one CPU: cores // ranks each)"""
 

@@ -210,3 +210,23 @@ def test_resume_drops_the_records_of_the_steps_it_runs_again(recorded, tmp_path,
     tr = Trainer(cfg, run, resume=True, progress=False, task=task_with(cfg, isdigit_share))
     assert records.list_records(run) == [1]
     tr.close()
+
+
+def test_a_start_state_over_the_cap_is_not_copied_and_replays_from_the_checkpoint(tiny_cfg, task_with):
+    """A trainable state larger than record_max_bytes (a full fine-tune: seed 000's 1.5B on an H200 wrote 6.2 GB at
+    its eval step, then dropped the record for being over the cap) is not snapshotted: the record keeps the batch,
+    and the replay starts from the checkpoint of the step before, bit for bit."""
+    full = _attempt(tiny_cfg, task_with, record_batches=[2], record_on_spike=False, name="fits")
+    state = full.recorder.state_bytes  # the trainable bytes the snapshot copies
+    assert records.list_records(full.run_dir) == [2]
+    rec_bytes = records.read_index(full.run_dir)[0]["bytes"]
+    batch_bytes = rec_bytes - sum(p.stat().st_size for p in (full.run_dir / "records/step_2/start").rglob("*"))
+    assert batch_bytes < state - 1 < rec_bytes  # a cap between the batch alone and the record with its snapshot
+    tr = _attempt(tiny_cfg, task_with, record_batches=[2], record_on_spike=False, name="over",
+                  record_max_bytes=state - 1)
+    assert records.list_records(tr.run_dir) == [2]
+    row = records.read_index(tr.run_dir)[0]
+    assert row["kept"] and row["weights"] == "none"
+    res = replay(tr.run_dir, 2, save=False)
+    assert res.weights == "checkpoint training_state/step_1"
+    assert res.faithful, res.first_mismatch

@@ -101,8 +101,17 @@ class Recorder:
         cfg = trainer.cfg
         self.schedule = record_steps(cfg.record_batches)
         self.on_spike = bool(cfg.record_on_spike) and self.schedule != "off"
-        self.small = (not trainer.backend.partitions_params
-                      and sum(p.numel() * p.element_size() for p in trainer.backend.params) <= SNAPSHOT_MAX_BYTES)
+        params = trainer.backend.params
+        # the whole (unpartitioned: ZeRO-3 keeps ds_numel) trainable state, the same figure on every rank
+        self.state_bytes = sum(getattr(p, "ds_numel", p.numel()) * p.element_size() for p in params)
+        if trainer.opt_steps_per_rollout > 1:  # a scheduled record then holds AdamW's two float32 moments too
+            self.state_bytes += sum(getattr(p, "ds_numel", p.numel()) * 8 for p in params)
+        self.small = not trainer.backend.partitions_params and self.state_bytes <= SNAPSHOT_MAX_BYTES
+        # a start state over the cap would make every scheduled record too large to keep (seed 000's 1.5B full
+        # fine-tune on an H200: 6.2 GB copied off the GPU and written at each eval step, then dropped): such
+        # records hold the batch alone, and rft replay starts them from the checkpoint of the step before
+        self.snapshot_fits = self.state_bytes <= cfg.record_max_bytes
+        self._said_no_snapshot = False
         self._reset()
 
     def _reset(self) -> None:
@@ -132,7 +141,15 @@ class Recorder:
             return
         tr, D = self.tr, self.tr.dist
         self.rng = torch.get_rng_state()
-        if self.reason is not None or self.small:
+        if self.reason is not None and not self.snapshot_fits:
+            if D.is_main:
+                self.tmp = records.begin(tr.run_dir, step)
+                if not self._said_no_snapshot:
+                    print(f"[rft] records hold no weights: the start state ({self.state_bytes / 2**30:.2f} GiB) is "
+                          f"over record_max_bytes ({tr.cfg.record_max_bytes / 2**30:.2f} GiB); rft replay starts "
+                          f"step N from the checkpoint of step N-1 (save_steps)", flush=True)
+                    self._said_no_snapshot = True
+        elif self.reason is not None or self.small:
             state = tr.backend.trainable_state() if (tr.backend.partitions_params or D.is_main) else None
             if D.is_main and self.reason is not None:
                 self.tmp = records.begin(tr.run_dir, step)

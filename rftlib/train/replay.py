@@ -152,8 +152,9 @@ def choose_weights(run_dir: str | Path, rec: records.Record, weights: str = "aut
         if (rec.dir / "start" / "trainable.pt").exists():
             return f"record snapshot {rec.dir.name}/start", rec.dir / "start"
         if weights == "snapshot":
-            raise ReplayError(f"{rec.dir}: the record has no snapshot of the weights (it was recorded on a spike of a "
-                              f"trainable state over 256 MiB); use --weights auto or ckpt:{N - 1}")
+            raise ReplayError(f"{rec.dir}: the record has no snapshot of the weights (a spike of a trainable state "
+                              f"over 256 MiB, or a start state over record_max_bytes); use --weights auto or "
+                              f"ckpt:{N - 1}")
         have = list_steps(run_dir)
         if N - 1 in have:
             return f"checkpoint {STATE}/step_{N - 1}", Path(run_dir) / STATE / f"step_{N - 1}"
