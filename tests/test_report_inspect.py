@@ -265,7 +265,12 @@ def test_collapse_plan_on_a_4096_token_completion():
 
 def test_collapse_plan_edge_cases():
     assert I.collapse_plan([0.0] * N) == [[32, N - 32]]  # nothing stands out (advantage 0): one chip
-    assert I.collapse_plan([1.0] * N) == []  # everything stands out: nothing folds
+    # an on-policy row: every token's gradient weight is -A_i/|y_i|, none differs from its row's: one chip
+    assert I.collapse_plan([-1e-3] * N) == [[32, N - 32]]
+    on_policy = [-1e-3] * N
+    on_policy[700] = 0.0  # one token the loss clipped (no gradient) stands out from its row and is kept
+    assert I.collapse_plan(on_policy) == [[32, 692], [709, N - 32]]
+    assert I.collapse_plan([(-1.0) ** t for t in range(N)]) == []  # every token as far from the median: nothing folds
     assert I.collapse_plan([0.0] * (64 + 48)) == []  # 48 hidden tokens: too short to fold
     assert I.collapse_plan([0.0] * (64 + 49)) == [[32, 81]]
     assert I.collapse_plan([None] * 200) == [[32, 168]]

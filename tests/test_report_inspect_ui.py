@@ -63,10 +63,15 @@ def text(e):
 
 def long_gspo_values():
     """The long row's c under gspo, every value exact in float16 after the page's power-of-two scaling, so
-    the browser's decoded values and Python's are the same numbers: max |c| 2**-16 at 1000, 2**-20 at 100
-    and 150 and 1.5 * 2**-20 at 3000 (>= 5% of the max), 2**-21 at 500 (< 5%), noise +-2**-30."""
-    c = [2.0 ** -30 * (-1) ** t for t in range(N)]
-    c[1000], c[100], c[150], c[3000], c[500] = -2.0 ** -16, 2.0 ** -20, -2.0 ** -20, 1.5 * 2.0 ** -20, 2.0 ** -21
+    the browser's decoded values and Python's are the same numbers. Every token has the row's weight C = -2**-20
+    (on-policy: -A/|y|) except: 2**-16 - 2**-20 from C at 1000 (the max), 2**-20 from C at 100 and 150 and
+    1.5 * 2**-20 at 3000 (>= 5% of the max: kept), 2**-21 at 500 (< 5%). The collapse rule measures from the
+    row's median (C), so the page's JS must compute that median as Python does: on |c| itself every token
+    would stand out and nothing would fold."""
+    C = -2.0 ** -20
+    c = [C] * N
+    c[1000], c[100], c[150], c[3000], c[500] = -2.0 ** -16, C + 2.0 ** -20, C - 2.0 ** -20, C + 1.5 * 2.0 ** -20, \
+        C + 2.0 ** -21
     clip = [0.0] * N
     clip[2000] = 1.0
     gap = [0.0] * N
@@ -163,8 +168,8 @@ def test_inspector_folds_the_long_completion_as_python_plans(dom, page):
     planned = I.collapse_plan(dec["c/gspo"][sl], [dec["clip/recorded"][sl], dec["clip/gspo"][sl]], 0.05,
                               gap=dec["gap"][sl])
     assert chips == planned == EXPECTED_CHIPS
-    # the first chip: tokens 32..91 of +-2**-30, alternating, so their sum is 0
-    assert text(d.find("rft-chip")[0]) == "\u22ef 60 tokens \u00b7 max|c| 9.3e-10 \u00b7 \u03a3c 0 \u22ef"
+    # the first chip: tokens 32..91, each of the row's weight -2**-20 (9.54e-7), so their sum is -5.72e-5
+    assert text(d.find("rft-chip")[0]) == "\u22ef 60 tokens \u00b7 max|c| 9.5e-7 \u00b7 \u03a3c -5.7e-5 \u22ef"
     box = d.find("rft-toks", **{"data-group": "1", "data-row": "0"})[0]
     shown = [int(e["attrs"]["data-t"]) for e in d.find("rft-tok", within=box)]
     hidden = {t for a, b in EXPECTED_CHIPS for t in range(a, b)}

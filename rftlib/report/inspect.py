@@ -85,7 +85,10 @@ def collapse_plan(values: Sequence[float | None], clip: Sequence[float | None] |
                   edge: int = EDGE, context: int = CONTEXT, min_run: int = MIN_RUN) -> list[list[int]]:
     """The runs of one completion that collapse into chips: ``[[start, end), ...]`` in token positions.
 
-    A token is *kept* if ``interest(values) >= tau * max`` over the row (and the row's max is > 0), if
+    A token is *kept* if ``interest(values) >= tau * max`` over the row (and the row's max is > 0), where on a
+    diverging scale (the gradient weight c, the gap) a value counts by its distance from the row's median: an
+    on-policy row gives every token the same c (-A_i/|y_i| under the sequence mean), so a rule on |c| itself kept
+    every token and folded nothing; what stands out is the token whose weight differs from its row's. Also kept if
     it is clipped under any config (``clip``: one array, or a list of arrays, non-zero = clipped), or if
     ``|gap| > GAP_KEEP`` nats. The first and last ``edge`` tokens and ``+-context`` around each kept token
     are shown too. Every other run of hidden tokens longer than ``min_run`` becomes a chip; shorter runs
@@ -94,7 +97,12 @@ def collapse_plan(values: Sequence[float | None], clip: Sequence[float | None] |
     """
     if not 0 <= tau <= 1:
         raise ValueError(f"collapse_plan: tau must be in [0, 1], got {tau!r}")
-    m = interest(values, scale)  # (T,)
+    v = np.asarray([np.nan if x is None else x for x in values], dtype=np.float64)  # (T,)
+    if scale == "diverging":
+        fin = v[np.isfinite(v)]
+        if fin.size:
+            v = v - np.median(fin)
+    m = interest(v, scale)  # (T,)
     n = len(m)
     keep = np.zeros(n, dtype=bool)
     top = float(m.max()) if n else 0.0

@@ -65,9 +65,18 @@
     else m = Math.abs(v);
     return isFinite(m) ? m : 0;
   }
+  function rowMedian(vals, off, n) {  // numpy's median of the row's finite values (0 when none)
+    var a = [], t, h;
+    for (t = 0; t < n; t++) if (isFinite(vals[off + t])) a.push(vals[off + t]);
+    if (!a.length) return 0;
+    a.sort(function (x, y) { return x - y; });
+    h = a.length >> 1;
+    return a.length % 2 ? a[h] : (a[h - 1] + a[h]) / 2;
+  }
   function collapsePlan(vals, off, n, clips, gap, tau, scale) {
     var t, i, m = new Float64Array(n), keep = new Uint8Array(n), shown = new Uint8Array(n), top = 0;
-    for (t = 0; t < n; t++) { m[t] = vals ? interest(vals[off + t], scale) : 0; if (m[t] > top) top = m[t]; }
+    var med = vals && scale === "diverging" ? rowMedian(vals, off, n) : 0;  // distance from the row's median
+    for (t = 0; t < n; t++) { m[t] = vals ? interest(vals[off + t] - med, scale) : 0; if (m[t] > top) top = m[t]; }
     if (top > 0) for (t = 0; t < n; t++) if (m[t] >= tau * top) keep[t] = 1;
     clips.forEach(function (c) { for (var t = 0; t < n; t++) if (interest(c[off + t], "categorical") > 0) keep[t] = 1; });
     if (gap) for (t = 0; t < n; t++) if (interest(gap[off + t], "diverging") > P.gap_keep) keep[t] = 1;
