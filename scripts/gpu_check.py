@@ -33,10 +33,10 @@ sys.path.insert(0, str(ROOT))
 # compile at T 4450 took 107 s, so it goes last and compiles one shape only
 STAGES: list[tuple[str, int]] = [
     ("versions", 35),
-    ("probe_noise", 50),
-    ("seed002_fp16_lora", 145),
+    ("probe_noise", 40),
+    ("seed002_fp16_lora", 160),
     ("seed000_full_step", 95),
-    ("mxfp4_lora_step", 95),
+    ("mxfp4_lora_step", 90),
     ("smoke_single", 40),
     ("gptoss_nograd", 140),
 ]
