@@ -291,11 +291,12 @@ def test_auto_no_grad_rows_are_sized_from_memory_where_eager_scores_dominate():
     peak fits 80% of what the static terms leave of the H100's 85.5 GB (the trainer's rule, from the memory free
     at run time). One row by hand (gpt-oss-20b, bf16, LoRA under ZeRO-3: residual stream bf16): the scores above,
     plus the stream in and out of a layer and one layer's intermediates, per token
-    2*2*2880 + [2*4*2880 + 2*(3*4096 + 3*512) + 8*2880 + 2*(4*(4*2880 + 2880) + 32)] = 11,520 + 188,992 B."""
+    2*2*2880 + [2*4*2880 + 2*(3*4096 + 3*512) + 8*2880 + 2*4*(2880 + 9*2880)] = 11,520 + 304,128 B (the MoE
+    block's no-grad peak: per routed pair the token's copy and 9 I-wide tensors, memory._moe_nograd_bytes_per_token)."""
     from rftlib.preflight.memory_check import memory_preflight
 
     T = 1024 + 4096
-    per_row = T * (3 * 64 * (T + 1) + 2 * T) * 2 + T * (11_520 + 188_992)
+    per_row = T * (3 * 64 * (T + 1) + 2 * T) * 2 + T * (11_520 + 304_128)
     e = memory_preflight(_a28b(attn_implementation="eager", logprob_batch_size=0))[0]
     phase = ("no-grad forward activations", "no-grad eager attention scores", "no-grad logits")
     train_phase = [t for t, _, _ in e.rows + e.aside if t not in phase and t in (

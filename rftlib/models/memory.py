@@ -45,7 +45,12 @@ What each term assumes (``estimate_train_memory``; every number is bytes per GPU
       rb * 4h + b * (3hq + 3hkv)     attention: norm in/out, q, k, v, roped q/k, attention output
       + 8h                           the fp32 upcast both RMSNorms keep
       + b * 4I                       dense SwiGLU MLP: gate, up, act(gate), act(gate)*up
-      | b * (k * (4I + h) + E)       MoE instead: k routed experts' SwiGLU + token copies, router logits
+      | b * (k * (2h + G I) + E)     MoE instead, per routed (token, expert) pair as transformers' experts
+                                     run it (grouped_mm, its default, or the per-expert loop: the same
+                                     tensors): the token's copy h, the gate/up output 2I (kept by the gate's
+                                     backward), the gate's saved tensors, the down projection's input I, its
+                                     output h (for the routing weight); G = 7 for gpt-oss's clamped gate
+                                     (clamped gate, sigmoid, up + 1, glu), 4 for SwiGLU; router logits E
       + b * heads * (T + 1)          only with eager attention: the softmax output saved for backward
                                      (gpt-oss: the sink logit is one more column)
 
@@ -161,6 +166,7 @@ class ModelShape:
     attention: str = "sdpa"  # what transformers runs by default: "sdpa", or "eager" (gpt-oss: no SDPA path)
     flex_attention: bool = False  # transformers has a flex-attention path for it (gpt-oss: _supports_flex_attn)
     attention_masks: int = 1  # distinct causal masks eager attention builds (gpt-oss: full + sliding window)
+    expert_gate: str = "swiglu"  # MoE gate: "swiglu" (act(gate) * up), or "gpt-oss" (clamped, sigmoid(alpha x), up + 1)
     source: str = ""  # where the numbers come from
 
     @property
@@ -230,11 +236,11 @@ MODELS: dict[str, ModelShape] = {
         # 20,914,757,184 total, 3.6B active; 32 experts, top-4; MXFP4 experts on disk
         ModelShape("gpt-oss-20b", 24, 2880, 64, 8, 64, 201088, 2880, n_experts=32, experts_per_tok=4,
                    attn_bias="qkvo", attn_sinks=True, expert_bias=True, attention="eager", attention_masks=2,
-                   flex_attention=True, checkpoint="mxfp4", source=f"openai/gpt-oss-20b {_HF}; totals match the model card (21B total, 3.6B active)"),
+                   flex_attention=True, checkpoint="mxfp4", expert_gate="gpt-oss", source=f"openai/gpt-oss-20b {_HF}; totals match the model card (21B total, 3.6B active)"),
         # 116,829,156,672 total, 5.1B active; 128 experts, top-4
         ModelShape("gpt-oss-120b", 36, 2880, 64, 8, 64, 201088, 2880, n_experts=128, experts_per_tok=4,
                    attn_bias="qkvo", attn_sinks=True, expert_bias=True, attention="eager", attention_masks=2,
-                   flex_attention=True, checkpoint="mxfp4", source=f"openai/gpt-oss-120b {_HF}; totals match the model card (117B total, 5.1B active)"),
+                   flex_attention=True, checkpoint="mxfp4", expert_gate="gpt-oss", source=f"openai/gpt-oss-120b {_HF}; totals match the model card (117B total, 5.1B active)"),
         # 134,515,008 params (the embedded default model)
         ModelShape("SmolLM2-135M", 30, 576, 9, 3, 64, 49152, 1536, tied_embeddings=True,
                    source=f"HuggingFaceTB/SmolLM2-135M {_HF}"),
@@ -350,14 +356,18 @@ class MemoryEstimate:
 
 
 def _activation_bytes_per_token_layer(m: ModelShape, b: float, seq_len: int, attention: str,
-                                      rb: float | None = None) -> float:
+                                      rb: float | None = None, nograd: bool = False) -> float:
     """Bytes autograd keeps per token per layer without checkpointing (see module doc); ``rb`` bytes per element
-    of the residual stream (the norms' inputs and outputs), ``b`` unless the stream is float32 (masters)."""
+    of the residual stream (the norms' inputs and outputs), ``b`` unless the stream is float32 (masters).
+    ``nograd``: a no-grad forward's layer instead, whose MoE block holds its own peak
+    (:func:`_moe_nograd_bytes_per_token`) rather than what a backward would need."""
     h, hq, hkv, i = m.hidden, m.hq, m.hkv, m.intermediate
     rb = b if rb is None else rb
     attn = rb * 4 * h + b * (3 * hq + 3 * hkv) + 8 * h  # + fp32 RMSNorm upcasts (two norms)
-    if m.is_moe:
-        mlp = b * (m.experts_per_tok * (4 * i + h) + m.n_experts)
+    if m.is_moe and nograd:
+        mlp = _moe_nograd_bytes_per_token(m, b)
+    elif m.is_moe:
+        mlp = b * (m.experts_per_tok * (2 * h + _gate_saved(m) * i) + m.n_experts)
     else:
         mlp = b * 4 * i
     if attention == "eager":
@@ -365,6 +375,27 @@ def _activation_bytes_per_token_layer(m: ModelShape, b: float, seq_len: int, att
     elif attention not in FUSED_ATTENTION:
         raise ValueError(f"attention must be 'eager' or one of {FUSED_ATTENTION}, got {attention!r}")
     return attn + mlp
+
+
+def _gate_saved(m: ModelShape) -> int:
+    """Widths of I that one routed (token, expert) pair keeps for backward (module doc): the gate/up output (2),
+    the gate's own saved tensors, and the down projection's input (1). gpt-oss's gate (GptOssExperts._apply_gate:
+    gate.clamp, up.clamp, gate * sigmoid(alpha gate), (up + 1) * glu) saves the clamped gate, the sigmoid, up + 1
+    and glu: 7; SwiGLU's (act(gate) * up) saves act(gate): 4."""
+    return 7 if m.expert_gate == "gpt-oss" else 4
+
+
+def _moe_nograd_bytes_per_token(m: ModelShape, b: float) -> float:
+    """The peak a no-grad MoE layer holds per token, inside transformers' grouped_mm experts forward
+    (transformers.integrations.moe.grouped_mm_experts_forward, the default experts implementation), per routed
+    pair: the token's copy h; the per-pair gathered gate/up bias 2I (gpt-oss: expert_bias) and the gate/up output
+    2I, both alive while the gate runs; the gate's live temporaries: gpt-oss 5I (clamped gate and up, the
+    sigmoid, glu, up + 1, their product, at most five at once), SwiGLU 2I (act(gate), the product). Measured on
+    an H200: gpt-oss-20b's attention dims, 2 layers, T 4450, one row, peaked at 1.07 GiB where the earlier
+    dense-SwiGLU term gave 0.83 (scripts/gpu_check.py gptoss_nograd); tests/test_preflight_memory.py measures
+    this term's live tensors on a CPU."""
+    widths = (2 if m.expert_bias else 0) + 2 + (5 if m.expert_gate == "gpt-oss" else 2)
+    return b * m.experts_per_tok * (m.hidden + widths * m.intermediate)
 
 
 FUSED_ATTENTION = ("sdpa", "flex")  # kernels that compute the scores in tiles and never hold (heads, T, T)
@@ -398,7 +429,7 @@ def nograd_row_bytes(m: ModelShape, seq_len: int, b: float, attention: str, rb: 
     backward, but those are alive at once in transformers' eager_attention_forward) plus the causal masks."""
     rb = b if rb is None else rb
     T = seq_len
-    row = T * (2 * rb * m.hidden + _activation_bytes_per_token_layer(m, b, T, "sdpa", rb))
+    row = T * (2 * rb * m.hidden + _activation_bytes_per_token_layer(m, b, T, "sdpa", rb, nograd=True))
     if attention == "eager":
         row += T * (NOGRAD_SCORE_COPIES * m.heads * (T + (1 if m.attn_sinks else 0)) + m.attention_masks * T) * b
     return row
@@ -732,7 +763,7 @@ def shape_from_hf_config(c, name: str = "loaded") -> ModelShape:
                       experts_per_tok=getattr(c, "num_experts_per_tok", 1) or 1,
                       attn_bias="qkvo" if getattr(c, "attention_bias", False) else ("qkv" if c.model_type == "qwen2"
                                                                                   else "none"),
-                      attn_sinks=gpt_oss, expert_bias=gpt_oss,
+                      attn_sinks=gpt_oss, expert_bias=gpt_oss, expert_gate="gpt-oss" if gpt_oss else "swiglu",
                       attention=estimator_attention(getattr(c, "_attn_implementation", None) or "sdpa"),
                       flex_attention=gpt_oss,
                       attention_masks=len(set(getattr(c, "layer_types", None) or ["full"])),
