@@ -77,3 +77,31 @@ def test_moe_nograd_peak_is_counted_by_the_preflight():
     # the earlier term (a dense SwiGLU per routed pair: k (4I + h) + E) under-counts what ran
     old = est - T * (moe / T - b * (4 * (4 * 512 + 64) + 8))
     assert live.peak > old
+
+
+def test_moe_saved_activations_are_counted_by_the_estimate():
+    """With grad, the bytes alive after a one-layer forward are what autograd saved for backward: the estimator's
+    per-token-per-layer activations (module doc: per routed pair 2h + 7I for gpt-oss's gate) plus at most four
+    (T, h) tensors outside the layer (its input from the embedding, the final norm's float32 upcast and output).
+    The earlier MoE term (k (4I + h) + E) under-counts it."""
+    from rftlib.models.memory import _activation_bytes_per_token_layer, shape_from_hf_config
+
+    torch.set_num_threads(1)
+    T, b, h, I, k, E = 256, 4, 64, 512, 4, 8
+    model = _gpt_oss(hidden_size=h, intermediate_size=I, num_attention_heads=2, num_key_value_heads=1,
+                     head_dim=32, num_local_experts=E, num_experts_per_tok=k, sliding_window=16).train()
+    ids = torch.randint(0, 64, (1, T))
+    mask = torch.ones_like(ids)
+    skip = {p.untyped_storage().data_ptr() for p in model.parameters()} | {
+        x.untyped_storage().data_ptr() for x in (ids, mask)} | {
+        bf.untyped_storage().data_ptr() for bf in model.buffers()}
+    model.model(input_ids=ids, attention_mask=mask, use_cache=False)  # warm-up: lazily built buffers
+    with LiveBytes(skip) as live:
+        out = model.model(input_ids=ids, attention_mask=mask, use_cache=False).last_hidden_state
+    saved = live.now
+    per_layer = T * _activation_bytes_per_token_layer(shape_from_hf_config(model.config, "gpt-oss-toy"), b, T, "eager")
+    outside = 4 * T * h * b
+    assert per_layer <= saved <= per_layer + outside, (saved, per_layer)
+    old = per_layer - T * b * k * ((2 * h + 7 * I) - (4 * I + h))
+    assert saved > old + outside
+    del out
