@@ -85,8 +85,9 @@ def test_auto_no_grad_rows_fit_the_free_memory_where_eager_scores_dominate(tiny_
 
     One row of T tokens by hand (the test model: 2 layers, h 64, 4 heads and 2 kv heads of 16, experts of 64,
     2 of 4 per token, sinks, a sliding and a full mask; float32 without autocast, b = 4): the stream in and
-    out of a layer 2*4*64 plus one layer's intermediates 4*4*64 + 4*(3*64 + 3*32) + 8*64 + 4*(2*(4*64 + 64)
-    + 4) = 5,264 B per token, and 3 score tensors (4, T, T + 1) + 2 masks (T, T) of 4 B."""
+    out of a layer 2*4*64 plus one layer's intermediates 4*4*64 + 4*(3*64 + 3*32) + 8*64 + 4*2*(64 + 9*64)
+    = 7,808 B per token (the MoE block's no-grad peak: per routed pair the token's copy and 9 I-wide tensors,
+    rftlib.models.memory._moe_nograd_bytes_per_token), and 3 score tensors (4, T, T + 1) + 2 masks (T, T) of 4 B."""
     from rftlib.models.gptoss import gptoss_mxfp4_dir
     from rftlib.models.loading import causal_lm
 
@@ -100,7 +101,7 @@ def test_auto_no_grad_rows_fit_the_free_memory_where_eager_scores_dominate(tiny_
         lm = causal_lm(tr.model)
         assert (lm.config._attn_implementation == "eager") == eager
         T = ro.prompt_ids.shape[1] + ro.completion_ids.shape[1]  # the widest a forward of these rows gets
-        per_row = T * (2 * 4 * 64 + 5_264) + T * (3 * 4 * (T + 1) + 2 * T) * 4
+        per_row = T * (2 * 4 * 64 + 7_808) + T * (3 * 4 * (T + 1) + 2 * T) * 4
         logits = min(8 * T, tr.logprob_chunk_size) * tr.vocab_size * 8  # one chunk's fp32 logits + log-softmax
         monkeypatch.setattr(update_parts, "free_bytes", lambda device: int((3.5 * per_row + logits) / 0.8))
         calls = []  # rows of each forward
