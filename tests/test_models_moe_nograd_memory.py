@@ -41,6 +41,16 @@ class LiveBytes(TorchDispatchMode):
         return out
 
 
+@pytest.fixture(autouse=True)
+def one_thread():
+    """One intra-op thread for these measurements, and the session's count back after: a thread count left
+    changed makes later tests' records differ from their replays (the replay checks the recorded threads)."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 def _gpt_oss(**dims):
     from transformers import AutoModelForCausalLM, GptOssConfig
 
@@ -53,7 +63,6 @@ def _gpt_oss(**dims):
 def test_moe_nograd_peak_is_counted_by_the_preflight():
     from rftlib.models.memory import nograd_row_bytes, shape_from_hf_config
 
-    torch.set_num_threads(1)
     T, b = 256, 4  # float32 on the CPU
     model = _gpt_oss(hidden_size=64, intermediate_size=512, num_attention_heads=2, num_key_value_heads=1,
                      head_dim=32, num_local_experts=8, num_experts_per_tok=4, sliding_window=16)
@@ -86,7 +95,6 @@ def test_moe_saved_activations_are_counted_by_the_estimate():
     The earlier MoE term (k (4I + h) + E) under-counts it."""
     from rftlib.models.memory import _activation_bytes_per_token_layer, shape_from_hf_config
 
-    torch.set_num_threads(1)
     T, b, h, I, k, E = 256, 4, 64, 512, 4, 8
     model = _gpt_oss(hidden_size=h, intermediate_size=I, num_attention_heads=2, num_key_value_heads=1,
                      head_dim=32, num_local_experts=E, num_experts_per_tok=k, sliding_window=16).train()
