@@ -51,6 +51,11 @@ def one_thread():
     torch.set_num_threads(n)
 
 
+def _existing(model, *inputs) -> set[int]:
+    """The storages that exist before the forward: weights, buffers, inputs (not counted as its allocations)."""
+    return {t.untyped_storage().data_ptr() for t in (*model.parameters(), *model.buffers(), *inputs)}
+
+
 def _gpt_oss(**dims):
     from transformers import AutoModelForCausalLM, GptOssConfig
 
@@ -69,9 +74,7 @@ def test_moe_nograd_peak_is_counted_by_the_preflight():
     assert model.config._experts_implementation == "grouped_mm"  # transformers' default: what runs on a GPU too
     ids = torch.randint(0, 64, (1, T))
     mask = torch.ones_like(ids)
-    skip = {p.untyped_storage().data_ptr() for p in model.parameters()} | {
-        x.untyped_storage().data_ptr() for x in (ids, mask)} | {
-        bf.untyped_storage().data_ptr() for bf in model.buffers()}
+    skip = _existing(model, ids, mask)
     with torch.no_grad():
         model.model(input_ids=ids, attention_mask=mask, use_cache=False)  # warm-up: lazily built buffers
         with LiveBytes(skip) as live:
@@ -100,9 +103,7 @@ def test_moe_saved_activations_are_counted_by_the_estimate():
                      head_dim=32, num_local_experts=E, num_experts_per_tok=k, sliding_window=16).train()
     ids = torch.randint(0, 64, (1, T))
     mask = torch.ones_like(ids)
-    skip = {p.untyped_storage().data_ptr() for p in model.parameters()} | {
-        x.untyped_storage().data_ptr() for x in (ids, mask)} | {
-        bf.untyped_storage().data_ptr() for bf in model.buffers()}
+    skip = _existing(model, ids, mask)
     model.model(input_ids=ids, attention_mask=mask, use_cache=False)  # warm-up: lazily built buffers
     with LiveBytes(skip) as live:
         out = model.model(input_ids=ids, attention_mask=mask, use_cache=False).last_hidden_state

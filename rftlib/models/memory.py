@@ -392,7 +392,7 @@ def _moe_nograd_bytes_per_token(m: ModelShape, b: float) -> float:
     2I, both alive while the gate runs; the gate's live temporaries: gpt-oss 5I (clamped gate and up, the
     sigmoid, glu, up + 1, their product, at most five at once), SwiGLU 2I (act(gate), the product). Measured on
     an H200: gpt-oss-20b's attention dims, 2 layers, T 4450, one row, peaked at 1.07 GiB where the earlier
-    dense-SwiGLU term gave 0.83 (scripts/gpu_check.py gptoss_nograd); tests/test_preflight_memory.py measures
+    dense-SwiGLU term gave 0.83 (scripts/gpu_check.py gptoss_nograd); tests/test_models_moe_nograd_memory.py measures
     this term's live tensors on a CPU."""
     widths = (2 if m.expert_bias else 0) + 2 + (5 if m.expert_gate == "gpt-oss" else 2)
     return b * m.experts_per_tok * (m.hidden + widths * m.intermediate)

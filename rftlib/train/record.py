@@ -103,9 +103,10 @@ class Recorder:
         self.on_spike = bool(cfg.record_on_spike) and self.schedule != "off"
         params = trainer.backend.params
         # the whole (unpartitioned: ZeRO-3 keeps ds_numel) trainable state, the same figure on every rank
-        self.state_bytes = sum(getattr(p, "ds_numel", p.numel()) * p.element_size() for p in params)
+        numel = [getattr(p, "ds_numel", p.numel()) for p in params]
+        self.state_bytes = sum(n * p.element_size() for n, p in zip(numel, params))
         if trainer.opt_steps_per_rollout > 1:  # a scheduled record then holds AdamW's two float32 moments too
-            self.state_bytes += sum(getattr(p, "ds_numel", p.numel()) * 8 for p in params)
+            self.state_bytes += 8 * sum(numel)
         self.small = not trainer.backend.partitions_params and self.state_bytes <= SNAPSHOT_MAX_BYTES
         # a start state over the cap would make every scheduled record too large to keep (seed 000's 1.5B full
         # fine-tune on an H200: 6.2 GB copied off the GPU and written at each eval step, then dropped): such
