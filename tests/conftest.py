@@ -4,6 +4,20 @@ import pytest
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+
+def _one_thread_per_xdist_worker() -> None:
+    """Under pytest-xdist (make test runs ``-n 2``), each worker's torch/OpenMP pool is one thread, set before
+    anything imports torch (its tests, their ranks, engines, papermill kernels and sandboxes inherit it). Two
+    pools that each think they own the 2 cores spin against each other and run 5-10x slower; two pools of one
+    thread do not. No core affinity: a worker's multi-process test (2 ranks, 2 engines, a detached launch) keeps
+    both cores to spread over, and rftlib sizes each rank's pool from the cores it sees
+    (``train.dist.cpu_threads_per_rank``: 2 cores // 2 ranks = 1 thread a rank)."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # "gw0", "gw1", ... (unset without xdist)
+        os.environ["OMP_NUM_THREADS"] = "1"
+
+
+_one_thread_per_xdist_worker()
+
 # Modules whose tests compare floats computed by CPU kernels (gradients, logprobs, losses through the
 # model, engine vs trainer): marked `numeric`, which scripts/test_forced_isa.sh runs with other kernels.
 # Test files are named test_<package>_<topic>.py after the rftlib package they test. Prefixes, so a new
@@ -15,9 +29,52 @@ NUMERIC_MODULES = ("test_algo_", "test_rollout_hf", "test_rollout_vllm_", "test_
                    "test_train_zero3_gather")
 
 
+# The budget, printed at the end of every run (issue 41): CI has 90 minutes for set-up, the suite and the
+# forced-ISA pass, so every change to the suite's cost shows in CI's log as the total time of each test file
+# (setup + call + teardown of its tests, summed; under xdist the workers' reports reach the controller, so the
+# sums are worker-seconds, not wall time). pytest's own --durations lists the slowest tests (make test: 25).
+_FILE_SECONDS: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report):
+    path = report.nodeid.split("::", 1)[0]
+    _FILE_SECONDS[path] = _FILE_SECONDS.get(path, 0.0) + report.duration
+
+
+def pytest_terminal_summary(terminalreporter):
+    if not _FILE_SECONDS:
+        return
+    rows = sorted(_FILE_SECONDS.items(), key=lambda kv: -kv[1])
+    total = sum(s for _, s in rows)
+    terminalreporter.write_sep("=", f"seconds per test file ({len(rows)} files, {total:.0f} s in all)")
+    for path, s in rows:
+        terminalreporter.write_line(f"{s:8.1f} s  {100 * s / total:5.1f}%  {path}")
+
+
+# The longest tests first (seconds measured on 8f651ca, 2-core AMD EPYC, in CI's single-process run), so that under
+# xdist no worker starts a 5-minute test while the other has nothing left: the suite's wall time is at least its
+# longest test, and that test must run beside the rest, not after it. Files not listed keep collection order after.
+LONGEST_FIRST = ("test_launch_rehearsal.py", "test_train_distributed.py", "test_env_resolution.py",
+                 "test_launch_detached.py", "test_eval_precision.py", "test_validate_criteria.py",
+                 "test_report_presets.py", "test_scripts_gpu_check.py", "test_cli_advice.py", "test_smoke.py",
+                 "test_attempts_lock.py", "test_notebooks_reports.py", "test_launch_where.py",
+                 "test_models_gptoss.py", "test_train_flat_steps.py", "test_train_pipeline.py",
+                 "test_rollout_vllm_engine.py", "test_train_replay_distributed.py", "test_rollout_vllm_sync.py")
+
+# The inner loop's tier (make test-fast): pure and light modules, a subset of make test that needs no rank, engine,
+# kernel or trained attempt. Prefixes, as NUMERIC_MODULES.
+FAST_MODULES = ("test_algo_", "test_config", "test_data_", "test_rewards_", "test_report_units", "test_preflight_",
+                "test_monitor_health", "test_evalmath", "test_eval_modes", "test_launch_plan", "test_cli_light",
+                "test_docs_references")
+
+
 def pytest_collection_modifyitems(items):
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda it: rank.get(it.path.name, len(rank)))  # stable: collection order within a rank
     for item in items:
-        if item.path.name.startswith(NUMERIC_MODULES):
+        if item.path.name.startswith(FAST_MODULES):
+            item.add_marker(pytest.mark.fast)
+        if item.path.name.startswith(NUMERIC_MODULES) and not item.get_closest_marker("plumbing"):
             item.add_marker(pytest.mark.numeric)
 
 

