@@ -29,7 +29,7 @@ from pathlib import Path
 LAYERS: list[list[str]] = [
     ["algo", "settings"],                       # pure maths (losses, advantages, KL, logprobs, LR schedule, registries); the settings sections
     ["evalmath", "models", "rewards"],           # model loading + the policy forward; reward functions + REWARDS
-    ["data", "rollout", "monitor", "backends"],  # tasks; engines + ENGINES; metrics/health/trackers; BACKENDS
+    ["data", "envs", "rollout", "monitor", "backends"],  # tasks; ENVS; engines + ENGINES; metrics/health/trackers; BACKENDS
     ["config", "attempts", "eval"],              # the RunConfig (checks names against the registries); run dirs; eval
     ["train"],                                  # the builder and the loop
     ["preflight", "eval_checkpoints"],           # LR / memory preflight; every checkpoint of an attempt evaluated
