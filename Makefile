@@ -10,18 +10,18 @@ setup:
 demo: setup
 	$(PY) -m rftlib.cli demo
 
-# The whole suite on both cores (pytest-xdist; tests/conftest.py pins each worker to its own core and thread), its
+# The whole suite on both cores (pytest-xdist, whole files longest first; tests/conftest.py: one thread a worker), its
 # 25 slowest tests and the seconds of every test file at the end (CI's budget: 90 minutes for all of .ci/run),
 # then the numeric tests again with the CPU kernels forced to another ISA (scripts/test_forced_isa.sh):
 # tolerances must hold for any x86 CPU's summation order, not only this one's
 test: setup
-	$(PY) -m pytest -q -n 2 --dist worksteal --durations=25 tests
+	$(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder --durations=25 tests
 	bash scripts/test_forced_isa.sh
 
 # The inner loop (a subset of `make test`, never a replacement): the pure and light modules (algo, config,
 # data, rewards, units), under 5 minutes on 2 cores. tests/conftest.py says which files (FAST_MODULES).
 test-fast: setup
-	$(PY) -m pytest -q -n 2 --dist worksteal --durations=10 -m fast tests
+	$(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder --durations=10 -m fast tests
 
 # Benchmarks print ratios against a peer measured in the same run (these machines are shared).
 bench: setup

@@ -51,9 +51,11 @@ def pytest_terminal_summary(terminalreporter):
         terminalreporter.write_line(f"{s:8.1f} s  {100 * s / total:5.1f}%  {path}")
 
 
-# The longest tests first (seconds measured on 8f651ca, 2-core AMD EPYC, in CI's single-process run), so that under
-# xdist no worker starts a 5-minute test while the other has nothing left: the suite's wall time is at least its
-# longest test, and that test must run beside the rest, not after it. Files not listed keep collection order after.
+# The longest files first (seconds measured on 8f651ca, 2-core AMD EPYC, in CI's single-process run: rehearsal
+# 456, train_distributed 652, env_resolution 137, launch_detached 155, ...). make test hands xdist whole files in
+# this order (--dist loadfile --no-loadscope-reorder: a module's fixtures are built once, on one worker), so no
+# worker starts a 5-minute file while the other has nothing left: the wall time is at least the longest file's,
+# and that file must run beside the rest, not after it. Files not listed keep collection order after them.
 LONGEST_FIRST = ("test_launch_rehearsal.py", "test_train_distributed.py", "test_env_resolution.py",
                  "test_launch_detached.py", "test_eval_precision.py", "test_validate_criteria.py",
                  "test_report_presets.py", "test_scripts_gpu_check.py", "test_cli_advice.py", "test_smoke.py",
@@ -65,7 +67,7 @@ LONGEST_FIRST = ("test_launch_rehearsal.py", "test_train_distributed.py", "test_
 # kernel or trained attempt. Prefixes, as NUMERIC_MODULES.
 FAST_MODULES = ("test_algo_", "test_config", "test_data_", "test_rewards_", "test_report_units", "test_preflight_",
                 "test_monitor_health", "test_evalmath", "test_eval_modes", "test_launch_plan", "test_cli_light",
-                "test_docs_references")
+                "test_docs_references", "test_envs_")
 
 
 def pytest_collection_modifyitems(items):
