@@ -133,14 +133,18 @@ def init_dist(cfg) -> Dist:
     if device.type == "cpu" and (cfg.torch_threads or local_world > 1):
         torch.set_num_threads(threads)
     needs_group = world > 1 or backend.needs_group_alone
+    if needs_group and world == 1:
+        # a one-rank group on a free port, without torchrun. Set even when a group is already up: a process that
+        # ran a one-rank DeepSpeed attempt before (a notebook kernel's second attempt, a test worker) keeps its
+        # group, but its environment may have lost these (without_group_env), and ZeRO-3's partitioned loading
+        # (deepspeed.zero.Init) reads LOCAL_RANK from it: KeyError 'LOCAL_RANK' in an xdist worker of the suite
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", str(_free_port()))
+        os.environ.setdefault("RANK", "0")
+        os.environ.setdefault("WORLD_SIZE", "1")
+        os.environ.setdefault("LOCAL_RANK", "0")
     if needs_group and not tdist.is_initialized():
         pg_backend = "nccl" if device.type == "cuda" else "gloo"
-        if world == 1:  # a one-rank group on a free port, without torchrun
-            os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-            os.environ.setdefault("MASTER_PORT", str(_free_port()))
-            os.environ.setdefault("RANK", "0")
-            os.environ.setdefault("WORLD_SIZE", "1")
-            os.environ.setdefault("LOCAL_RANK", "0")
         backend.join_group(pg_backend, device)
     return Dist(rank=rank, world_size=world, local_rank=local_rank, local_world_size=local_world, device=device)
 
