@@ -140,8 +140,8 @@ class Trainer:
             if D.is_main:
                 print(f"[rft] engine synced at step {self.step_num}{' (resumed)' if resume else ''}: probe gap "
                       f"{sync.details['probe_max_diff']:.3g} <= {sync.details['probe_threshold']:.3g} (4 x this "
-                      f"precision's own noise {sync.details['probe_noise']:.3g}, at least vllm_sync_probe_tol)",
-                      flush=True)
+                      f"precision's noise on the probe, measured {sync.details['probe_noise']:.3g} now, a high quantile "
+                      "of the recent syncs' measurements; at least vllm_sync_probe_tol)", flush=True)
         # where each step's batch comes from: the rollout on this thread (max_staleness 0), or a producer thread
         # generating up to k batches ahead (rftlib.train.pipeline); the engine holds the version it starts with
         self.source = make_source(cfg.max_staleness, produce_inline=self.rollout, draw=self.sampler.next,
