@@ -90,8 +90,11 @@ class Trainer:
         self.around: list[Around] = list(around or [])  # around(phase): a context manager around each phase
         try:
             self._setup(resume)
-        except BaseException:  # a kernel that lives on (a notebook) must not keep the attempt locked
-            self._unlock()
+        except BaseException as e:  # a refused first sync or resume: stop the engines started for it (their
+            try:  # processes, GPUs) and release the lock (a kernel that lives on, a notebook, must not keep it)
+                self.close(e)
+            except Exception as failed:  # noqa: BLE001 -- the start's error is the one to raise
+                warnings.warn(f"closing the trainer after its start failed also failed: {failed!r}")
             raise
 
     def _setup(self, resume: bool) -> None:
