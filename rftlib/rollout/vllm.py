@@ -32,7 +32,7 @@ import random
 import shutil
 import threading
 import time
-from collections import Counter
+from collections import Counter, deque
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -45,8 +45,8 @@ from rftlib.models.precision import precision_name
 from rftlib.rollout.assemble import assemble_rollout, encode_prompts
 from rftlib.rollout.base import Rollout, stop_token_ids
 from rftlib.rollout.kinds import EngineInputs
-from rftlib.rollout.sync_probe import (CANARY_MIN_SHIFT, PROBE_PROMPTS, PROBE_SEED, PROBE_TOKENS, SyncProbeError,
-                                       canary_state, check_sync, first_token_shift)
+from rftlib.rollout.sync_probe import (CANARY_MIN_SHIFT, NOISE_WINDOW, PROBE_PROMPTS, PROBE_SEED, PROBE_TOKENS,
+                                       SyncProbeError, canary_state, check_sync, first_token_shift)
 from rftlib.settings import EngineSettings
 
 LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vLLM's allowed max_lora_rank values
@@ -290,6 +290,8 @@ class _VLLMBase:
         self.rng = random.Random(settings.seed)  # the per-call base seeds
         self.probing = False  # True while the sync probe samples (colocate: no sleep after it)
         self.probe_baseline: float | None = None  # the gap right after the first sync, for the log
+        # the sync probe's recent noise measurements (sync_probe.noise_level; a checkpoint saves them)
+        self.probe_noises: deque[float] = deque(maxlen=NOISE_WINDOW)
         # adapters by name (module docstring); every field below is read and written under _lock
         self._lock = threading.Lock()
         self._adapter = BASE_ADAPTER  # the newest published name
@@ -498,12 +500,10 @@ class _VLLMBase:
         seconds = time.time() - t
         self.probing = True
         try:
-            probe = check_sync(self, model, self.s.probe_tol, amp=self.probe_dtype,
-                               noise_seen=getattr(self, "probe_noise_seen", 0.0))
+            probe = check_sync(self, model, self.s.probe_tol, amp=self.probe_dtype, recent_noise=list(self.probe_noises))
         finally:
             self.probing = False
-        # the largest noise measured so far (check_sync: why)
-        self.probe_noise_seen = max(getattr(self, "probe_noise_seen", 0.0), probe["noise"])
+        self.probe_noises.append(probe["noise"])  # the window the next syncs' thresholds read (noise_level: why)
         if self.probe_baseline is None:
             self.probe_baseline = probe["max_diff"]
         return {"seconds": seconds, "bytes": nbytes, "probe_max_diff": probe["max_diff"],

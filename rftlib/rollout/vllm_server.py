@@ -10,7 +10,8 @@ runtime (``/v1/load_lora_adapter``, VLLM_ALLOW_RUNTIME_LORA_UPDATING). Full weig
 disk if it cannot start; ``rpc`` (a CPU's default) in memory through the dev-mode ``/collective_rpc``
 (VLLM_SERVER_DEV_MODE), chunk by chunk into rftlib's worker extension, one in-place reload at the end; ``disk``
 saves a directory and reloads it (every step writes the whole model: 42 GB for gpt-oss-20b).
-A dead engine is an ``EngineDiedError`` quoting its log, never a hang.
+A dead engine is an ``EngineDiedError`` quoting its log, never a hang. Each engine this process starts has a
+watchdog (rftlib.rollout.engine_watchdog) that stops it if this process dies without closing it (a kill -9).
 """
 
 from __future__ import annotations
@@ -197,6 +198,26 @@ def server_env(s: VLLMSettings, k: int, environ: Mapping[str, str] | None = None
     return env
 
 
+STOP_GRACE_S = 20.0  # seconds a stopped engine has to exit on SIGTERM before SIGKILL
+WATCHDOG = Path(__file__).with_name("engine_watchdog.py")
+
+
+def start_watchdog(pgid: int) -> subprocess.Popen:
+    """The engine's watchdog (rftlib.rollout.engine_watchdog): stops process group ``pgid`` once this process dies
+    without stopping it (a kill -9). Run by path in a session of its own, its output discarded."""
+    return subprocess.Popen([sys.executable, str(WATCHDOG), str(os.getpid()), str(pgid), str(STOP_GRACE_S)],
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+
+
+def stop_watchdog(proc: subprocess.Popen | None) -> None:
+    """End a watchdog whose engine this process stopped itself (and reap it)."""
+    if proc is None or proc.poll() is not None:
+        return
+    proc.kill()
+    proc.wait()
+
+
 class _Server:
     def __init__(self, k: int, s: VLLMSettings, log_dir: Path):
         self.k = k
@@ -211,6 +232,11 @@ class _Server:
             # a session of its own, so close() can stop the server and the engine core it spawns
             self.proc = subprocess.Popen(self.cmd, stdout=f, stderr=subprocess.STDOUT,
                                          env={**os.environ, **server_env(s, k)}, start_new_session=True)
+        try:  # stops the engine if this process dies without stopping it (kill -9): rftlib.rollout.engine_watchdog
+            self.watchdog = start_watchdog(self.proc.pid)
+        except BaseException:
+            self.stop()
+            raise
 
     def died(self, what: str) -> EngineDiedError:
         code = self.proc.poll()
@@ -256,17 +282,20 @@ class _Server:
         except json.JSONDecodeError:  # some routes answer plain text ("Success: LoRA adapter ... loaded")
             return {"text": text}
 
-    def stop(self, grace: float = 20.0) -> None:
-        if self.proc.poll() is not None:
-            return
+    def stop(self, grace: float = STOP_GRACE_S) -> None:
         try:
-            os.killpg(self.proc.pid, signal.SIGTERM)  # the group this server leads (start_new_session)
-            self.proc.wait(grace)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
-        except ProcessLookupError:
-            pass
+            if self.proc.poll() is not None:
+                return
+            try:
+                os.killpg(self.proc.pid, signal.SIGTERM)  # the group this server leads (start_new_session)
+                self.proc.wait(grace)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+            except ProcessLookupError:
+                pass
+        finally:
+            stop_watchdog(getattr(self, "watchdog", None))
 
 
 class _RemoteServer(_Server):

@@ -275,6 +275,7 @@ def build(cfg: RunConfig, run_dir: str | Path | None = None, *, dist: Dist | Non
         run_dir = D.broadcast_object(str(create_attempt(cfg)) if D.is_main else None)
     run_dir = Path(run_dir)
     lock = lock_run_dir(run_dir, D)
+    made = None  # the engine built here: stopped if a later part fails (its server processes hold cores or GPUs)
     try:
         task = task or build_task(cfg)
         check_sft_ancestry(cfg, task, say=D.is_main)
@@ -285,7 +286,9 @@ def build(cfg: RunConfig, run_dir: str | Path | None = None, *, dist: Dist | Non
         reference = Reference(model, needed=cfg.needs_reference)
         backend = make_backend(backend_inputs(cfg), D, model, total_opt_steps=cfg.total_optimizer_steps,
                                warmup_steps=cfg.warmup_steps)
-        engine = engine or make_engine(engine_inputs(cfg), model, tok, run_dir, sync=False, backend=backend)
+        made = None if engine is not None else make_engine(engine_inputs(cfg), model, tok, run_dir, sync=False,
+                                                           backend=backend)
+        engine = engine or made
         check_full_weight_sync(backend, engine, model)
         if cfg.prompt_max_len:
             fit_prompts(task, tok, cfg.prompt_max_len, say=D.is_main)
@@ -294,8 +297,12 @@ def build(cfg: RunConfig, run_dir: str | Path | None = None, *, dist: Dist | Non
             torch.manual_seed(cfg.seed + 1_000_003 * D.rank)
         logger = MetricsLogger(run_dir) if D.is_main else None
     except BaseException:  # a kernel that lives on (a notebook) must not keep the attempt locked
-        if lock is not None:
-            lock.close()
+        try:
+            if made is not None:
+                made.close()
+        finally:
+            if lock is not None:
+                lock.close()
         raise
     return Parts(cfg=cfg, dist=D, run_dir=run_dir, lock=lock, task=task, reward=reward, model=model, tok=tok,
                  reference=reference, backend=backend, engine=engine, sampler=sampler, logger=logger,
