@@ -11,7 +11,8 @@ interval, seconds since the attempt started (a resumed attempt continues after t
 Trainer phases: ``rollout`` (k = 0: the rollout on the trainer's thread), ``wait`` (k > 0: blocked on a batch),
 ``advantages``, ``update``, ``sync``, ``eval``, ``save``. On engine and producer lines ``step`` is the batch's
 number, i.e. the step that trains it. The trainer writes it on rank 0 (rftlib.train.loop); rftlib.report.plots
-``timeline`` draws it. Torch-free.
+``timeline`` draws it. On CUDA a trainer phase ends when its kernels have run (rftlib.train.phases.settle
+synchronizes the device), not when Python returned from launching them. Torch-free.
 """
 
 from __future__ import annotations
