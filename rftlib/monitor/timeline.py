@@ -19,7 +19,9 @@ rftlib.report.plots ``timeline`` draws it. Torch-free.
 
 Who is busy: the trainer with its own work (:data:`BUSY_TRAINER`); the rollout side with generating a batch
 (``generate``) or scoring one (``reward``): a batch is ready only when both are done. An eval is neither side's
-step work (the trainer waits while the engines generate it): :func:`shares` takes its windows out.
+step work (the trainer waits while the engines generate it): :func:`shares` takes its windows out. On CUDA a
+trainer phase ends when its kernels have run (rftlib.train.phases.settle synchronizes the device), not when Python
+returned from launching them.
 """
 
 from __future__ import annotations

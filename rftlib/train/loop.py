@@ -641,7 +641,9 @@ class Trainer:
         return row
 
     # ---- the policy's logprobs over some rows -----------------------------------------------------------
-    @phase("forward")
+    # one per micro-batch inside the update: a synchronize each would stall CUDA's launch queue between forward
+    # and backward, and no timeline interval is drawn from it (on CUDA its seconds are the launch's)
+    @phase("forward", synchronize=False)
     def forward(self, rows: dict[str, torch.Tensor], *, with_entropy: bool, entropy_grad: bool = False,
                 module=None) -> Forward:
         """(n, T') logprobs and entropies of ``rows`` (a rollout's rows, trimmed: rftlib.train.update_parts.rows_of)
