@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 from rftlib.attempts import (SFT_ROWS, AttemptLockedError, attempt_holding, create_attempt, lock_attempt, project_root,
-                             read_attempt)
+                             read_attempt, run_dir_path)
 from rftlib.config import ConfigError, RunConfig
 from rftlib.data.base import Sampler, Task, build_task as build_registered_task, held_out_leaks
 from rftlib.data.jsonl import read_jsonl
@@ -120,6 +120,15 @@ def lock_run_dir(run_dir: Path, dist: Dist):
 def build_task(cfg: RunConfig) -> Task:
     """The task RunConfig.task names, with its builder's task_args."""
     return build_registered_task(cfg.task, eval_size=cfg.eval_size, **cfg.task_args)
+
+
+def resolve_init_adapter(cfg: RunConfig) -> RunConfig:
+    """``init_adapter`` as an absolute path, resolved once where the attempt starts (rftlib.attempts.run_dir_path:
+    from the working directory when it is there, else from the project root), so config.yaml names the adapter
+    it loaded: a resume, a replay or a notebook kernel in another working directory loads the same one."""
+    if not cfg.init_adapter:
+        return cfg
+    return dataclasses.replace(cfg, init_adapter=str(run_dir_path(cfg.init_adapter)))
 
 
 def check_init_adapter(cfg: RunConfig, *, say: bool) -> None:
@@ -267,7 +276,7 @@ def build(cfg: RunConfig, run_dir: str | Path | None = None, *, dist: Dist | Non
     if problems:
         raise ConfigError("this machine cannot run the config's backend: " + "; ".join(problems))
     D = dist or init_dist(cfg)
-    cfg = dataclasses.replace(cfg, dtype=resolve_dtype(cfg.dtype, D.device))
+    cfg = resolve_init_adapter(dataclasses.replace(cfg, dtype=resolve_dtype(cfg.dtype, D.device)))
     check_world(cfg, D.world_size)
     check_init_adapter(cfg, say=D.is_main)
     seed_everything(cfg.seed)
