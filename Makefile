@@ -1,5 +1,5 @@
 # The two commands README gives. Each does its own set-up (scripts/setup.sh is idempotent).
-.PHONY: setup demo test test-fast bench clean-runs
+.PHONY: setup demo test test-fast test-parallel bench clean-runs
 PY := .venv/bin/python
 
 setup:
@@ -10,13 +10,17 @@ setup:
 demo: setup
 	$(PY) -m rftlib.cli demo
 
-# The whole suite on both cores (pytest-xdist, whole files longest first; tests/conftest.py: one thread a worker), its
-# 25 slowest tests and the seconds of every test file at the end (CI's budget: 90 minutes for all of .ci/run),
-# then the numeric tests again with the CPU kernels forced to another ISA (scripts/test_forced_isa.sh):
+# The whole suite, its 25 slowest tests and the seconds of every test file at the end (CI's budget: 90 minutes for
+# all of .ci/run), then the numeric tests again with the CPU kernels forced to another ISA (scripts/test_forced_isa.sh):
 # tolerances must hold for any x86 CPU's summation order, not only this one's
 test: setup
-	$(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder --durations=25 tests
+	$(PY) -m pytest -q --durations=25 tests
 	bash scripts/test_forced_isa.sh
+
+# The same suite on both cores (pytest-xdist: whole files, longest first; tests/conftest.py gives each worker one
+# thread). Not yet CI's command: its first whole run on this tree is still to be seen green (issue 41).
+test-parallel: setup
+	$(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder --durations=25 tests
 
 # The inner loop (a subset of `make test`, never a replacement): the pure and light modules (algo, config,
 # data, rewards, units), under 5 minutes on 2 cores. tests/conftest.py says which files (FAST_MODULES).
