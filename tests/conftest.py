@@ -7,8 +7,8 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 def _one_thread_per_xdist_worker() -> None:
     """Under pytest-xdist (make test-parallel and test-fast run ``-n 2``), each worker's torch/OpenMP pool is one
-    thread, set before anything imports torch (its tests, their ranks, engines, papermill kernels and sandboxes inherit it). Two
-    pools that each think they own the 2 cores spin against each other and run 5-10x slower; two pools of one
+    thread, set before anything imports torch (its tests, their ranks, engines, papermill kernels and sandboxes
+    inherit it). Two pools that each think they own the 2 cores spin against each other and run 5-10x slower; two pools of one
     thread do not. No core affinity: a worker's multi-process test (2 ranks, 2 engines, a detached launch) keeps
     both cores to spread over, and rftlib sizes each rank's pool from the cores it sees
     (``train.dist.cpu_threads_per_rank``: 2 cores // 2 ranks = 1 thread a rank)."""
@@ -52,8 +52,8 @@ def pytest_terminal_summary(terminalreporter):
 
 
 # The longest files first (seconds measured on 8f651ca, 2-core AMD EPYC, in CI's single-process run: rehearsal
-# 456, train_distributed 652, env_resolution 137, launch_detached 155, ...). make test-parallel hands xdist whole files in
-# this order under xdist (--dist loadfile --no-loadscope-reorder: a module's fixtures are built once, on one worker), so no
+# 456, train_distributed 652, env_resolution 137, launch_detached 155, ...). make test-parallel hands xdist whole
+# files in this order (--dist loadfile --no-loadscope-reorder: a module's fixtures are built once, on one worker), so no
 # worker starts a 5-minute file while the other has nothing left: the wall time is at least the longest file's,
 # and that file must run beside the rest, not after it. Files not listed keep collection order after them.
 LONGEST_FIRST = ("test_launch_rehearsal.py", "test_train_distributed.py", "test_env_resolution.py",
