@@ -9,8 +9,8 @@ def _one_thread_per_xdist_worker() -> None:
     """Under pytest-xdist (make test-parallel and test-fast run ``-n 2``), each worker's torch/OpenMP pool is one
     thread, set before anything imports torch (its tests, their ranks, engines, papermill kernels and sandboxes
     inherit it). Two pools that each think they own the 2 cores spin against each other and run 5-10x slower;
-    two pools of one thread do not. No core affinity: a worker's multi-process test (2 ranks, 2 engines, a detached launch) keeps
-    both cores to spread over, and rftlib sizes each rank's pool from the cores it sees
+    two pools of one thread do not. No core affinity: a worker's multi-process test (2 ranks, 2 engines, a
+    detached launch) keeps both cores to spread over, and rftlib sizes each rank's pool from the cores it sees
     (``train.dist.cpu_threads_per_rank``: 2 cores // 2 ranks = 1 thread a rank)."""
     if os.environ.get("PYTEST_XDIST_WORKER"):  # "gw0", "gw1", ... (unset without xdist)
         os.environ["OMP_NUM_THREADS"] = "1"
