@@ -287,7 +287,11 @@ def replay_notebook() -> nbformat.NotebookNode:
     cells = [
         md("# Replay a recorded step\n\nThe trainer's own update, run again on the recorded batch from the weights "
            "it started from (rftlib.train.replay): the verdict says whether it reproduced every recorded logprob, "
-           "loss and grad norm bit for bit. Each counterfactual is the same batch on the same weights under another "
+           "loss and grad norm bit for bit. In another environment (threads, CPU kernels, device) the recorded "
+           "configuration runs first as the control: refused when its logprobs are further from the record than "
+           "this precision's measured noise allows (wrong weights), else CONTROLLED, with the control's own gap to "
+           "the record printed as the environment's noise and every counterfactual read as its difference from the "
+           "control (d_* columns). Each counterfactual is the same batch on the same weights under another "
            "loss: its loss, gradient norm and the cosine of its gradient with the recorded one, per optimizer "
            "step. An on-policy step (one optimizer step, HF engine) has every ratio at exactly 1: no clip range "
            "clips anything there, and losses differ only by their aggregation; several optimizer steps per rollout "

@@ -81,3 +81,31 @@ def describe(weights: str, compute: torch.dtype | None, engine: str | None, devi
         out["note"] = (f"the engines serve {engine} while the trainer computes in {precision_name(compute)}: "
                        "not the GPU layout's precision (vllm_dtype)")
     return out
+
+
+FLOAT16_MAX = 65504.0  # the largest finite float16: past it an activation is inf, then NaN downstream
+QWEN2_FP16_REPORTS = "QwenLM/Qwen3 issues #761, #868, #826"  # Qwen2 in float16: '!!!' outputs, NaN activations
+
+
+def float16_note(dtype: str, model: str, gpu: str | None = None) -> str:
+    """What a run whose weights are float16 (``dtype``: ModelSettings.dtype) risks, and the bfloat16 alternative;
+    '' for any other dtype. bfloat16 has float32's exponent range at float16's 2 bytes, so a model trained in
+    bf16 (the Qwen2 family) whose activations pass FLOAT16_MAX runs there; float16 is kept when the config asks
+    for it (seed 002's "Dtype: float16 (memory optimization)"), and this says so before the run. ``gpu``: a
+    launch_gpu_type (rftlib.models.memory.GPUS), whose compute capability says whether it has bf16."""
+    if dtype != "float16":
+        return ""
+    from rftlib.models.memory import GPU_CAPABILITY  # torch-free table beside the GPUs' capacities
+
+    why = (f"{model} is a Qwen2-family model, trained in bfloat16, whose activations are reported to pass "
+           f"float16's largest value ({FLOAT16_MAX:g}) and turn into inf/NaN ({QWEN2_FP16_REPORTS})"
+           if "qwen2" in model.lower() else
+           f"an activation past float16's largest value ({FLOAT16_MAX:g}) becomes inf, then NaN")
+    cap = GPU_CAPABILITY.get(gpu or "")
+    fix = "--set dtype=bfloat16 avoids the overflow at the same memory"
+    if cap is not None and cap < (8, 0):
+        fix = f"the {gpu} (sm_{cap[0]}{cap[1]}) has none: --set dtype=float32 there"
+    elif cap is not None:
+        fix = f"the {gpu} (sm_{cap[0]}{cap[1]}) has it: " + fix
+    return (f"dtype float16: {why}, and the loss goes NaN or steps are skipped. bfloat16 has float32's range at "
+            "float16's 2 bytes on every GPU from Ampere (sm_80) on (seed 002's RTX 3080 is sm_86); " + fix)

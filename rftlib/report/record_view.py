@@ -41,7 +41,7 @@ from rftlib.report.inspect import view_in_notebook, write_page
 from rftlib.report.live import clean_text
 from rftlib.train import steps
 from rftlib.train.record import unhex
-from rftlib.train.replay import counterfactual_config, label, replay, replay_config
+from rftlib.train.replay import counterfactual_config, format_control, label, replay, replay_config
 
 WINDOW = 8  # tokens of left context a piece is decoded with (a multi-byte character spans up to 4 byte tokens)
 
@@ -241,6 +241,32 @@ def write_pages(run_dir: str | Path, out_dir: str | Path) -> list[Path]:
     return out
 
 
+def refresh_after_replay(run_dir: str | Path, step: int, *, log=print) -> list[Path]:
+    """What shows a replay's verdict, brought up to date once a replay is written (it stayed stale until
+    ``rft report`` ran again): the step's inspector pages that exist (beside the record, and in the attempt's
+    report directory) are written again, and the attempt's report, when it has one, is written again (its
+    records table shows each step's latest replay). Returns the pages and report written."""
+    from rftlib.report.index import reports_dir_for
+    from rftlib.report.publish import write_report
+    run_dir = Path(run_dir)
+    out = []
+    reports = reports_dir_for(run_dir.resolve().parent)
+    pages = [records.record_dir(run_dir, step) / "inspector.html", reports / run_dir.name / f"step-{step}.html"]
+    pages = [p for p in pages if p.exists()]
+    try:  # the replay is written whatever happens here: a view that cannot be built is said, not raised
+        if pages:
+            view = build_view(run_dir, step)
+            out += [write_page(view, p) for p in pages]
+        if (reports / f"{run_dir.name}.html").exists():
+            out.append(write_report(run_dir, reports, index=True))
+    except Exception as e:
+        warnings.warn(f"{run_dir}: the replay of step {step} is written, but its views were not refreshed "
+                      f"({type(e).__name__}: {e}); rft report {run_dir} writes them")
+    for p in out:
+        log(f"[rft] refreshed {p}")
+    return out
+
+
 # ---- the notebook's calls (replay.ipynb) ----------------------------------------------------------------------
 def run(run_dir: str | Path, step: int | None = None, counterfactuals: list[dict] | None = None,
         weights: str = "auto"):
@@ -270,7 +296,9 @@ def verdict(res) -> "HTMLText":
     ok = res.faithful
     colour = "#1a7f37" if ok else ("#9a6700" if ok is None else "#cf222e")
     notes = "".join(f"<li>{html.escape(n)}</li>" for n in res.notes)
+    control = format_control(res)  # another environment: the control's own gap to the record, per optimizer step
     return HTMLText(f"<p style='font-weight:600;color:{colour}'>{html.escape(res.verdict)}</p>"
+                    + (f"<pre>{html.escape(control)}</pre>" if control else "")
                     + (f"<ul>{notes}</ul>" if notes else ""))
 
 

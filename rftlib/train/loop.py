@@ -90,8 +90,11 @@ class Trainer:
         self.around: list[Around] = list(around or [])  # around(phase): a context manager around each phase
         try:
             self._setup(resume)
-        except BaseException:  # a kernel that lives on (a notebook) must not keep the attempt locked
-            self._unlock()
+        except BaseException as e:  # a refused first sync or resume: stop the engines started for it (their
+            try:  # processes, GPUs) and release the lock (a kernel that lives on, a notebook, must not keep it)
+                self.close(e)
+            except Exception as failed:  # noqa: BLE001 -- the start's error is the one to raise
+                warnings.warn(f"closing the trainer after its start failed also failed: {failed!r}")
             raise
 
     def _setup(self, resume: bool) -> None:
@@ -124,6 +127,7 @@ class Trainer:
             self.memory_estimate = preflight_gib(cfg, causal_lm(self.model).config, D.world_size, prompt_len=256,
                                                 chunk_rows=self.logprob_chunk_size)
         self._pending: list[dict] = []  # batches a checkpoint permitted but did not train (max_staleness > 0)
+        self.session_end: int | None = None  # the step train() stops at this session (None: num_steps)
         self._timeline_log = TimelineLog(self.run_dir) if D.is_main else None  # logs/timeline.jsonl (rank 0)
         if resume:
             ckpt.resume_trainer(self)
@@ -140,11 +144,12 @@ class Trainer:
             if D.is_main:
                 print(f"[rft] engine synced at step {self.step_num}{' (resumed)' if resume else ''}: probe gap "
                       f"{sync.details['probe_max_diff']:.3g} <= {sync.details['probe_threshold']:.3g} (4 x this "
-                      f"precision's own noise {sync.details['probe_noise']:.3g}, at least vllm_sync_probe_tol)",
-                      flush=True)
+                      f"precision's noise on the probe, measured {sync.details['probe_noise']:.3g} now, a high quantile "
+                      "of the recent syncs' measurements; at least vllm_sync_probe_tol)", flush=True)
         # where each step's batch comes from: the rollout on this thread (max_staleness 0), or a producer thread
         # generating up to k batches ahead (rftlib.train.pipeline); the engine holds the version it starts with
-        self.source = make_source(cfg.max_staleness, produce_inline=self.rollout, draw=self.sampler.next,
+        self.source = make_source(cfg.max_staleness, produce_inline=self.rollout, produce_indices=self.rollout_of,
+                                  draw=self.sampler.next,
                                   next_seed=self._next_seed, produce=self.produce, engine=self.engine,
                                   version=self.step_num, adapter=getattr(self.engine, "adapter", None))
         self.source.load_pending(self._pending)
@@ -192,7 +197,8 @@ class Trainer:
                 drawn.append(self.rollout(n_prompts))
                 return drawn[-1]
             t_wait = time.time()
-            scored, waited = self.source.take(self.step_num + 1, n_prompts, last=cfg.num_steps)
+            # no batch is permitted past this session's last step (stop_after_steps): none is generated untrained
+            scored, waited = self.source.take(self.step_num + 1, n_prompts, last=self.session_end or cfg.num_steps)
             if self.source.threaded:
                 self.timeline.add("trainer", "wait", t_wait, t_wait + waited, rank=self.dist.rank,
                                   step=self.step_num + 1)
@@ -262,12 +268,17 @@ class Trainer:
                               step=self.step_num if name == "eval" else self.step_num + 1)
 
     def _busy_shares(self, lo: float, hi: float) -> dict[str, float]:
-        """timing/trainer_busy and timing/engine_busy (fractions of the step's wall time) and timing/overlap
-        (seconds both were busy), from this rank's intervals of the step, a batch still generating included."""
-        items = self.timeline.peek()
-        for lane, phase_, t0 in self.source.open_spans():
-            items.append({"lane": lane, "phase": phase_, "t0": t0 - self.timeline.origin, "t1": hi - self.timeline.origin})
-        return shares(items, lo - self.timeline.origin, hi - self.timeline.origin)
+        """timing/trainer_busy, engine_busy, reward_busy and rollout_busy (fractions of the step's wall time,
+        rftlib.monitor.timeline.shares) and timing/overlap (seconds trainer and engines were both busy), from this
+        rank's intervals of the step, a batch still generating or scoring at its end included."""
+        return shares(self.timeline.peek(now=hi), lo - self.timeline.origin, hi - self.timeline.origin)
+
+    def engine_lanes(self, n_prompts: int) -> list[dict[str, int]]:
+        """The timeline's engine fields of a generate call of ``n_prompts`` prompts: server engines take prompt i on
+        engine i % N (rftlib.rollout.vllm_server.VLLMServerEngine._sample), so the call runs on the first
+        min(N, n_prompts) engines side by side; any other engine is engine 0."""
+        n = len(getattr(self.engine, "servers", None) or [None])
+        return [{"engine": k} for k in range(max(1, min(n, n_prompts)))]
 
     def _flush_timeline(self) -> None:
         """Rank 0 appends what the timeline recorded to logs/timeline.jsonl (the other ranks forget theirs)."""
@@ -281,6 +292,12 @@ class Trainer:
         synchronous rollout): one item per prompt, (rollout, group index, example, pool index, the G reward
         diagnostics), and the rewards."""
         return self.produce(self.sampler.next(n_prompts))
+
+    @phase("rollout")
+    def rollout_of(self, global_indices: list[int]) -> Scored:
+        """The synchronous rollout of given prompts (pool indices of the global batch): a checkpoint's batch that an
+        asynchronous attempt drew and did not train, resumed at max_staleness 0."""
+        return self.produce(global_indices)
 
     def _next_seed(self) -> int | None:
         """The engine's base seed for a batch, drawn on the trainer's thread when the batch is permitted (the draw
@@ -305,22 +322,22 @@ class Trainer:
         sampling = {k: v for k, v in (("seed", seed), ("adapter", adapter)) if v is not None}
         batch = self.step_num + 1 if batch is None else batch
         t = time.time()
-        ro = self.engine.generate(format_prompts(self.tok, examples, self.task.system_prompt), group_size=G,
-                                  max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
-                                  top_p=cfg.top_p, **sampling).to(self.dist.device)
+        with self.timeline.span("engine", "generate", each=self.engine_lanes(len(examples)), rank=D.rank, batch=batch,
+                                version=version, step=batch):
+            ro = self.engine.generate(format_prompts(self.tok, examples, self.task.system_prompt), group_size=G,
+                                      max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
+                                      top_p=cfg.top_p, **sampling).to(self.dist.device)
         t_generate = time.time() - t
-        self.timeline.add("engine", "generate", t, t + t_generate, engine=0, rank=D.rank, batch=batch,
-                          version=version, step=batch)
         t = time.time()
         rows = [examples[i // G] for i in range(len(ro.texts))]
         trunc = [bool(cut) for cut in ro.truncated.tolist()]
         # a reward that declares a batch form scores the whole rollout in one call (the code sandbox's
         # workers run rows side by side; row by row, the second worker idles)
-        scored = self.training_reward().score(list(ro.texts), rows, trunc)
+        with self.timeline.span("producer", "reward", rank=D.rank, batch=batch, step=batch):
+            scored = self.training_reward().score(list(ro.texts), rows, trunc)
         rewards = [float(r) for r, _ in scored]
         diags = [d for _, d in scored]
         t_reward = time.time() - t
-        self.timeline.add("producer", "reward", t, t + t_reward, rank=D.rank, batch=batch, step=batch)
         items = [(ro, g, ex, idx, diags[g * G:(g + 1) * G]) for g, (ex, idx) in enumerate(zip(examples, indices))]
         return Scored(items, torch.tensor(rewards), generate_seconds=t_generate, reward_seconds=t_reward,
                       version=version)
@@ -624,7 +641,9 @@ class Trainer:
         return row
 
     # ---- the policy's logprobs over some rows -----------------------------------------------------------
-    @phase("forward")
+    # one per micro-batch inside the update: a synchronize each would stall CUDA's launch queue between forward
+    # and backward, and no timeline interval is drawn from it (on CUDA its seconds are the launch's)
+    @phase("forward", synchronize=False)
     def forward(self, rows: dict[str, torch.Tensor], *, with_entropy: bool, entropy_grad: bool = False,
                 module=None) -> Forward:
         """(n, T') logprobs and entropies of ``rows`` (a rollout's rows, trimmed: rftlib.train.update_parts.rows_of)
@@ -657,11 +676,20 @@ class Trainer:
         callback's object shows the verdicts itself (``shows_verdicts``: the live panel).
         """
         started = time.time()
+        cfg = self.cfg
+        start = self.step_num
+        end = cfg.num_steps if cfg.stop_after_steps is None else min(cfg.num_steps, start + cfg.stop_after_steps)
+        self.session_end = end  # the source permits no batch past it (rftlib.train.pipeline: take's ``last``)
+        try:
+            return self._train(started, start, end)
+        finally:
+            self.session_end = None
+
+    def _train(self, started: float, start: int, end: int) -> dict[str, Any]:
+        """:meth:`train`'s loop from step ``start`` to ``end`` (``started``: when the session began, time.time())."""
         cfg, main = self.cfg, self.dist.is_main
         say_health = main and not any(getattr(getattr(cb, "__self__", cb), "shows_verdicts", False)
                                       for cb in self.callbacks)
-        start = self.step_num
-        end = cfg.num_steps if cfg.stop_after_steps is None else min(cfg.num_steps, start + cfg.stop_after_steps)
         if self.step_num == 0 and not self.eval_history:
             self._emit(self.evaluate().metrics)
         bar = None
@@ -772,7 +800,8 @@ class Trainer:
     def evaluate(self) -> EvalResult:
         """greedy_pass@1 (or the probe's sampling mode) on every eval probe, sharded over ranks (the same
         number as one process gives); results in eval/step_N[_probe].json and the history."""
-        row = evaluate_probes(self.cfg, self.engine, self.tok, self.task, self.dist, self.run_dir, self.step_num,
+        engine = _TimedEngine(self.engine, self) if hasattr(self, "timeline") else self.engine
+        row = evaluate_probes(self.cfg, engine, self.tok, self.task, self.dist, self.run_dir, self.step_num,
                               self.eval_precision)
         self.eval_history.append(row)
         return EvalResult(self.step_num, row)
@@ -789,6 +818,23 @@ class Trainer:
         if self._lock is not None:
             self._lock.close()  # the kernel drops the flock with the file
             self._lock = None
+
+
+class _TimedEngine:
+    """The trainer's engine as an eval sees it: each generate call is an ``eval`` interval on the timeline's engine
+    lane (one per engine that got a share: Trainer.engine_lanes), everything else the engine's own."""
+
+    def __init__(self, engine, trainer: Trainer):
+        self._engine, self._trainer = engine, trainer
+
+    def __getattr__(self, name: str):
+        return getattr(self._engine, name)
+
+    def generate(self, prompts, **kw):
+        tr = self._trainer
+        with tr.timeline.span("engine", "eval", each=tr.engine_lanes(len(prompts)), rank=tr.dist.rank,
+                              step=tr.step_num):
+            return self._engine.generate(prompts, **kw)
 
 
 def resume_config(run_dir: str | Path, **overrides: Any) -> RunConfig:
