@@ -34,12 +34,18 @@ def _tree(fn, x):
 class _Float32Everywhere(TorchFunctionMode):
     """Every torch call sees float32 where it would see bf16/fp16: half tensor arguments are upcast (a weight
     one op at a time, so memory grows by one matrix, not a model copy), a half ``dtype=`` becomes float32,
-    and casts to a half dtype (``x.to(torch.bfloat16)``, ``x.half()``) keep float32. Works under ZeRO-3 too:
-    its hooks gather a weight before the op that sees it."""
+    and casts to a half dtype (``x.to(torch.bfloat16)``, ``x.half()``) keep float32. ``paused``: calls pass
+    through unchanged (ZeRO-3's hooks, see :func:`float32_compute`)."""
 
     CASTS = {torch.Tensor.half, torch.Tensor.bfloat16}
 
+    def __init__(self):
+        super().__init__()
+        self.paused = False
+
     def __torch_function__(self, func, types, args=(), kwargs=None):
+        if self.paused:
+            return func(*args, **(kwargs or {}))
         kwargs = dict(kwargs or {})
         if func in self.CASTS:
             return args[0].float() if args[0].is_floating_point() else args[0]
@@ -51,11 +57,46 @@ class _Float32Everywhere(TorchFunctionMode):
         return func(*_tree(_up, args), **_tree(_up, kwargs))
 
 
+def _zero3_partitioned(model) -> bool:
+    """Whether ``model``'s parameters are DeepSpeed ZeRO-3 partitions (they carry a ``ds_id``)."""
+    return model is not None and any(hasattr(p, "ds_id") for p in model.parameters())
+
+
 @contextlib.contextmanager
-def float32_compute(device_type: str):
+def _paused_in_hooks(model, mode: _Float32Everywhere):
+    """Pause ``mode`` while each module's other forward hooks run: ZeRO-3 gathers and releases a module's
+    weights in its forward pre- and post-hooks with torch calls that must keep their own dtypes (its flat
+    buffers are allocated with ``dtype=`` the weights' half dtype and filled in place; upcast copies leave the
+    parameter empty: "'weight' must be 2-D" on a CPU, "Padding_idx must be within num_embeddings" on the H200,
+    2026-11-27). Our hooks go first (prepend) and last around DeepSpeed's, registered when its engine was built."""
+    def pause(*_):
+        mode.paused = True
+
+    def resume(*_):
+        mode.paused = False
+
+    handles = []
+    for m in model.modules():
+        handles += [m.register_forward_pre_hook(pause, prepend=True), m.register_forward_pre_hook(resume),
+                    m.register_forward_hook(pause, prepend=True), m.register_forward_hook(resume)]
+    try:
+        yield
+    finally:
+        for h in handles:
+            h.remove()
+
+
+@contextlib.contextmanager
+def float32_compute(device_type: str, model=None):
     """Run the enclosed forward with every operation in float32, whatever the weights' dtype and any
-    enclosing autocast: the reference the compute precision's noise is measured against."""
-    with torch.autocast(device_type, enabled=False), _Float32Everywhere():
+    enclosing autocast: the reference the compute precision's noise is measured against. ``model``: the module
+    the forward runs, needed when its parameters are ZeRO-3 partitions (their gathers run unchanged)."""
+    mode = _Float32Everywhere()
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(torch.autocast(device_type, enabled=False))
+        if _zero3_partitioned(model):
+            stack.enter_context(_paused_in_hooks(model, mode))
+        stack.enter_context(mode)
         yield
 
 

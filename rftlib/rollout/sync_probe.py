@@ -74,7 +74,7 @@ def _score(model, ro, amp: torch.dtype | None, *, reference: bool = False) -> to
     was_training = model.training
     model.eval()
     try:
-        with float32_compute(device_type) if reference else autocast(amp, device_type):
+        with float32_compute(device_type, model) if reference else autocast(amp, device_type):
             lp, _ = forward.completion_logprobs(model, ro.prompt_ids, ro.prompt_mask, ro.completion_ids,
                                                 ro.completion_mask, temperature=1.0, with_entropy=False)
     finally:

@@ -382,7 +382,7 @@ def precision_noise(tr, batch, rows: list[int], recorded_amp: str | None) -> flo
             with torch.autocast(dev, dtype=amp) if amp is not None else contextlib.nullcontext():
                 here = completion_logprobs(model, **r, **kw)[0].double()  # (n, T') in this compute precision
             if amp is not None or half_weights:
-                with float32_compute(dev):
+                with float32_compute(dev, model):
                     ref = completion_logprobs(model, **r, **kw)[0].double()  # (n, T') every operation in float32
             elif tr.backend.partitions_params:  # no float64 copy of partitioned weights: the sync probe's floor
                 noise = max(noise, tr.cfg.vllm_sync_probe_tol / MARGIN)
