@@ -449,6 +449,9 @@ def nograd_rows(m: ModelShape, seq_len: int, b: float, attention: str, *, free_b
     return max(1, min(most, int((NOGRAD_BUDGET * free_bytes - fixed_bytes) // per_row)))
 
 
+DS_REDUCE_BUCKET = 5e8  # DeepSpeed's default zero_optimization.reduce_bucket_size (runtime/zero/config.py)
+
+
 def estimate_train_memory(
     model: str | ModelShape,
     *,
@@ -476,6 +479,7 @@ def estimate_train_memory(
     adam_offload: bool = False,  # optimizer states (and fp32 master) to CPU (--adam_offload)
     vllm_gpu_memory_utilization: float | None = None,  # a vLLM engine colocated on this GPU
     overhead_gb: float = 0.5,  # CUDA context, cuBLAS/NCCL workspaces
+    reduce_bucket: float = DS_REDUCE_BUCKET,  # ZeRO-3's reduce_bucket_size (elements): its gradient bucket
     nograd_sequences: int | None = None,  # rows per reference / old-logprob forward; None: no such pass; 0: auto
     nograd_most: int = 8,  # auto's ceiling: max(micro_batch_size, 8) (RunConfig.logprob_batch_size)
     title: str | None = None,
@@ -540,6 +544,13 @@ def estimate_train_memory(
         add("fp32 master weights", trainable * 4 / shard_o, "mixed precision keeps an fp32 copy of trainable params",
             on_cpu=adam_offload)
 
+    if zero_stage == 3:
+        # DeepSpeed 0.19.8 runtime/zero/stage3.py: with contiguous_gradients (its default) the optimizer allocates
+        # one flat gradient bucket of reduce_bucket_size elements per gradient dtype on the GPU, whatever the
+        # model's size: 0.93 GiB in bf16 at the default 5e8 (the H200 check of 2026-11-27 measured a 1.0 GiB peak
+        # for the tiny model's ZeRO-3 step that the estimate put at 0.48)
+        add("ZeRO-3 gradient bucket", reduce_bucket * grad_b,
+            f"reduce_bucket_size {reduce_bucket:.3g} elements x {grad_b:g} B (DeepSpeed's, allocated whole)")
     if zero_stage == 3 and (ws > 1 or offload):
         biggest = max(m.layer_params(), m.vocab * m.hidden)
         add("ZeRO-3 gathered layers", 2 * biggest * b,
