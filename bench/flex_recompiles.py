@@ -87,24 +87,32 @@ def count_mix(model, device: str, steps=STEP_T, calls=STEP_CALLS, half=torch.bfl
     torch._dynamo.reset()
     log = _FallbackLog()
     logging.getLogger("torch._dynamo").addHandler(log)
-    t0, n, first = time.time(), 0, None
+    t0, n, first, error = time.time(), 0, None, None
     try:
         for T in steps:
             for grad, compute, rows, train in calls:
                 model.train(train)
                 ids = torch.randint(0, 512, (rows, T), device=device)
                 ctx = float32_compute(device) if compute == "float32" else torch.autocast(device, dtype=half)
-                with torch.set_grad_enabled(grad), ctx:
-                    out = model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False).logits
-                    if grad:
-                        out.float().mean().backward()
+                try:
+                    with torch.set_grad_enabled(grad), ctx:
+                        out = model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False).logits
+                        if grad:
+                            out.float().mean().backward()
+                except Exception as e:  # noqa: BLE001 -- a call that cannot compile is the finding: which one
+                    error = {"call": n + 1, "T": T, "grad": grad, "compute": compute, "rows": rows,
+                             "error": f"{type(e).__name__}: {str(e).strip().splitlines()[0][:300]}"}
+                    break
                 n += 1
                 if log.hits and first is None:
                     first = n
+            if error:
+                break
     finally:
         logging.getLogger("torch._dynamo").removeHandler(log)
-    return {"compiles": flex_compiles(), "fallbacks": len(log.hits), "calls": n, "first_fallback_call": first,
-            "seconds": round(time.time() - t0, 1), "fallback_messages": log.hits[:2]}
+    out = {"compiles": flex_compiles(), "fallbacks": len(log.hits), "calls": n, "first_fallback_call": first,
+           "seconds": round(time.time() - t0, 1), "fallback_messages": log.hits[:2]}
+    return {**out, "failed_call": error} if error else out
 
 
 def run_mix(device: str = "cpu", gptoss: bool = False) -> dict:
@@ -119,7 +127,8 @@ def run_mix(device: str = "cpu", gptoss: bool = False) -> dict:
         after = count_mix(model, device)
         limit1 = torch._dynamo.config.recompile_limit
     print(json.dumps({"after": after, "recompile_limit": limit1}), flush=True)
-    return {"status": "pass" if after["fallbacks"] == 0 else "fail", "before": {**before, "limit": limit0},
+    bad = before.get("failed_call") or after.get("failed_call")
+    return {"status": "pass" if after["fallbacks"] == 0 and not bad else "fail", "before": {**before, "limit": limit0},
             "after": {**after, "limit": limit1}}
 
 

@@ -34,28 +34,31 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-BUDGET_S = 420  # the whole check on a GPU: the limits below sum to it (tests/test_scripts_gpu_check.py holds them)
-# (name, limit in seconds on a GPU), run in this order: the stages that have never run on a GPU first, so a short
-# lease still answers what is unknown. Each limit is a measured H200 time plus a margin, or for a new stage the
-# time worked out from the H200's figures (notes of 2026-11-27: HF generate 50-115 ms a token at 0.5B-1.5B,
-# smoke_single 32 s, versions 25 s, the whole process start + imports ~10 s of each).
+BUDGET_S = 420  # the whole check on a GPU: DeepSpeed's install and the limits below sum to it (tests/test_scripts_gpu_check.py)
+DEEPSPEED_INSTALL_S = 35  # main()'s offline install, before the stages (24.1 s twice on the H200, 2026-11-27)
+# (name, limit in seconds on a GPU), run in this order: the stages whose GPU answer is least known first, so a short
+# lease still answers what is unknown. Each limit is a time measured on the H200 (2026-11-27, the second version's
+# two runs) plus a margin, or, where that run showed the stage too slow and it was cut, the cut stage's time worked
+# out from those figures (HF generate there: 23.6 ms a token plain, 65 ms under an unmerged LoRA, host-bound).
 STAGES: list[tuple[str, int]] = [
-    ("versions", 30),  # 25 s measured (imports); + nvidia-smi and the pins
-    ("sync_probe", 35),  # new: 3 stand-in engines on a SmolLM2-shaped model, ~12 probe samplings of 18 tokens
-    ("deepspeed_zero3", 70),  # new: offline install (~25 s: the sdist builds with ops off) + one ZeRO-3 LoRA step
-    ("cpu_adam", 25),  # new: DeepSpeedCPUAdam's JIT build; one that does not finish in 25 s is an answer too
-    ("gptoss_layer", 40),  # new: one gpt-oss-20b layer (1.6 GB bf16) built on the CPU, 3 forwards at T 4450, eager
-    ("generate_split", 30),  # new: 3 x 24 generated tokens under the profiler, SmolLM2-shaped
-    ("smoke_zero3", 45),  # new line: `rft smoke --lines zero3` (the single line took 32 s on the H200)
-    ("seed002_fp16_lora", 50),  # 134 s for 3 steps of 512 tokens; now 1 step of 128 (first generate ~2x later ones)
-    ("seed000_full_step", 60),  # 81 s with 16 x 8 x 256 tokens; now 4 x 8 x 128
-    ("mxfp4_lora_step", 35),  # 79 s with flex compiling in generate; now eager attention, 8 tokens
-    ("flex_mix", 0),  # last: whatever the budget has left (flex compiles 107 s per shape at T 4450 on the H200)
+    ("versions", 15),  # 0.5 s
+    ("sync_probe", 35),  # 20.7 s
+    ("deepspeed_zero3", 45),  # reached its first sync probe at 20 s (then failed: fixed since, in precision.py)
+    ("cpu_adam", 60),  # the JIT build is given CPU_ADAM_BUILD_S: it did not finish in 50 s (a finding, not a fail)
+    ("gptoss_layer", 40),  # 27.1 s
+    ("generate_split", 40),  # plain + LoRA took ~25 s with the CPU's events profiled too; now the device's only
+    ("smoke_zero3", 40),  # 25.0 s, 27.9 s
+    ("seed002_fp16_lora", 45),  # 56.5 s with all 24 layers (~38 s of it building and loading); now 8 layers
+    ("seed000_full_step", 45),  # over 80 s with all 28 layers (first generate unfinished); now 6 layers
+    ("mxfp4_lora_step", 20),  # 3.8 s
+    ("flex_mix", 0),  # last: whatever the budget has left (it failed its first call's compile in 6.6 s on torch 2.11)
 ]
 FLEX_MIN_S = 20  # flex_mix runs only with at least this much of the budget left
 ESTIMATE_SLACK = 1.25  # rftlib.smoke.ESTIMATE_SLACK: a peak above this x the estimate fails
 OVERCOUNT = 0.6  # a peak below this x the estimate is flagged: an over-count to explain
-STAGE_TOKEN_ENV = "RFTLIB_GPU_CHECK_STAGE"  # every process a stage starts inherits it, whatever its session
+STAGE_TOKEN_ENV = "RFTLIB_GPU_CHECK_STAGE"
+DEEPSPEED_STAGES = {"deepspeed_zero3", "cpu_adam", "smoke_zero3"}  # main() installs DeepSpeed first for these
+DEEPSPEED_INSTALL: dict = {}  # what main()'s offline install did (the GPU form), reported in those stages' rows  # every process a stage starts inherits it, whatever its session
 
 
 # ---------------------------------------------------------------------------------------------- verdicts
@@ -205,10 +208,11 @@ def _hf_config(shape: str, init_std: float = 0.02):
     return cls(initializer_range=init_std, **kw)
 
 
-def _model_dir(shape: str, out: Path, dtype) -> Path:
+def _model_dir(shape: str, out: Path, dtype, layers: int | None = None) -> Path:
     """A checkpoint directory (random weights of ``shape`` in ``dtype``, built on the CPU, + the tiny test
     tokenizer) for the trainer to load: its pad and eos are the tokenizer's; ids it does not know decode to
-    nothing."""
+    nothing. ``layers``: fewer decoder layers than the shape's (its other dims kept): the preflight estimates the
+    model it is given, layer for layer, so a few layers check its terms at a fraction of the build and step time."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -216,7 +220,10 @@ def _model_dir(shape: str, out: Path, dtype) -> Path:
 
     tok = build_tiny_tokenizer()
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(_hf_config(shape), dtype=dtype)
+    hf = _hf_config(shape)
+    if layers:
+        hf.num_hidden_layers = layers
+    model = AutoModelForCausalLM.from_config(hf, dtype=dtype)
     for c in (model.config, model.generation_config):
         c.eos_token_id, c.pad_token_id, c.bos_token_id = tok.eos_token_id, tok.pad_token_id, None
     model.save_pretrained(out)
@@ -305,9 +312,15 @@ def stage_sync_probe(cpu: bool) -> dict:
     return {"status": "pass" if ok else "fail", "rows": rows}
 
 
+_REWARD_CALLS = [0]
+
+
 def _reward(text, ex, truncated):
-    """Varies within a group on a random model (whose ids mostly decode to nothing): the decoded length mod 5."""
-    return (len(text) % 5) / 4.0, {"correctness": 0.0}
+    """0, 1, 0, 1, ... in call order: every group of two or more has a reward signal, whatever a random model
+    samples (the H200 run of 2026-11-27: seed002's two 128-token completions of ids the tiny tokenizer does not
+    know both decoded to nothing, so a text-based reward gave both the same and the step did not move)."""
+    _REWARD_CALLS[0] += 1
+    return float(_REWARD_CALLS[0] % 2), {"correctness": 0.0}
 
 
 def _train_steps(preset: str, overrides: dict, steps: int, *, cpu: bool, memory_cap_gb: float | None = None,
@@ -385,7 +398,7 @@ def _train_steps(preset: str, overrides: dict, steps: int, *, cpu: bool, memory_
 
 
 def stage_seed002_fp16_lora(cpu: bool) -> dict:
-    """Seed 002 emulated: Qwen2.5-Coder-0.5B-shaped (random weights), fp16 LoRA through a GradScaler, G 2, one
+    """Seed 002 emulated: Qwen2.5-Coder-0.5B-shaped (8 of its 24 layers, random weights), fp16 LoRA through a GradScaler, G 2, one
     prompt a step, memory capped at the RTX 3080's 10 GB, one step of 128 tokens (the arithmetic task: no sandbox
     on the GPU box). The CPU form runs float16 weights through torch.amp.GradScaler("cpu") at toy sizes: the
     config refuses float16 on a CPU for speed (rftlib.backends.whole_model_rules), so this process registers the
@@ -395,7 +408,8 @@ def stage_seed002_fp16_lora(cpu: bool) -> dict:
     import torch
 
     with tempfile.TemporaryDirectory() as d:
-        model = _model_dir("toy" if cpu else "qwen2.5-0.5b", Path(d) / "m", torch.float16)
+        # 8 of its 24 layers: the H200 run spent ~38 s building and loading the whole 0.5B, 17.5 s on its step
+        model = _model_dir("toy" if cpu else "qwen2.5-0.5b", Path(d) / "m", torch.float16, layers=None if cpu else 8)
         if cpu:  # rftlib refuses float16 on a CPU twice, for speed: the config's rule and the trainer's dtype
             from unittest import mock
 
@@ -416,7 +430,7 @@ def stage_seed002_fp16_lora(cpu: bool) -> dict:
 
 
 def stage_seed000_full_step(cpu: bool) -> dict:
-    """Seed 000: a Qwen2.5-1.5B-shaped full fine-tune step (random weights; bf16, gradient checkpointing, a frozen
+    """Seed 000: a Qwen2.5-1.5B-shaped full fine-tune step (6 of its 28 layers, random weights; bf16, gradient checkpointing, a frozen
     reference copy, G 8 x 4 prompts in one micro-batch, 128 tokens), its peak against the preflight."""
     import tempfile
 
@@ -428,7 +442,8 @@ def stage_seed000_full_step(cpu: bool) -> dict:
             return _train_steps("seed000-phase15", {"model": str(model), "device": "cpu", "dtype": "float32",
                                                     "rollout_batch_size": 2, "micro_batch_size": 16,
                                                     "max_new_tokens": 16}, 1, cpu=True)
-        model = _model_dir("qwen2.5-1.5b", Path(d) / "m", torch.bfloat16)
+        # 6 of its 28 layers: the whole 1.5B had not finished its first generate 80 s into the stage (H200)
+        model = _model_dir("qwen2.5-1.5b", Path(d) / "m", torch.bfloat16, layers=6)
         return _train_steps("seed000-phase15", {"model": str(model), "device": "cuda", "rollout_batch_size": 4,
                                                 "micro_batch_size": 32, "max_new_tokens": 128}, 1, cpu=False)
 
@@ -467,10 +482,18 @@ def _install_deepspeed() -> dict:
                            "where a package registry is reachable and carry the folder along")
     t0 = time.time()
     pip = [sys.executable, "-m", "pip", "install", "--quiet", "--no-index", "--find-links", str(wheels)]
-    subprocess.run(pip + ["setuptools", "wheel"], check=True)
+    subprocess.run(pip + ["setuptools", "wheel"], check=True, timeout=DEEPSPEED_INSTALL_S)
     subprocess.run(pip + ["--no-build-isolation", "deepspeed==0.19.8"], check=True,
-                   env={**os.environ, "DS_BUILD_OPS": "0"})
+                   env={**os.environ, "DS_BUILD_OPS": "0"}, timeout=max(1.0, DEEPSPEED_INSTALL_S - (time.time() - t0)))
     return {"deepspeed": "installed offline", "install_s": round(time.time() - t0, 1)}
+
+
+def _deepspeed_here() -> dict:
+    """DeepSpeed importable in this stage: main()'s install before transformers was imported (its record), or
+    this process's check (the CPU form, a stage run alone); main()'s install error is raised here."""
+    if "error" in DEEPSPEED_INSTALL:
+        raise RuntimeError(f"the offline DeepSpeed install failed: {DEEPSPEED_INSTALL['error']}")
+    return dict(DEEPSPEED_INSTALL) or _install_deepspeed()
 
 
 def stage_deepspeed_zero3(cpu: bool) -> dict:
@@ -484,18 +507,55 @@ def stage_deepspeed_zero3(cpu: bool) -> dict:
     from rftlib.train.dist import init_dist
     from standin_engine import register_standin
 
-    out = _install_deepspeed()
+    out = _deepspeed_here()
     register_standin()
     with tempfile.TemporaryDirectory() as d:
         model = _model_dir("toy" if cpu else "smollm2-135m", Path(d) / "m", torch.float32)
+        # bf16 weights in the CPU form too: the probe's float32 noise reference then runs over bf16 ZeRO-3
+        # partitions, as on a GPU (float32 partitions hid its failure to gather them until the H200, 2026-11-27)
         res = _train_steps("tiny", {"model": str(model), "device": "cpu" if cpu else "cuda",
-                                    "dtype": "float32" if cpu else "bfloat16", "backend": ZERO_BACKEND,
+                                    "dtype": "bfloat16", "backend": ZERO_BACKEND,
                                     "zero_stage": 3, "lora_rank": 8, "rollout_engine": "standin",
                                     "max_new_tokens": 8, "lr": 1e-2, "beta": 0.0}, 1, cpu=cpu, dist=init_dist)
     if "sync/probe_max_diff" not in res:
         res.setdefault("problems", []).append("no sync probe ran after the step")
         res["status"] = "fail"
     return {**out, **res}
+
+
+CPU_ADAM_BUILD_S = 50  # the JIT build's own limit, inside cpu_adam's (the H200 run: not done in 25 s)
+
+
+def _kill_session(sid: int) -> None:
+    """SIGKILL every process of session ``sid`` (its leader's pid), whatever process group it is in."""
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                if os.getsid(int(d.name)) == sid:
+                    os.kill(int(d.name), signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+
+def _cpu_adam_build(limit: float) -> dict:
+    """CPUAdamBuilder().load() in a process of its own session, killed with its compilers at ``limit``: a build
+    that does not finish in time is a finding ({built: False, why}), not a stage lost to its limit."""
+    import subprocess
+
+    code = ("import time; from deepspeed.ops.op_builder import CPUAdamBuilder; t = time.time(); "
+            "CPUAdamBuilder().load(verbose=False); print(round(time.time() - t, 1))")
+    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                         start_new_session=True)
+    try:
+        text, _ = p.communicate(timeout=limit)
+    except subprocess.TimeoutExpired:
+        _kill_session(p.pid)  # ninja starts each compiler in a process group of its own: the session holds them
+        p.communicate()
+        return {"built": False, "why": f"the JIT build did not finish in {limit:.0f} s"}
+    lines = text.strip().splitlines() or [""]
+    if p.returncode == 0:
+        return {"built": True, "build_s": float(lines[-1])}
+    return {"built": False, "why": f"the JIT build failed (exit {p.returncode}): {lines[-1][:200]}"}
 
 
 def stage_cpu_adam(cpu: bool) -> dict:
@@ -505,7 +565,7 @@ def stage_cpu_adam(cpu: bool) -> dict:
     facts were gathered: feasibility is a finding, not this machine's failure."""
     import shutil
 
-    out = _install_deepspeed() if not cpu else {}
+    out = _deepspeed_here() if not cpu else {}
     out.update(ninja=shutil.which("ninja") is not None, cxx=shutil.which(os.environ.get("CXX", "c++")) is not None,
                cuda_home=os.environ.get("CUDA_HOME") or (shutil.which("nvcc") and str(Path(shutil.which("nvcc")).parents[1])))
     try:
@@ -514,9 +574,7 @@ def stage_cpu_adam(cpu: bool) -> dict:
         b = CPUAdamBuilder()
         out["compatible"] = bool(b.is_compatible(verbose=False))
         if not cpu and out["compatible"]:
-            t0 = time.time()
-            b.load(verbose=False)
-            out.update(built=True, build_s=round(time.time() - t0, 1))
+            out.update(_cpu_adam_build(CPU_ADAM_BUILD_S))
     except Exception as e:  # noqa: BLE001 -- what failed is the finding
         out["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
     out["status"] = "pass"
@@ -599,7 +657,8 @@ def stage_gptoss_layer(cpu: bool) -> dict:
 def stage_generate_split(cpu: bool) -> dict:
     """HF generate's time per token on this device, split into GPU-busy time (the profiler's CUDA kernel time)
     and the rest (host: Python, launches, sync): plain, with an unmerged LoRA on q/k/v/o (what HFEngine runs
-    under LoRA), and merged. SmolLM2-shaped, bf16, one prompt, greedy, 24 tokens after a warm-up. The CPU form
+    under LoRA), and merged. SmolLM2-shaped, bf16, one prompt, greedy, 16 tokens after a warm-up; wall time
+    unprofiled, GPU-busy time from a third, profiled run. The CPU form
     reports wall time only."""
     import torch
     from torch.autograd import DeviceType
@@ -612,25 +671,31 @@ def stage_generate_split(cpu: bool) -> dict:
     dtype = torch.float32 if cpu else torch.bfloat16
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(_hf_config("toy" if cpu else "smollm2-135m"), dtype=dtype).to(device)
-    n = 8 if cpu else 24
+    n = 8 if cpu else 16
     gc = GenerationConfig(do_sample=False, max_new_tokens=n, min_new_tokens=n, pad_token_id=0, eos_token_id=None)
     ids = torch.randint(0, 1000, (1, 32), device=device)
     rows = []
 
     def timed(name, m):
-        m.generate(input_ids=ids, attention_mask=torch.ones_like(ids), generation_config=gc)  # warm-up
-        acts = [ProfilerActivity.CPU] + ([] if cpu else [ProfilerActivity.CUDA])
-        t = time.time()
-        with profile(activities=acts) as prof:
+        def gen():
             m.generate(input_ids=ids, attention_mask=torch.ones_like(ids), generation_config=gc)
             if not cpu:
                 torch.cuda.synchronize()
+
+        gen()  # warm-up
+        t = time.time()
+        gen()  # wall time without the profiler (which adds host time per op)
         wall = time.time() - t
         row = {"mode": name, "tokens": n, "ms_per_token": round(1e3 * wall / n, 2)}
         if not cpu:
+            # the device's activity only: with the CPU's ops too, parsing the events of one 16-token generate
+            # outlasted the stage's 45 s on the H200 (2026-11-27)
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                gen()
             # kernels, copies and memsets as the device ran them (one stream: they do not overlap), in seconds
             busy = sum(e.time_range.elapsed_us() for e in prof.events() if e.device_type == DeviceType.CUDA) / 1e6
-            row.update(gpu_busy_ms_per_token=round(1e3 * busy / n, 2), host_ms_per_token=round(1e3 * (wall - busy) / n, 2))
+            row.update(gpu_busy_ms_per_token=round(1e3 * busy / n, 2),
+                       host_ms_per_token=round(1e3 * (wall - busy) / n, 2))
         rows.append(row)
         print(json.dumps(row), flush=True)
 
@@ -656,7 +721,7 @@ def stage_smoke_zero3(cpu: bool) -> dict:
     if cpu:  # 46 s here (a process of its own); tests/test_smoke.py runs the CPU zero3 line in CI already
         return {"status": "pass", "note": "not run in the CPU form: tests/test_smoke.py runs rft smoke's zero3 line",
                 "rows": []}
-    _install_deepspeed()
+    _deepspeed_here()
     with tempfile.TemporaryDirectory() as d:
         rows = run_smoke(("zero3",), model="tiny", runs_root=d, write=lambda s: print(s, flush=True))
         ran = [r for r in rows if r.status != "not run"]
@@ -676,6 +741,11 @@ def stage_flex_mix(cpu: bool) -> dict:
     if cpu:  # measured here: the mix's flex compiles took 88 s of CPU, and flex has no backward on a CPU
         return {"status": "pass", "note": "not run in the CPU form (88 s of compiles; no flex backward on a CPU): "
                                           "python bench/flex_recompiles.py"}
+    import torch._inductor.config
+
+    # compiles in this process: inductor's pool of compile workers outlived the stage on the H200 (2026-11-27) and
+    # failed it as a leftover process
+    torch._inductor.config.compile_threads = 1
     sys.path.insert(0, str(ROOT / "bench"))
     from flex_recompiles import run_mix
 
@@ -734,6 +804,10 @@ def run_stage(name: str, limit: float, cpu: bool, out: Path) -> dict:
             fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
             os.dup2(fd, 1)
             os.dup2(fd, 2)
+            import faulthandler
+
+            # a stage still running near its limit leaves every thread's stack in its log: where the time went
+            faulthandler.dump_traceback_later(max(1.0, limit - 2.0), exit=False)
             row = globals()[f"stage_{name}"](cpu)
             res.write_text(json.dumps(row, default=str))
             code = 0
@@ -769,9 +843,15 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--cpu", action="store_true", help="the CPU form: toy sizes, seconds (what CI runs)")
     p.add_argument("--stages", default=",".join(n for n, _ in STAGES))
+    p.add_argument("--limits", default="", help="NAME=SECONDS,... in place of a stage's limit (a diagnosis run)")
     p.add_argument("--out", default=os.environ.get("OUT") or str(ROOT / "runs" / "gpu_check"))
     a = p.parse_args(argv)
     limits = dict(STAGES)
+    for item in filter(None, a.limits.split(",")):
+        name, _, sec = item.partition("=")
+        if name not in limits or not sec.replace(".", "", 1).isdigit():
+            p.error(f"--limits: '{item}' is not STAGE=SECONDS for a stage in {', '.join(limits)}")
+        limits[name] = float(sec)
     names = a.stages.split(",")
     for name in names:
         if name not in limits:
@@ -782,11 +862,24 @@ def main(argv: list[str] | None = None) -> int:
     # imported once here, before the stages fork; no CUDA call in this process (a CUDA context does not survive a
     # fork), and torch.cuda.is_available() answers from NVML, which initialises no CUDA, wherever it is called here
     os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
+    t0 = time.time()  # the budget counts the install too
+    if not a.cpu and DEEPSPEED_STAGES & set(names):
+        # before transformers is imported: it decides at import whether DeepSpeed is there
+        # (transformers.integrations.deepspeed: HfDeepSpeedConfig's base is object without it), and every stage
+        # is forked from this process; an install from inside a stage left ZeRO-3 loading on that object
+        # (the H200 run of 2026-11-27: "object.__init__() takes exactly one argument")
+        t = time.time()
+        try:
+            DEEPSPEED_INSTALL.update(_install_deepspeed())
+        except Exception as e:  # noqa: BLE001 -- the DeepSpeed stages report it
+            DEEPSPEED_INSTALL.update(error=f"{type(e).__name__}: {e}"[:300])
+        DEEPSPEED_INSTALL["install_total_s"] = round(time.time() - t, 1)
+        print(f"[gpu_check] deepspeed: {json.dumps(DEEPSPEED_INSTALL)}", flush=True)
     import torch  # noqa: F401
     import transformers  # noqa: F401
 
     import rftlib.train.loop  # noqa: F401
-    t0, rows = time.time(), []
+    rows = []
     for name in names:
         limit = limits[name] or (BUDGET_S - (time.time() - t0))  # 0: the budget's rest (flex_mix)
         if limits[name] == 0 and limit < FLEX_MIN_S and not a.cpu:
