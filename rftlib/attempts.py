@@ -279,15 +279,6 @@ def read_attempt(run_dir: str | Path) -> dict[str, Any]:
     return yaml.safe_load((Path(run_dir) / "config.yaml").read_text())
 
 
-def chmod_as_umask(path: str | Path) -> None:
-    """Give a file the mode an ordinary ``open`` would (0666 less the umask): files made through
-    ``tempfile.mkstemp`` (0600) or by a library that restricts them would otherwise keep others out, and links
-    to them on a shared reports directory break for every reader but the writer."""
-    mask = os.umask(0)
-    os.umask(mask)
-    os.chmod(path, 0o666 & ~mask)
-
-
 def write_json(path: Path, obj: Any) -> None:
     tmp = path.with_suffix(path.suffix + ".tmp")
     tmp.write_text(json.dumps(obj, indent=1))

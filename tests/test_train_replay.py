@@ -494,6 +494,7 @@ def test_a_replay_refreshes_the_inspector_pages_and_the_report(recorded, tmp_pat
     """The report's records table and the inspector show a step's latest replay: they stayed stale until
     `rft report` ran again. The report itself is re-executed (papermill): counted here, not run."""
     from rftlib.report import publish
+    from rftlib.report.replay_views import replay_and_refresh
     run = _copy(recorded, tmp_path / "runs")
     reports = tmp_path / "reports"
     monkeypatch.setenv("RFTLIB_REPORTS", str(reports))
@@ -503,6 +504,6 @@ def test_a_replay_refreshes_the_inspector_pages_and_the_report(recorded, tmp_pat
     (reports / f"{run.name}.html").write_text("stale")
     calls = []
     monkeypatch.setattr(publish, "write_report", lambda *a, **k: calls.append(a) or reports / f"{run.name}.html")
-    replay(run, 2, [{"eps_clip": 0.05}])
+    replay_and_refresh(run, 2, [{"eps_clip": 0.05}])  # what rft replay and replay.ipynb run
     assert "eps_clip=0.05" in page.read_text() and "FAITHFUL" in page.read_text()
     assert calls and Path(calls[0][0]) == run

@@ -18,8 +18,9 @@ import sys
 
 from rftlib.attempts import existing_attempt
 from rftlib.monitor.records import list_records
+from rftlib.report.replay_views import replay_and_refresh
 from rftlib.train.replay import (ReplayCrash, ReplayError, ReplayMismatch, format_control, format_table, parse_overrides,
-                                 rank_worker, replay)
+                                 rank_worker)
 
 
 def add_arguments(p) -> None:
@@ -71,7 +72,8 @@ def run(args) -> int:
             return 2
         step = have[-1]
     try:
-        res = replay(run_dir, step, counterfactuals(args.set, args.vary), weights=args.weights, nproc=args.nproc)
+        res = replay_and_refresh(run_dir, step, counterfactuals(args.set, args.vary), weights=args.weights,
+                                 nproc=args.nproc)
     except ReplayMismatch as e:
         print(f"rft replay: {e}", file=sys.stderr)
         return 3

@@ -16,6 +16,8 @@ import contextlib
 import torch
 from torch.overrides import TorchFunctionMode
 
+from rftlib.models.memory import GPU_CAPABILITY  # the GPUs' compute capabilities, beside their capacities
+
 HALF = (torch.bfloat16, torch.float16)
 
 
@@ -136,8 +138,6 @@ def float16_note(dtype: str, model: str, gpu: str | None = None) -> str:
     launch_gpu_type (rftlib.models.memory.GPUS), whose compute capability says whether it has bf16."""
     if dtype != "float16":
         return ""
-    from rftlib.models.memory import GPU_CAPABILITY  # torch-free table beside the GPUs' capacities
-
     why = (f"{model} is a Qwen2-family model, trained in bfloat16, whose activations are reported to pass "
            f"float16's largest value ({FLOAT16_MAX:g}) and turn into inf/NaN ({QWEN2_FP16_REPORTS})"
            if "qwen2" in model.lower() else

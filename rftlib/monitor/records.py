@@ -36,7 +36,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
-from rftlib.attempts import chmod_as_umask
+from rftlib.monitor.files import chmod_as_umask
 
 RECORDS = "records"
 INDEX = "index.json"

@@ -48,7 +48,7 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-from rftlib.attempts import chmod_as_umask
+from rftlib.monitor.files import chmod_as_umask
 
 SCHEMA = 1
 TAU = 0.05  # a token is kept if its |q| >= TAU * the row's max |q| (the page's slider starts here)

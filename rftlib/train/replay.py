@@ -766,9 +766,7 @@ def _result(run_dir: Path, rec: records.Record, parts: list[dict[str, Any]], cfs
                        faithful=faithful, checks=checks, table=table, counterfactuals=cfs, notes=notes,
                        first_mismatch=None if not bad else _describe(bad[0]), control=control)
     if save:
-        res.path = str(save_result(rec, res))
-        from rftlib.report.record_view import refresh_after_replay  # the views import this module
-        refresh_after_replay(run_dir, rec.step)
+        res.path = str(save_result(rec, res))  # its views: rftlib.report.replay_views.refresh_after_replay
     return res
 
 
