@@ -355,8 +355,8 @@ def test_a_crash_of_the_replay_ranks_is_not_a_refusal(recorded, monkeypatch, cap
         R._replay_ranks(recorded, 2, 2, weights="auto", counterfactuals=[])
     log = str(e.value).split("whole output: ")[1].split("\n")[0]
     assert open(log).read().splitlines() == lines  # all 60, not the last 30
-    monkeypatch.setattr(cli, "replay", lambda *a, **k: R._replay_ranks(recorded, 2, 2, weights="auto",
-                                                                         counterfactuals=[]))
+    monkeypatch.setattr(cli, "replay_and_refresh",
+                        lambda *a, **k: R._replay_ranks(recorded, 2, 2, weights="auto", counterfactuals=[]))
     args = Namespace(run_dir=str(recorded), step=2, set=[], vary=[], weights="auto", nproc=2, json=False,
                      rank_worker=None, cf_json=[])
     assert cli.run(args) == 1
