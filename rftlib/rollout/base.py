@@ -95,3 +95,15 @@ def decode_completions(tok, completion_ids: torch.Tensor, completion_mask: torch
     for ids, mask in zip(completion_ids.tolist(), completion_mask.tolist()):
         rows.append([t for t, m in zip(ids, mask) if m > 0 and t not in drop])
     return tok.batch_decode(rows, skip_special_tokens=False)
+
+
+def format_prompts(tokenizer, examples, system_prompt: str | None = None) -> list[str]:
+    """Chat-formatted prompt text (generation prompt appended) for each example (anything with ``.prompt``: a
+    rftlib.data.tasks.Example). In the rollout layer, where the single-turn source renders its prompts;
+    rftlib.eval re-exports it."""
+    out = []
+    for e in examples:
+        msgs = ([{"role": "system", "content": system_prompt}] if system_prompt else []) + [
+            {"role": "user", "content": e.prompt}]
+        out.append(tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True))
+    return out

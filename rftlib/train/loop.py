@@ -35,7 +35,7 @@ from rftlib.algo.losses import grpo_loss
 from rftlib.algo.schedule import lr_at
 from rftlib.attempts import STOP_FILE, read_attempt, write_json
 from rftlib.config import RunConfig, make_config
-from rftlib.eval import check_precision, eval_precision, format_prompts
+from rftlib.eval import check_precision, eval_precision
 from rftlib.models.forward import completion_logprobs
 from rftlib.models.loading import causal_lm, compute_dtype, is_peft
 from rftlib.models.precision import describe as describe_precision
@@ -44,6 +44,7 @@ from rftlib.monitor import records
 from rftlib.monitor.metrics import read_metrics
 from rftlib.monitor.timeline import Timeline, TimelineLog, shares
 from rftlib.rewards.registry import Reward, as_reward
+from rftlib.rollout.sources import SOURCES, Sampling
 from rftlib.train import checkpoint as ckpt
 from rftlib.train import steps
 from rftlib.train.build import Parts, build
@@ -119,6 +120,8 @@ class Trainer:
         # every eval in one declared precision (rftlib.eval), checked now: an engine that cannot switch refuses
         self.eval_precision = eval_precision(cfg.eval_dtype, cfg.dtype, self.engine)
         check_precision(self.engine, self.eval_precision)
+        # what turns a batch's examples into its scored rollout (rftlib.rollout.sources)
+        self.rollout_source = SOURCES.get("single_turn")
         self.step_num = 0
         self.eval_history: list[dict[str, Any]] = []
         self.skipped_steps = 0
@@ -309,7 +312,9 @@ class Trainer:
     def produce(self, global_indices: list[int], *, seed: int | None = None, adapter: str | None = None,
                 version: int | None = None, batch: int | None = None) -> Scored:
         """Generate and score this rank's share of a batch whose pool indices (the global batch, in the sampler's
-        order) are ``global_indices``. It touches only the engine, the tokenizer, the task and the training
+        order) are ``global_indices``, through the attempt's rollout source (``self.rollout_source``,
+        rftlib.rollout.sources: generation and scoring are the source's; the rank's slice, the policy version and
+        packing the groups are the trainer's). It touches only the engine, the tokenizer, the task and the training
         reward (never the trainer's module, optimizer or a collective), so a producer thread may run it while
         the trainer updates (rftlib.train.pipeline). ``seed`` / ``adapter``: the engine's base seed and the
         adapter (policy version) to sample from, given by a threaded producer (None: the engine's own, now);
@@ -319,28 +324,18 @@ class Trainer:
         indices = global_indices[D.rank * share:(D.rank + 1) * share]  # same global order on every rank
         examples = [self.task.train[i] for i in indices]
         version = self.step_num if version is None else version
-        sampling = {k: v for k, v in (("seed", seed), ("adapter", adapter)) if v is not None}
         batch = self.step_num + 1 if batch is None else batch
-        t = time.time()
-        with self.timeline.span("engine", "generate", each=self.engine_lanes(len(examples)), rank=D.rank, batch=batch,
-                                version=version, step=batch):
-            ro = self.engine.generate(format_prompts(self.tok, examples, self.task.system_prompt), group_size=G,
-                                      max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
-                                      top_p=cfg.top_p, **sampling).to(self.dist.device)
-        t_generate = time.time() - t
-        t = time.time()
-        rows = [examples[i // G] for i in range(len(ro.texts))]
-        trunc = [bool(cut) for cut in ro.truncated.tolist()]
-        # a reward that declares a batch form scores the whole rollout in one call (the code sandbox's
-        # workers run rows side by side; row by row, the second worker idles)
-        with self.timeline.span("producer", "reward", rank=D.rank, batch=batch, step=batch):
-            scored = self.training_reward().score(list(ro.texts), rows, trunc)
-        rewards = [float(r) for r, _ in scored]
-        diags = [d for _, d in scored]
-        t_reward = time.time() - t
+        lanes = {"generate": lambda: self.timeline.span("engine", "generate", each=self.engine_lanes(len(examples)),
+                                                        rank=D.rank, batch=batch, version=version, step=batch),
+                 "reward": lambda: self.timeline.span("producer", "reward", rank=D.rank, batch=batch, step=batch)}
+        out = self.rollout_source(examples, engine=self.engine, tok=self.tok, system_prompt=self.task.system_prompt,
+                                  reward=self.training_reward(), group_size=G, device=self.dist.device,
+                                  sampling=Sampling(cfg.max_new_tokens, cfg.temperature, cfg.top_p, seed, adapter),
+                                  spans=lambda name: lanes[name]())
+        ro, diags = out.rollout, out.diags
         items = [(ro, g, ex, idx, diags[g * G:(g + 1) * G]) for g, (ex, idx) in enumerate(zip(examples, indices))]
-        return Scored(items, torch.tensor(rewards), generate_seconds=t_generate, reward_seconds=t_reward,
-                      version=version)
+        return Scored(items, torch.tensor(out.rewards), generate_seconds=out.generate_seconds,
+                      reward_seconds=out.reward_seconds, version=version)
 
     def training_reward(self) -> Reward:
         """The reward the rollouts are scored with: the attempt's composite (RunConfig.rewards), else the
