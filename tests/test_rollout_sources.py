@@ -47,3 +47,46 @@ def test_single_turn_source_keeps_the_trainer_bit_for_bit(tiny_dir, tiny_cfg, ta
                    "reward": [0.10050252079963684, 0.07588035613298416],
                    "grad_norm": [0.25853201746940613, 0.3173140585422516],
                    "kl": [0.0, 0.015095632523298264], "rows": "5522a6ccab07e9c2"}
+
+
+def test_tokens_outside_the_model_mask_get_no_gradient_and_are_not_counted(tiny_cfg):
+    """A hand-built rollout of one group (G = 2) whose row 0 holds an environment span (completion tokens 1-2: real
+    tokens the model attends to, model_mask 0). The trainer's loss mask is the model mask, so with token-mean
+    aggregation the loss's denominator is the 6 model tokens (3 + 3), not the 8 completion tokens.
+
+    By hand: rewards (1, 0) -> GRPO advantages +-a, a = 0.5 / (std(1, 0) + 1e-6), std unbiased = sqrt(0.5). On-policy
+    ppo_clip (ratio exp(logp - logp.detach()) = 1, inside the clip) gives the loss -(1/6) sum A_i ratio_it over model
+    tokens, so d loss / d logp_it = -A_i / 6 on each model token and exactly 0 on the span and the padding.
+    Counting the span would give -a/8 (and -a/8 on the span itself)."""
+    import math
+
+    import torch
+
+    from rftlib.rollout.base import Rollout
+    from rftlib.train import steps
+    from rftlib.train.loop import Trainer
+
+    cfg = tiny_cfg(n_samples_per_prompt=2, rollout_batch_size=1, micro_batch_size=2,
+                   loss_agg_mode="token-mean", beta=0.0)
+    tr = Trainer(cfg, progress=False)
+    try:
+        ro = Rollout(prompt_ids=torch.tensor([[5, 6], [5, 6]]), prompt_mask=torch.ones(2, 2),
+                     completion_ids=torch.tensor([[7, 8, 9, 10, 11], [12, 13, 14, 0, 0]]),
+                     completion_mask=torch.tensor([[1., 1, 1, 1, 1], [1, 1, 1, 0, 0]]),
+                     behaviour_logprobs=torch.zeros(2, 5), truncated=torch.tensor([False, False]),
+                     texts=["a", "b"], group_size=2, model_mask=torch.tensor([[1., 0, 0, 1, 1], [1, 1, 1, 0, 0]]))
+        adv = tr.advantages(steps.Groups([(ro, 0, tr.task.train[0], 0, [{}, {}])], torch.tensor([1.0, 0.0])))
+        a = 0.5 / (math.sqrt(0.5) + 1e-6)
+        assert adv.advantages.tolist() == [float(torch.tensor(a)), float(torch.tensor(-a))]
+        num_seqs, num_tokens = steps.loss_totals(cfg, adv.loss_mask)
+        assert float(num_tokens) == 6.0
+        totals = dict(num_seqs=num_seqs, num_tokens=num_tokens, norm_const=float(cfg.max_new_tokens))
+        fwd, loss, _, _ = tr.micro_loss(adv, adv.advantages, torch.arange(2), epoch=0, totals=totals,
+                                        loss_kw=steps.loss_kwargs(cfg))
+        (grad,) = torch.autograd.grad(loss, fwd.logprobs)  # (2, 5)
+    finally:
+        tr.close()
+    want = torch.tensor([[-a, 0, 0, -a, -a], [a, a, a, 0, 0]]) / 6
+    # float32 on the order of a/6 ~ 0.12: the loss's few float32 ops round at ~1e-8 each; 1e-6 bounds them
+    assert torch.allclose(grad, want, rtol=0, atol=1e-6), grad
+    assert grad[0, 1:3].eq(0).all()  # the environment span: exactly zero, by the mask, not by rounding

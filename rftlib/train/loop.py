@@ -356,10 +356,12 @@ class Trainer:
         shaped, shaping = steps.shape_rewards(
             cfg, batch.rewards, ro.lengths().cpu(),
             behaviour_logprobs=(old_lp if old_lp is not None else ro.behaviour_logprobs).cpu(),
-            ref_logprobs=None if ref_lp is None else ref_lp.cpu(), completion_mask=ro.completion_mask.cpu())
+            ref_logprobs=None if ref_lp is None else ref_lp.cpu(), completion_mask=ro.model_mask.cpu())
         advantages = self._global_advantages(shaped, G)  # (N,) host
         row_mask = getattr(batch, "row_mask", None)
-        lmask = steps.loss_mask(cfg, ro.completion_mask, ro.truncated,
+        # the overlong penalty above counts every completion-side token (the trajectory's budget), KL in the reward
+        # only the model's; the loss covers the tokens the model sampled (Rollout.model_mask)
+        lmask = steps.loss_mask(cfg, ro.model_mask, ro.truncated,
                                 None if cfg.dynamic_sampling == "off" or row_mask is None
                                 else row_mask.to(D.device))  # (N, T)
         return Advantaged(ro, examples, indices, batch.rewards.tolist(), diags, advantages, lmask, ref_lp, old_lp,
@@ -466,8 +468,9 @@ class Trainer:
                     self._zero_backward()
 
                 def after(ix, fwd, loss, m, old, epoch=epoch, seq_lr=seq_lr, probe=probe):  # what the row reports
-                    logp, ent, mask = fwd.logprobs, fwd.entropy, fwd.rows["completion_mask"]  # (n, T')
-                    t1 = mask.shape[1]  # this micro-batch's own completion width
+                    logp, ent = fwd.logprobs, fwd.entropy  # (n, T')
+                    t1 = logp.shape[1]  # this micro-batch's own completion width
+                    mask = ro.model_mask[ix, :t1]  # (n, T') the tokens the model sampled: ESS, entropy, gap, tokens
                     if trace is not None:
                         trace.micro_batch(epoch=epoch, rows=ix, loss=float(loss.detach()), logprobs=logp, entropy=ent,
                                           tokens=float(mask.sum()), metrics=m)
@@ -532,8 +535,9 @@ class Trainer:
         cfg, ro = self.cfg, batch.rollout
         bonus = cfg.entropy_coef != 0
         fwd = self.forward(rows_of(ro, ix), with_entropy=epoch == 0 or bonus, entropy_grad=bonus)
-        logp, ent, mask = fwd.logprobs, fwd.entropy, fwd.rows["completion_mask"]  # (n, T')
-        t1 = mask.shape[1]  # this micro-batch's own completion width
+        logp, ent = fwd.logprobs, fwd.entropy  # (n, T')
+        t1 = logp.shape[1]  # this micro-batch's own completion width
+        mask = ro.model_mask[ix, :t1]  # (n, T') TIS over the sampled tokens (environment tokens have no behaviour logprob)
         old = logp.detach() if batch.old_logprobs is None else batch.old_logprobs[ix, :t1]
         is_w = tis = None
         if not self.engine.shares_trainer_module:  # the engine's own numerics sampled the rows
@@ -604,7 +608,8 @@ class Trainer:
         metrics); rank 0 writes the spike log and the samples. Keeps the first group for the live view."""
         D, G, ro = self.dist, self.cfg.n_samples_per_prompt, adv.rollout
         local = {"rewards": adv.rewards, "diags": adv.diags, "extra": [extra], "advantages": adv.advantages.tolist(),
-                 "lengths": ro.lengths().cpu().tolist(), "truncated": ro.truncated.cpu().tolist(),
+                 "lengths": ro.model_lengths().cpu().tolist(), "truncated": ro.truncated.cpu().tolist(),
+                 "trajectory_lengths": ro.lengths().cpu().tolist(),
                  "texts": ro.texts, "examples": [(e.prompt, e.answer) for e in adv.examples],
                  "tok": upd.tokens, "metrics": upd.micro_metrics, "entropy": upd.entropy,
                  "behaviour_diff": upd.behaviour_diff, "seq_log_ratio": upd.seq_log_ratio, "gns": upd.gns,
@@ -617,7 +622,7 @@ class Trainer:
         row.update(staleness_metrics(allr["versions"], self.step_num, self.cfg.max_staleness))
         # what the step delivered per second of its wall time (the number the overlap of max_staleness > 0 moves)
         row["throughput/samples_per_s"] = len(allr["rewards"]) / max(timing["step"], 1e-9)
-        row["throughput/tokens_per_s"] = float(sum(allr["lengths"])) / max(timing["step"], 1e-9)
+        row["throughput/tokens_per_s"] = float(sum(allr["trajectory_lengths"])) / max(timing["step"], 1e-9)
         for k in (allr["extra"][0] if allr["extra"] else {}):  # per-rank step metrics: the mean over ranks
             row[k] = float(np.mean([e[k] for e in allr["extra"]]))
         row.update(self.sampler.metrics())
