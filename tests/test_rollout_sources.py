@@ -90,3 +90,83 @@ def test_tokens_outside_the_model_mask_get_no_gradient_and_are_not_counted(tiny_
     # float32 on the order of a/6 ~ 0.12: the loss's few float32 ops round at ~1e-8 each; 1e-6 bounds them
     assert torch.allclose(grad, want, rtol=0, atol=1e-6), grad
     assert grad[0, 1:3].eq(0).all()  # the environment span: exactly zero, by the mask, not by rounding
+
+
+class _TwoTurnEnv:
+    """A scripted environment: the model's first turn gets a fixed tool-style answer, its second ends the
+    episode, scored by the digit share of that turn (isdigit_share). A turn cut by the budget ends it too."""
+
+    ANSWER = "Result: 42"
+
+    def __init__(self, task):
+        self.turn = 0
+
+    def reset(self, example, seed):
+        return [{"role": "user", "content": example.prompt}]
+
+    def step(self, text, *, truncated=False):
+        from rftlib.envs.base import Step
+
+        self.turn += 1
+        if truncated or self.turn == 2:
+            return Step([], isdigit_share(text, None, truncated)[0], True,
+                        {"stop": "length" if truncated else "answer"})
+        return Step([{"role": "user", "content": self.ANSWER}], 0.0, False, {"tool_calls": 1.0})
+
+
+def test_a_multi_turn_step_trains_and_the_environment_tokens_are_masked(tiny_dir, tiny_cfg, monkeypatch):
+    """One GRPO step of two-turn episodes through the multi_turn source on HF generate (the tiny model).
+
+    The random tiny model (400 tokens) rarely samples its stop token, so every turn would run to the budget and
+    no episode would reach turn 2: the test adds +4 to the stop token's logit before the engine draws (about 1 in
+    7 per token), on-policy the loss reads the trainer's own logprobs, not the engine's. Checked: rows that
+    reached turn 2 hold the environment's span (the newline after the model's <|im_end|>, the user turn, the next
+    generation prompt) with model mask 0 and loss mask 0; advantages are non-zero; the weights move."""
+    import torch
+
+    import rftlib.rollout.hf as hf
+    from rftlib.envs.base import ENVS
+    from rftlib.train.loop import Trainer
+
+    monkeypatch.setattr(ENVS, "_table", dict(ENVS._table))  # the registration ends with the test
+    ENVS.register("two_turn_test", _TwoTurnEnv)
+    real = hf.SampleAndRecord.__call__
+
+    def biased(self, input_ids, scores):
+        scores = scores.clone()
+        scores[:, self_eos] += 4.0
+        return real(self, input_ids, scores)
+
+    cfg = tiny_cfg(env="two_turn_test", max_turns=2, max_trajectory_tokens=48, lr=5e-2, warmup_ratio=0.0,
+                   save_steps=0, lora_rank=0)
+    seen = {}
+    tr = Trainer(cfg, progress=False, hooks=[lambda name, s, res: seen.__setitem__(name, res)])
+    self_eos = tr.tok.eos_token_id
+    monkeypatch.setattr(hf.SampleAndRecord, "__call__", biased)
+    try:
+        before = {n: p.detach().clone() for n, p in tr.model.named_parameters() if p.requires_grad}
+        row = tr.step()
+        moved = max(float((p.detach() - before[n]).abs().max()) for n, p in tr.model.named_parameters()
+                    if p.requires_grad)
+    finally:
+        tr.close()
+    adv = seen["advantages"]
+    ro = adv.rollout
+    env_tok = (ro.completion_mask > 0) & (ro.model_mask == 0)  # (N, T)
+    two_turn = env_tok.any(-1)  # (N,) rows that got the environment's answer
+    assert int(two_turn.sum()) >= 2, f"only {int(two_turn.sum())} of {ro.num_rows} rows reached turn 2"
+    assert row["turns"] > 1.0 and row["tokens/env"] > 0 and row["tool_calls"] > 0
+    assert bool((ro.model_mask <= ro.completion_mask).all())
+    assert bool((adv.loss_mask[env_tok] == 0).all())  # no environment token in the loss
+    eos, nl = tr.tok.eos_token_id, tr.tok("\n", add_special_tokens=False)["input_ids"]
+    for i in two_turn.nonzero().flatten().tolist():
+        ids, mm = ro.completion_ids[i].tolist(), ro.model_mask[i].tolist()
+        first_stop = ids.index(eos)  # the model's first turn ends at its stop token, sampled (mask 1)
+        assert mm[first_stop] == 1 and mm[first_stop + 1] == 0
+        start = first_stop + 1
+        end = start + mm[start:].index(1)  # the environment's span, up to the model's second turn
+        span = tr.tok.decode(ids[start:end])
+        assert ids[start:start + len(nl)] == nl  # the boundary newline the engine never generates is the env's
+        assert span == f"\n<|im_start|>user\n{_TwoTurnEnv.ANSWER}<|im_end|>\n<|im_start|>assistant\n", span
+    assert adv.advantages.abs().max() > 0
+    assert moved > 0

@@ -68,3 +68,10 @@ def no_spans(phase: str) -> ContextManager:
 
 
 SOURCES.declare("single_turn", "rftlib.rollout.single_turn:single_turn")
+SOURCES.declare("multi_turn", "rftlib.rollout.multi_turn:multi_turn")
+
+
+def source_name(env: str) -> str:
+    """The rollout source a config's ``env`` selects: ``single_turn`` for the single_turn environment (the batched
+    reward path, so the code reward keeps its sandbox batch), ``multi_turn`` for any other."""
+    return "single_turn" if env == "single_turn" else "multi_turn"

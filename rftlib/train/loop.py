@@ -17,6 +17,7 @@ logprobs *are* the current ones (detached), so no extra forward is spent on them
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import sys
 import time
@@ -35,6 +36,7 @@ from rftlib.algo.losses import grpo_loss
 from rftlib.algo.schedule import lr_at
 from rftlib.attempts import STOP_FILE, read_attempt, write_json
 from rftlib.config import RunConfig, make_config
+from rftlib.envs.chat import check_prefix_preserving
 from rftlib.eval import check_precision, eval_precision
 from rftlib.models.forward import completion_logprobs
 from rftlib.models.loading import causal_lm, compute_dtype, is_peft
@@ -44,7 +46,7 @@ from rftlib.monitor import records
 from rftlib.monitor.metrics import read_metrics
 from rftlib.monitor.timeline import Timeline, TimelineLog, shares
 from rftlib.rewards.registry import Reward, as_reward
-from rftlib.rollout.sources import SOURCES, Sampling
+from rftlib.rollout.sources import SOURCES, Sampling, source_name
 from rftlib.train import checkpoint as ckpt
 from rftlib.train import steps
 from rftlib.train.build import Parts, build
@@ -120,8 +122,13 @@ class Trainer:
         # every eval in one declared precision (rftlib.eval), checked now: an engine that cannot switch refuses
         self.eval_precision = eval_precision(cfg.eval_dtype, cfg.dtype, self.engine)
         check_precision(self.engine, self.eval_precision)
-        # what turns a batch's examples into its scored rollout (rftlib.rollout.sources)
-        self.rollout_source = SOURCES.get("single_turn")
+        # what turns a batch's examples into its scored rollout (rftlib.rollout.sources): cfg.env selects it
+        self.rollout_source = SOURCES.get(source_name(cfg.env))
+        if cfg.env != "single_turn":  # token-in/token-out needs a template that keeps earlier turns as rendered
+            check_prefix_preserving(self.tok, stop_ids=self.engine.stop_ids)
+            self.rollout_source = functools.partial(
+                self.rollout_source, task=self.task, env=cfg.env, env_args=dict(cfg.env_args), max_turns=cfg.max_turns,
+                max_trajectory_tokens=cfg.max_trajectory_tokens or cfg.max_new_tokens)
         self.step_num = 0
         self.eval_history: list[dict[str, Any]] = []
         self.skipped_steps = 0
