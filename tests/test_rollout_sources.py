@@ -138,7 +138,7 @@ def test_a_multi_turn_step_trains_and_the_environment_tokens_are_masked(tiny_dir
         return real(self, input_ids, scores)
 
     cfg = tiny_cfg(env="two_turn_test", max_turns=2, max_trajectory_tokens=48, lr=5e-2, warmup_ratio=0.0,
-                   save_steps=0, lora_rank=0)
+                   save_steps=0, lora_rank=0, record_batches=[1])
     seen = {}
     tr = Trainer(cfg, progress=False, hooks=[lambda name, s, res: seen.__setitem__(name, res)])
     self_eos = tr.tok.eos_token_id
@@ -170,3 +170,10 @@ def test_a_multi_turn_step_trains_and_the_environment_tokens_are_masked(tiny_dir
         assert span == f"\n<|im_start|>user\n{_TwoTurnEnv.ANSWER}<|im_end|>\n<|im_start|>assistant\n", span
     assert adv.advantages.abs().max() > 0
     assert moved > 0
+    # the step's record keeps the model mask, and replay rebuilds the rollout with it (rftlib.train.replay)
+    from rftlib.monitor.records import read_record
+    from rftlib.train.replay import advantaged
+
+    again = advantaged(read_record(tr.run_dir, 1), 0, torch.device("cpu")).rollout
+    assert torch.equal(again.model_mask, ro.model_mask.cpu()) and torch.equal(again.completion_mask,
+                                                                              ro.completion_mask.cpu())
