@@ -17,6 +17,7 @@ logprobs *are* the current ones (detached), so no extra forward is spent on them
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import sys
 import time
@@ -35,7 +36,8 @@ from rftlib.algo.losses import grpo_loss
 from rftlib.algo.schedule import lr_at
 from rftlib.attempts import STOP_FILE, read_attempt, write_json
 from rftlib.config import RunConfig, make_config
-from rftlib.eval import check_precision, eval_precision, format_prompts
+from rftlib.envs.chat import check_prefix_preserving
+from rftlib.eval import check_precision, eval_precision
 from rftlib.models.forward import completion_logprobs
 from rftlib.models.loading import causal_lm, compute_dtype, is_peft
 from rftlib.models.precision import describe as describe_precision
@@ -44,6 +46,7 @@ from rftlib.monitor import records
 from rftlib.monitor.metrics import read_metrics
 from rftlib.monitor.timeline import Timeline, TimelineLog, shares
 from rftlib.rewards.registry import Reward, as_reward
+from rftlib.rollout.sources import SOURCES, Sampling, source_name
 from rftlib.train import checkpoint as ckpt
 from rftlib.train import steps
 from rftlib.train.build import Parts, build
@@ -119,6 +122,13 @@ class Trainer:
         # every eval in one declared precision (rftlib.eval), checked now: an engine that cannot switch refuses
         self.eval_precision = eval_precision(cfg.eval_dtype, cfg.dtype, self.engine)
         check_precision(self.engine, self.eval_precision)
+        # what turns a batch's examples into its scored rollout (rftlib.rollout.sources): cfg.env selects it
+        self.rollout_source = SOURCES.get(source_name(cfg.env))
+        if cfg.env != "single_turn":  # token-in/token-out needs a template that keeps earlier turns as rendered
+            check_prefix_preserving(self.tok, stop_ids=self.engine.stop_ids)
+            self.rollout_source = functools.partial(
+                self.rollout_source, task=self.task, env=cfg.env, env_args=dict(cfg.env_args), max_turns=cfg.max_turns,
+                max_trajectory_tokens=cfg.max_trajectory_tokens or cfg.max_new_tokens)
         self.step_num = 0
         self.eval_history: list[dict[str, Any]] = []
         self.skipped_steps = 0
@@ -309,7 +319,9 @@ class Trainer:
     def produce(self, global_indices: list[int], *, seed: int | None = None, adapter: str | None = None,
                 version: int | None = None, batch: int | None = None) -> Scored:
         """Generate and score this rank's share of a batch whose pool indices (the global batch, in the sampler's
-        order) are ``global_indices``. It touches only the engine, the tokenizer, the task and the training
+        order) are ``global_indices``, through the attempt's rollout source (``self.rollout_source``,
+        rftlib.rollout.sources: generation and scoring are the source's; the rank's slice, the policy version and
+        packing the groups are the trainer's). It touches only the engine, the tokenizer, the task and the training
         reward (never the trainer's module, optimizer or a collective), so a producer thread may run it while
         the trainer updates (rftlib.train.pipeline). ``seed`` / ``adapter``: the engine's base seed and the
         adapter (policy version) to sample from, given by a threaded producer (None: the engine's own, now);
@@ -319,28 +331,18 @@ class Trainer:
         indices = global_indices[D.rank * share:(D.rank + 1) * share]  # same global order on every rank
         examples = [self.task.train[i] for i in indices]
         version = self.step_num if version is None else version
-        sampling = {k: v for k, v in (("seed", seed), ("adapter", adapter)) if v is not None}
         batch = self.step_num + 1 if batch is None else batch
-        t = time.time()
-        with self.timeline.span("engine", "generate", each=self.engine_lanes(len(examples)), rank=D.rank, batch=batch,
-                                version=version, step=batch):
-            ro = self.engine.generate(format_prompts(self.tok, examples, self.task.system_prompt), group_size=G,
-                                      max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
-                                      top_p=cfg.top_p, **sampling).to(self.dist.device)
-        t_generate = time.time() - t
-        t = time.time()
-        rows = [examples[i // G] for i in range(len(ro.texts))]
-        trunc = [bool(cut) for cut in ro.truncated.tolist()]
-        # a reward that declares a batch form scores the whole rollout in one call (the code sandbox's
-        # workers run rows side by side; row by row, the second worker idles)
-        with self.timeline.span("producer", "reward", rank=D.rank, batch=batch, step=batch):
-            scored = self.training_reward().score(list(ro.texts), rows, trunc)
-        rewards = [float(r) for r, _ in scored]
-        diags = [d for _, d in scored]
-        t_reward = time.time() - t
+        lanes = {"generate": lambda: self.timeline.span("engine", "generate", each=self.engine_lanes(len(examples)),
+                                                        rank=D.rank, batch=batch, version=version, step=batch),
+                 "reward": lambda: self.timeline.span("producer", "reward", rank=D.rank, batch=batch, step=batch)}
+        out = self.rollout_source(examples, engine=self.engine, tok=self.tok, system_prompt=self.task.system_prompt,
+                                  reward=self.training_reward(), group_size=G, device=self.dist.device,
+                                  sampling=Sampling(cfg.max_new_tokens, cfg.temperature, cfg.top_p, seed, adapter),
+                                  spans=lambda name: lanes[name]())
+        ro, diags = out.rollout, out.diags
         items = [(ro, g, ex, idx, diags[g * G:(g + 1) * G]) for g, (ex, idx) in enumerate(zip(examples, indices))]
-        return Scored(items, torch.tensor(rewards), generate_seconds=t_generate, reward_seconds=t_reward,
-                      version=version)
+        return Scored(items, torch.tensor(out.rewards), generate_seconds=out.generate_seconds,
+                      reward_seconds=out.reward_seconds, version=version)
 
     def training_reward(self) -> Reward:
         """The reward the rollouts are scored with: the attempt's composite (RunConfig.rewards), else the
@@ -361,10 +363,12 @@ class Trainer:
         shaped, shaping = steps.shape_rewards(
             cfg, batch.rewards, ro.lengths().cpu(),
             behaviour_logprobs=(old_lp if old_lp is not None else ro.behaviour_logprobs).cpu(),
-            ref_logprobs=None if ref_lp is None else ref_lp.cpu(), completion_mask=ro.completion_mask.cpu())
+            ref_logprobs=None if ref_lp is None else ref_lp.cpu(), completion_mask=ro.model_mask.cpu())
         advantages = self._global_advantages(shaped, G)  # (N,) host
         row_mask = getattr(batch, "row_mask", None)
-        lmask = steps.loss_mask(cfg, ro.completion_mask, ro.truncated,
+        # the overlong penalty above counts every completion-side token (the trajectory's budget), KL in the reward
+        # only the model's; the loss covers the tokens the model sampled (Rollout.model_mask)
+        lmask = steps.loss_mask(cfg, ro.model_mask, ro.truncated,
                                 None if cfg.dynamic_sampling == "off" or row_mask is None
                                 else row_mask.to(D.device))  # (N, T)
         return Advantaged(ro, examples, indices, batch.rewards.tolist(), diags, advantages, lmask, ref_lp, old_lp,
@@ -471,8 +475,9 @@ class Trainer:
                     self._zero_backward()
 
                 def after(ix, fwd, loss, m, old, epoch=epoch, seq_lr=seq_lr, probe=probe):  # what the row reports
-                    logp, ent, mask = fwd.logprobs, fwd.entropy, fwd.rows["completion_mask"]  # (n, T')
-                    t1 = mask.shape[1]  # this micro-batch's own completion width
+                    logp, ent = fwd.logprobs, fwd.entropy  # (n, T')
+                    t1 = logp.shape[1]  # this micro-batch's own completion width
+                    mask = ro.model_mask[ix, :t1]  # (n, T') the tokens the model sampled: ESS, entropy, gap, tokens
                     if trace is not None:
                         trace.micro_batch(epoch=epoch, rows=ix, loss=float(loss.detach()), logprobs=logp, entropy=ent,
                                           tokens=float(mask.sum()), metrics=m)
@@ -537,8 +542,9 @@ class Trainer:
         cfg, ro = self.cfg, batch.rollout
         bonus = cfg.entropy_coef != 0
         fwd = self.forward(rows_of(ro, ix), with_entropy=epoch == 0 or bonus, entropy_grad=bonus)
-        logp, ent, mask = fwd.logprobs, fwd.entropy, fwd.rows["completion_mask"]  # (n, T')
-        t1 = mask.shape[1]  # this micro-batch's own completion width
+        logp, ent = fwd.logprobs, fwd.entropy  # (n, T')
+        t1 = logp.shape[1]  # this micro-batch's own completion width
+        mask = ro.model_mask[ix, :t1]  # (n, T') TIS over the sampled tokens (environment tokens have no behaviour logprob)
         old = logp.detach() if batch.old_logprobs is None else batch.old_logprobs[ix, :t1]
         is_w = tis = None
         if not self.engine.shares_trainer_module:  # the engine's own numerics sampled the rows
@@ -609,7 +615,8 @@ class Trainer:
         metrics); rank 0 writes the spike log and the samples. Keeps the first group for the live view."""
         D, G, ro = self.dist, self.cfg.n_samples_per_prompt, adv.rollout
         local = {"rewards": adv.rewards, "diags": adv.diags, "extra": [extra], "advantages": adv.advantages.tolist(),
-                 "lengths": ro.lengths().cpu().tolist(), "truncated": ro.truncated.cpu().tolist(),
+                 "lengths": ro.model_lengths().cpu().tolist(), "truncated": ro.truncated.cpu().tolist(),
+                 "trajectory_lengths": ro.lengths().cpu().tolist(),
                  "texts": ro.texts, "examples": [(e.prompt, e.answer) for e in adv.examples],
                  "tok": upd.tokens, "metrics": upd.micro_metrics, "entropy": upd.entropy,
                  "behaviour_diff": upd.behaviour_diff, "seq_log_ratio": upd.seq_log_ratio, "gns": upd.gns,
@@ -622,7 +629,7 @@ class Trainer:
         row.update(staleness_metrics(allr["versions"], self.step_num, self.cfg.max_staleness))
         # what the step delivered per second of its wall time (the number the overlap of max_staleness > 0 moves)
         row["throughput/samples_per_s"] = len(allr["rewards"]) / max(timing["step"], 1e-9)
-        row["throughput/tokens_per_s"] = float(sum(allr["lengths"])) / max(timing["step"], 1e-9)
+        row["throughput/tokens_per_s"] = float(sum(allr["trajectory_lengths"])) / max(timing["step"], 1e-9)
         for k in (allr["extra"][0] if allr["extra"] else {}):  # per-rank step metrics: the mean over ranks
             row[k] = float(np.mean([e[k] for e in allr["extra"]]))
         row.update(self.sampler.metrics())

@@ -229,6 +229,8 @@ class Recorder:
              "truncated": ro.truncated.to(torch.uint8), "advantages": adv.advantages, "loss_mask": adv.loss_mask,
              "rewards": torch.tensor(adv.rewards, dtype=torch.float32), "trainer_logprobs": logp, "entropy": ent,
              "versions": torch.tensor(versions, dtype=torch.int64)}
+        if not torch.equal(ro.model_mask, ro.completion_mask):  # a multi-turn batch: environment tokens (mask 0)
+            t["model_mask"] = ro.model_mask  # single-turn records stay as they were (replay defaults it)
         if adv.ref_logprobs is not None:
             t["ref_logprobs"] = adv.ref_logprobs
         if adv.old_logprobs is not None:

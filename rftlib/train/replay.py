@@ -336,7 +336,8 @@ def advantaged(rec: records.Record, rank: int, device: torch.device):
     texts = rec.texts["ranks"][rank]
     ro = Rollout(prompt_ids=t["prompt_ids"], prompt_mask=t["prompt_mask"], completion_ids=t["completion_ids"],
                  completion_mask=t["completion_mask"], behaviour_logprobs=t["behaviour_logprobs"],
-                 truncated=t["truncated"].bool(), texts=texts["completions"], group_size=texts["group_size"]).to(device)
+                 truncated=t["truncated"].bool(), texts=texts["completions"], group_size=texts["group_size"],
+                 model_mask=t.get("model_mask")).to(device)  # absent: a single-turn record (= completion_mask)
     return Advantaged(rollout=ro, examples=[], indices=texts["indices"], rewards=t["rewards"].tolist(),
                       diags=texts["diags"], advantages=t["advantages"], loss_mask=t["loss_mask"].to(device),
                       ref_logprobs=t["ref_logprobs"].to(device) if "ref_logprobs" in t else None,
