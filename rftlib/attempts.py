@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import fcntl
+import difflib
 import json
 import os
 import platform
@@ -72,11 +73,29 @@ def reports_root(runs: str | Path | None = None) -> Path:
 def run_dir_path(path: str | Path) -> Path:
     """An attempt directory named on a command line or in a notebook: as given when it exists from the
     working directory (or is absolute), else under the project root (so ``runs/attempt-01-x`` works
-    from a kernel in notebooks/ too)."""
+    from a kernel in notebooks/ too), else a bare name under the runs root (``$RFTLIB_RUNS``, else
+    <project>/runs: ``rft replay attempt-01-x``). Nothing found: the project-root path (the caller says so,
+    or :func:`existing_attempt` does)."""
     p = Path(path).expanduser()
     if p.is_absolute() or p.exists():
         return p.resolve()
-    return (project_root() / p).resolve()
+    if (project_root() / p).exists() or len(p.parts) != 1:
+        return (project_root() / p).resolve()
+    under = runs_root() / p
+    return under.resolve() if under.exists() else (project_root() / p).resolve()
+
+
+def existing_attempt(path: str | Path) -> Path:
+    """:func:`run_dir_path`, which must be an attempt (a directory with config.yaml): else FileNotFoundError
+    naming where it looked and the nearest attempt names under the runs root."""
+    d = run_dir_path(path)
+    if (d / "config.yaml").is_file():
+        return d
+    root = runs_root()
+    names = sorted(x.name for x in root.iterdir() if (x / "config.yaml").is_file()) if root.is_dir() else []
+    near = difflib.get_close_matches(Path(path).name, names, n=3)
+    raise FileNotFoundError(f"{path}: no attempt there (looked in the working directory, {project_root()} and the "
+                            f"runs root {root})" + (f"; nearest: {', '.join(near)}" if near else ""))
 
 
 def request_stop(run_dir: str | Path, reason: str = "stopped by user") -> Path:

@@ -26,16 +26,7 @@ from rftlib.data.tasks import Example, Task
 from rftlib.evalmath import EVAL_MODES, _base_mode, check_eval_mode, majority_correct, pass_at_k
 from rftlib.models.loading import resolve_dtype
 from rftlib.rewards.math import extract_answer, normalize_answer
-
-
-def format_prompts(tokenizer, examples: list[Example], system_prompt: str | None = None) -> list[str]:
-    """Chat-formatted prompt text (generation prompt appended) for each example."""
-    out = []
-    for e in examples:
-        msgs = ([{"role": "system", "content": system_prompt}] if system_prompt else []) + [
-            {"role": "user", "content": e.prompt}]
-        out.append(tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True))
-    return out
+from rftlib.rollout.base import format_prompts  # noqa: F401  (moved to the rollout layer; importers of eval keep it)
 
 
 EVAL_DTYPES = ("auto", "float32", "bfloat16", "float16")

@@ -275,7 +275,7 @@ def analysis_notebook() -> nbformat.NotebookNode:
 
 
 REPLAY_PARAMS = '''\
-# Parameters (papermill -p NAME VALUE). Typed literals only; the work is in rftlib.report.record_view.
+# Parameters (papermill -p NAME VALUE). Typed literals only; the work is in rftlib.report.replay_views and record_view.
 run_dir: str = ""  # the attempt (its directory, or its name under the runs root); "": the newest attempt with a record
 step = None  # the recorded step to replay (None: the latest recorded; records/ lists them)
 counterfactuals: list = [{"policy_loss": "gspo"}, {"policy_loss": "cispo"}]  # loss settings to replay the same batch under
@@ -287,14 +287,18 @@ def replay_notebook() -> nbformat.NotebookNode:
     cells = [
         md("# Replay a recorded step\n\nThe trainer's own update, run again on the recorded batch from the weights "
            "it started from (rftlib.train.replay): the verdict says whether it reproduced every recorded logprob, "
-           "loss and grad norm bit for bit. Each counterfactual is the same batch on the same weights under another "
+           "loss and grad norm bit for bit. In another environment (threads, CPU kernels, device) the recorded "
+           "configuration runs first as the control: refused when its logprobs are further from the record than "
+           "this precision's measured noise allows (wrong weights), else CONTROLLED, with the control's own gap to "
+           "the record printed as the environment's noise and every counterfactual read as its difference from the "
+           "control (d_* columns). Each counterfactual is the same batch on the same weights under another "
            "loss: its loss, gradient norm and the cosine of its gradient with the recorded one, per optimizer "
            "step. An on-policy step (one optimizer step, HF engine) has every ratio at exactly 1: no clip range "
            "clips anything there, and losses differ only by their aggregation; several optimizer steps per rollout "
            "(train_batch_size < rollout_batch_size) or a vLLM engine make the later steps off-policy."),
         _params(REPLAY_PARAMS),
-        code("from rftlib.report import record_view as RV\n\nres = RV.run(run_dir, step, counterfactuals, weights)\n"
-             "RV.verdict(res)"),
+        code("from rftlib.report import record_view as RV, replay_views\n\n"
+             "res = replay_views.run(run_dir, step, counterfactuals, weights)\nRV.verdict(res)"),
         md("## Per optimizer step and configuration"),
         code("RV.table(res)"),
         md("## Every token: what each loss did to it\n\nColour by the gradient weight dL/dlogp (which tokens the "

@@ -185,6 +185,20 @@ class RolloutSettings(Section):
     current one; a batch trained at step n was sampled by version >= n-1-k. Peers: AReaL max_head_offpolicyness,
     prime-rl max_off_policy_steps, NeMo-RL max_trajectory_age_steps, SkyRL max_staleness_steps, TRL max_staleness;
     seed 003 (sec. 11) is the case: 4 GPUs train while 4 serve, each half idle half the time at k = 0"""
+    env: str = "single_turn"
+    """the environment each rollout plays (rftlib.envs ENVS: single_turn | calculator | one registered by a notebook).
+    single_turn (default): today's rollout, one prompt and one scored completion (the single_turn rollout source,
+    bit for bit). Any other: the multi_turn rollout source (rftlib.rollout.multi_turn), token-in/token-out over
+    up to max_turns model turns, the environment's tokens in the completion with model mask 0 (issue 40);
+    HF generate only for now"""
+    env_args: dict = field(default_factory=dict)
+    """extra arguments of the environment's factory (``make_env(env, task, **env_args)``)"""
+    max_turns: int = ranged(4, ge=1, msg="must be at least 1 model turn")
+    """most model turns of one multi-turn episode; one still going after them ends with stop reason max_turns"""
+    max_trajectory_tokens: int | None = None
+    """one token budget for a multi-turn trajectory's completion side, model and environment tokens together
+    (None: max_new_tokens). Each turn may sample what is left of it; an environment answer that would pass it is
+    not appended and the episode ends (stop reason length), so a trajectory ends with a model turn"""
 
 
 @dataclass

@@ -204,11 +204,12 @@ def run_line_process(cmd: list[str], log, timeout: float, env: dict[str, str]) -
     return code
 
 
-def _processes_with_token(token: str) -> list[int]:
-    """The pids whose environment carries ``LINE_TOKEN_ENV=token`` (Linux /proc; [] elsewhere): the line and
-    everything it started, in whatever session or process group, reparented orphans included (the way
-    Jenkins' ProcessTreeKiller finds a build's processes)."""
-    needle = f"{LINE_TOKEN_ENV}={token}".encode()
+def _processes_with_token(token: str, var: str = LINE_TOKEN_ENV) -> list[int]:
+    """The pids whose environment carries ``var=token`` (``LINE_TOKEN_ENV``; Linux /proc; [] elsewhere): the line
+    and everything it started, in whatever session or process group, reparented orphans included (the way
+    Jenkins' ProcessTreeKiller finds a build's processes). scripts/gpu_check.py finds its stages' with its own
+    ``var``: a smoke line inside a stage carries both."""
+    needle = f"{var}={token}".encode()
     pids = []
     try:
         entries = os.listdir("/proc")

@@ -387,7 +387,7 @@ def run_validation(cfg: RunConfig, run_dir: str | Path | None = None, *, control
     v.checks = _checks(v, trainer.task, ex, compute_advantages)
     v.timing = _timing(v, trainer, setup_s)
     v.memory = _memory(v, trainer, rss0, rss_loaded, cuda)
-    v.phases = phase_rows(v.steps, meter)
+    v.phases = phase_rows(v.steps, meter, v.config.get("max_staleness", 0))
     v.sandbox = sandbox_summary(v.steps)
     v.criteria = criteria_rows(v)
     write_json(run_dir / "validation.json", v.to_json())
@@ -611,7 +611,8 @@ def criteria_table(v: Validation) -> Html:
 def phase_table(v: Validation) -> Html:
     """Time and memory per phase of a step (seed 002's Timing Analysis and Memory Usage, per phase)."""
     gpu = any(p.get("peak_gpu") is not None for p in v.phases)
-    rows = [(p["phase"], "\u2014" if p["seconds"] is None else f"{p['seconds']:.2f} s", pct_or_dash(p["share"]),
+    rows = [(p["phase"] + (" (producer thread, overlapped)" if p.get("overlapped") else ""),
+             "\u2014" if p["seconds"] is None else f"{p['seconds']:.2f} s", pct_or_dash(p["share"]),
              _mib(p.get("peak_rss")), _mib(p.get("start_rss")), *((_mib(p.get("peak_gpu")),) if gpu else ()))
             for p in v.phases]
     return table(["Phase (per step)", "Time", "Share of step", "Peak RSS in phase", "RSS at first start",
@@ -646,20 +647,33 @@ PHASE_TIMING = {"generation": "timing/generate", "reward": "timing/reward", "ref
 """each phase's seconds in the trainer's metrics row"""
 
 
-def phase_rows(steps: list[StepRecord], meter: PhaseMeter | None) -> list[dict[str, Any]]:
+def phase_rows(steps: list[StepRecord], meter: PhaseMeter | None, max_staleness: int = 0) -> list[dict[str, Any]]:
     """Per phase: mean seconds per step, share of the mean step time, peak RSS while it ran (and
     the RSS at its first start), peak GPU memory allocated; then the rest of the step (sync,
-    advantages, logging) and the whole step."""
+    advantages, logging) and the whole step.
+
+    At ``max_staleness`` > 0 a producer thread generates and scores the batches while the trainer updates
+    (rftlib.train.pipeline): generation and reward are not on the step's path (their rows say ``overlapped``),
+    the step waits only ``timing/wait_rollout`` for them (its own row), and the rest is the step less that
+    wait, the reference pass and the update. Subtracting the producer's seconds from the step made it negative."""
     n = max(len(steps), 1)
     step_s = sum(s.row.get("timing/step", 0.0) for s in steps) / n
+    threaded = max_staleness > 0
     out = []
     for ph in PHASES:
         sec = sum(s.row.get(PHASE_TIMING[ph], 0.0) for s in steps) / n
         out.append({"phase": ph, "seconds": sec, "share": sec / step_s if step_s else None,
                     "peak_rss": meter.peak_rss.get(ph) if meter else None,
                     "start_rss": meter.start_rss.get(ph) if meter else None,
-                    "peak_gpu": meter.peak_gpu.get(ph) if meter and meter.cuda else None})
-    rest = step_s - sum(p["seconds"] for p in out)
+                    "peak_gpu": meter.peak_gpu.get(ph) if meter and meter.cuda else None,
+                    "overlapped": threaded and ph in ("generation", "reward")})
+    on_path = [p["seconds"] for p in out if not p["overlapped"]]
+    if threaded:
+        wait = sum(s.row.get("timing/wait_rollout", 0.0) for s in steps) / n
+        out.append({"phase": "waiting for the producer (generation + reward not overlapped)", "seconds": wait,
+                    "share": wait / step_s if step_s else None})
+        on_path.append(wait)
+    rest = step_s - sum(on_path)
     out.append({"phase": "other (sync, advantages, metrics)", "seconds": rest, "share": rest / step_s if step_s else None})
     out.append({"phase": "whole step", "seconds": step_s, "share": 1.0 if step_s else None,
                 "peak_rss": max(meter.peak_rss.values()) if meter and meter.peak_rss else None})

@@ -129,6 +129,11 @@ def main(argv=None) -> None:
         local = sum(p.ds_tensor.numel() for p in tr.model.parameters() if hasattr(p, "ds_tensor"))
         full = sum(p.ds_numel for p in tr.model.parameters() if hasattr(p, "ds_numel"))
         state["partition"] = dist.gather_objects((local, full))
+        # which parameters ZeRO-3 releases after each use (gathered again on the next) rather than keeping
+        # whole: those above stage3_param_persistence_threshold elements (DeepSpeed's default 1e5)
+        state["persistence_threshold"] = tr.backend.engine.zero_param_persistence_threshold()
+        state["released"] = {n: p.ds_numel for n, p in tr.model.named_parameters()
+                             if hasattr(p, "ds_persist") and not p.ds_persist}
         sd = opt.state_dict()
         state["adam_local"] = {k: v for k, v in sd.items() if k in ("optimizer_state_dict",)}
     else:

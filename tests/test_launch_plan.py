@@ -142,7 +142,10 @@ def test_engines_listen_on_loopback_or_with_a_key():
     assert len(keys) == 1 and keys == trainer_keys and len(keys.pop()) >= 24
     assert all("--host 0.0.0.0" in " ".join(p.cmd) and "api-key" not in " ".join(p.cmd)
                for p in two.processes if p.role == "vllm")
-    full = make_config("seed003-gpt-oss-20b-a28b", {"nnodes": 2, "hosts": ["gpu-a", "gpu-b"], "lora_rank": 0})
+    # full fine-tuning under ZeRO-2 (ZeRO-3's full fine-tuning is refused with a KL reference or a separate engine
+    # when the config is read: test_train_build), so what refuses it here is the launch plan's dev-route rule
+    full = make_config("seed003-gpt-oss-20b-a28b", {"nnodes": 2, "hosts": ["gpu-a", "gpu-b"], "lora_rank": 0,
+                                                     "zero_stage": 2})
     with pytest.raises(LaunchError, match="dev routes.*train a LoRA"):
         make_plan(full, "r", gpus_per_node=8)
 

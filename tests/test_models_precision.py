@@ -1,6 +1,8 @@
 """Precision: the float32 reference forward, the probe's threshold derived from measured noise, and what an
 attempt says about the precision it ran in."""
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -93,3 +95,30 @@ def test_describe_says_when_a_cpu_run_is_not_in_the_gpus_precision():
         "trainer": "float32 weights, bfloat16 autocast", "engine": "bfloat16", "note": ""}
     assert "vllm_dtype" in describe("float32", torch.bfloat16, "float32", "cpu")["note"]
     assert describe("bfloat16", torch.bfloat16, "bfloat16", "cuda")["note"] == ""
+
+
+def test_float16_runs_are_told_the_overflow_risk_and_the_bf16_alternative(capsys, tmp_path):
+    """Seed 002 trains Qwen2.5 in float16 ("Dtype: float16 (memory optimization)"), which Qwen2-family models,
+    trained in bf16, are reported to overflow (QwenLM/Qwen3 #761, #868, #826). The preset keeps float16; `rft
+    preflight` and the launch plan say the risk and that its RTX 3080 (sm_86, Ampere) has bfloat16 at the same
+    memory. Before the fix neither said anything."""
+    from rftlib import cli
+    from rftlib.config import make_config
+    from rftlib.launch.plan import format_plan, make_plan
+    from rftlib.models.precision import float16_note
+
+    note = float16_note("float16", "Qwen/Qwen2.5-Coder-0.5B-Instruct", "RTX3080-10GB")
+    assert "Qwen2-family" in note and "65504" in note and "#761, #868, #826" in note
+    assert note.endswith("the RTX3080-10GB (sm_86) has it: --set dtype=bfloat16 avoids the overflow at the same memory")
+    assert "an activation past float16's largest value (65504) becomes inf" in float16_note("float16", "other/llama", None)
+    assert float16_note("bfloat16", "Qwen/Qwen2.5-1.5B", "H100-80GB") == ""
+    assert float16_note("float32", "Qwen/Qwen2.5-1.5B", None) == ""
+
+    cfg = make_config("seed002-fizzbuzz-rtx3080", {"runs_root": str(tmp_path)})
+    assert cfg.dtype == "float16"  # the seed's own setting is kept
+    cli.main(["preflight", "-p", "seed002-fizzbuzz-rtx3080"])
+    out = capsys.readouterr().out
+    assert "  precision: dtype float16: Qwen/Qwen2.5-Coder-0.5B-Instruct is a Qwen2-family model" in out
+    plan = make_plan(dataclasses.replace(cfg, device="cuda", launch_gpu_type="RTX3080-10GB"), tmp_path / "run",
+                     gpus_per_node=1)
+    assert "NOTE: dtype float16: " in format_plan(plan) and "(sm_86) has it: --set dtype=bfloat16" in plan.precision["note"]

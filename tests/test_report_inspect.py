@@ -290,3 +290,17 @@ def test_page_plans_the_long_row_and_keeps_every_clipped_token():
     assert data["plan"]["key"] == "c/recorded" and data["plan"]["tau"] == 0.05
     plans = [r["plan"] for r in data["groups"][0]["rows"]]
     assert plans == [EXPECTED_CHIPS, []]
+
+
+def test_an_unclaimed_verdict_is_not_shown_as_not_reproduced():
+    """faithful None (CONTROLLED in another environment, NOT CHECKED) was bool()ed to False: a red NOT REPRODUCED
+    badge over a verdict that refuted nothing (issue 43)."""
+    def shown(faithful, text):
+        return I.page_data(small_view(verdict={"faithful": faithful, "text": text}))["verdict"]
+    assert shown(None, "NOT CHECKED (no micro-batch ran)") == {"faithful": None, "badge": "NOT CHECKED",
+                                                               "text": "NOT CHECKED (no micro-batch ran)"}
+    assert shown(None, "CONTROLLED: the environment differs")["badge"] == "CONTROLLED"
+    assert shown(False, "NOT REPRODUCED: x")["badge"] == "NOT REPRODUCED"
+    assert shown(True, "FAITHFUL: x")["badge"] == "FAITHFUL"
+    js = (ROOT / "rftlib" / "report" / "inspect_page" / "inspector.js").read_text()
+    assert "D.verdict.badge" in js  # the page shows the badge the data names

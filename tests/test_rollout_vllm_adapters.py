@@ -244,17 +244,21 @@ def test_launch_plan_engines_get_the_max_loras_of_max_staleness():
     assert all(" --max-loras 1 " in " ".join(p.cmd) and "--max-cpu-loras" not in p.cmd for p in engines0)
 
 
-def test_each_sync_judges_against_the_largest_noise_measured_so_far(engine_factory, monkeypatch):
-    """The engine hands check_sync the largest precision noise of its earlier syncs (rftlib.rollout.sync_probe:
-    why), so a low measurement at one sync does not tighten the threshold under an honest gap."""
-    eng, fake = engine_factory(0)
-    noises, seen = iter([0.17, 0.03, 0.05]), []
+def test_each_sync_reads_the_noise_of_the_recent_syncs(engine_factory, monkeypatch):
+    """The engine keeps its syncs' noise measurements and hands check_sync the recent ones (rftlib.rollout.sync_probe.
+    noise_level: why). An engine that measured 0.173 once, then 0.05, and went stale at its 12th sync (gap 0.3, 6x
+    its noise) is refused there: the threshold of the 11th was 4 x 0.05 (0.173 is the largest of 11, passed over).
+    The running maximum kept before judged every later sync against 4 x 0.173 = 0.69 and accepted it."""
+    from rftlib.rollout import SyncProbeError, sync_probe
 
-    def probe(*a, noise_seen=0.0, **k):
-        seen.append(noise_seen)
-        return {"max_diff": 0.0, "threshold": 1.0, "noise": next(noises)}
-    monkeypatch.setattr(vb, "check_sync", probe)
+    eng, fake = engine_factory(0)
+    monkeypatch.setattr(vb, "check_sync", sync_probe.check_sync)  # the real probe on made-up measurements
+    measured = iter([(0.1, 0.173)] + [(0.1, 0.05)] * 10 + [(0.3, 0.05)])  # (gap, noise) per sync
+    monkeypatch.setattr(sync_probe, "probe_gaps",
+                        lambda engine, model, amp, noise: dict(zip(("max_diff", "noise"), next(measured))))
     model = FakePeft()
-    for _ in range(3):
+    for _ in range(11):
+        out = eng.sync_weights(model)
+    assert out["probe_threshold"] == pytest.approx(4 * 0.05) and list(eng.probe_noises) == [0.173] + [0.05] * 10
+    with pytest.raises(SyncProbeError, match=r"differ by 0.3 > 0.2 "):
         eng.sync_weights(model)
-    assert seen == [0.0, 0.17, 0.17]

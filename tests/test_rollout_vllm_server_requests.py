@@ -116,3 +116,69 @@ def test_each_engine_is_given_its_whole_share_at_once(tmp_path, monkeypatch, gre
     want = [-(lens[r // G] + (r % G) / 10) for r in range(12 * G)]
     got = ro.behaviour_logprobs[:, 0].tolist()
     assert got == pytest.approx(want)
+
+
+class _SeedRecorder:
+    """The trainer's rank r engine object as _VLLMBase builds it, with the placement hook recording what each
+    prompt is sent (no server, no vLLM)."""
+
+    def __init__(self, rank: int, seed: int = 7):
+        from rftlib.rollout.vllm import _VLLMBase
+
+        s = VLLMSettings(model_dir="stub", dtype="float32", lora_rank=0, max_model_len=512, kv_cache_gib=0.0,
+                         gpu_memory_utilization=0.0, enforce_eager=True, tensor_parallel_size=1, num_engines=1,
+                         sleep_mode=False, probe_tol=0.05, seed=seed, on_gpu=False, rank=rank)
+        sent = self.sent = []
+
+        class Engine(_VLLMBase):
+            def _sample(self, prompt_id_lists, params, adapter):
+                sent.append([p["seed"] for p in params])
+                return [([TOKEN], [-1.0]) for p in params for _ in range(p["n"])]
+
+        self.engine = Engine(s, TOK, "unused")
+
+
+def test_each_trainer_rank_sends_vllm_its_own_seeds():
+    """Ranks share server engines (seed 003: 4 ranks, 2 engines) and each draws its calls' base seeds itself.
+    Rank 0 keeps the single-process stream (Random(seed)); rank r starts from seed + 1,000,003 x r, as the HF path
+    reseeds torch per rank (rftlib.train.build). Before the fix every rank drew from Random(seed): rank 1's i-th
+    prompt sampled vLLM's stream of rank 0's i-th prompt, call after call. The pipeline's next-seed draw (the
+    trainer's _next_seed reads engine.rng) takes the same stream."""
+    import random
+
+    G, B, calls = 4, 3, 2
+    sent = {}
+    for rank in (0, 1):
+        rec = _SeedRecorder(rank)
+        for _ in range(calls):
+            rec.engine.generate(PROMPTS[:B], group_size=G, max_new_tokens=1, temperature=1.0)
+        sent[rank] = rec.sent
+    for rank, stream_seed in ((0, 7), (1, 7 + 1_000_003)):
+        rng = random.Random(stream_seed)  # the draws generate makes: one base per call, prompt i at base + i*G
+        want = []
+        for _ in range(calls):
+            base = rng.randrange(2**40)
+            want.append([base + i * G for i in range(B)])
+        assert sent[rank] == want, (rank, sent[rank], want)
+    flat = {r: {s for call in sent[r] for s in call} for r in sent}
+    assert not flat[0] & flat[1]  # no prompt of rank 1 shares a random stream with one of rank 0
+
+
+def test_the_trainer_rank_reaches_the_engine_settings(monkeypatch):
+    """The factory hands VLLMSettings the backend's rank (rftlib.train.build builds the engine with its backend)."""
+    import rftlib.rollout.factory as factory
+
+    seen = {}
+
+    def from_config(inputs, model, run_dir, *, rank=0):
+        seen["rank"] = rank
+        return "settings"
+
+    monkeypatch.setattr(factory.VLLMSettings, "from_config", staticmethod(from_config))
+    monkeypatch.setattr(factory, "VLLMEngine", lambda s, tok, run_dir: ("colocated", s))
+    inputs = type("I", (), {"engine": type("E", (), {"vllm_placement": "colocate"})()})()
+    backend = type("B", (), {"dist": type("D", (), {"rank": 3})()})()
+    assert factory.vllm_engine(inputs, None, None, "run", backend) == ("colocated", "settings")
+    assert seen["rank"] == 3
+    factory.vllm_engine(inputs, None, None, "run", None)  # one process, no backend: rank 0
+    assert seen["rank"] == 0

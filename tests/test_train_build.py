@@ -161,6 +161,25 @@ def test_a_full_weight_sync_of_partitioned_weights_is_refused(monkeypatch, tiny_
         parts.lock.close()
 
 
+def test_zero3_full_fine_tuning_refuses_what_would_read_placeholder_weights(tiny_cfg):
+    """ZeRO-3 replaces every parameter by an empty placeholder, on one rank too. Full fine-tuning (lora_rank 0)
+    there with beta > 0 deep-copied those placeholders as the KL reference (`rft train -p tiny --set
+    backend=deepspeed --set zero_stage=3 --set lora_rank=0 --set beta=0.04` on one CPU rank: "'weight' must be
+    2-D" at the first reference pass), and with an engine off the trainer's module the full-weight sync read
+    model.state_dict() (0-element tensors; the build-time refusal checked several ranks only). Both are
+    refused when the config is read, with the settings that work; those settings are accepted."""
+    z3 = dict(backend="deepspeed", zero_stage=3, lora_rank=0)
+    with pytest.raises(ConfigError, match=r"beta=0.04 with zero_stage 3 and full fine-tuning \(lora_rank 0\): the KL "
+                                          r"reference would be a copy .* use LoRA .*, zero_stage 2, or beta 0"):
+        tiny_cfg(**z3, beta=0.04)
+    with pytest.raises(ConfigError, match=r"rollout_engine 'vllm' with zero_stage 3 and full fine-tuning .*"
+                                          r"\(one rank included\), so the engine would get 0-element tensors"):
+        tiny_cfg(**z3, rollout_engine="vllm")
+    assert tiny_cfg(**z3).lora_rank == 0  # beta 0, HF generate on the module: nothing reads whole weights
+    tiny_cfg(**{**z3, "lora_rank": 8}, beta=0.04, rollout_engine="vllm")  # LoRA: adapter disabled, adapter gathered
+    tiny_cfg(**{**z3, "zero_stage": 2}, beta=0.04, rollout_engine="vllm")  # ZeRO-2 keeps whole weights
+
+
 def test_a_backend_and_an_engine_bring_their_own_config_rules(monkeypatch, tiny_cfg):
     """The config asks the registered backend and engine for their rules (Backend.check_config,
     EngineKind.check_config) instead of naming them: a toy pair's rules refuse a config with their words."""

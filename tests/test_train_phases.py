@@ -85,3 +85,36 @@ def test_around_wraps_each_phase_and_the_hooks_follow_it(tiny_cfg):
     assert top == [(k, p) for p in ("sync", "rollout", "advantages", "update") for k in ("enter", "exit", "hook")]
     inside = events[events.index(("enter", "update")):events.index(("exit", "update"))]
     assert ("hook", "forward") in inside  # the update's own forwards, each a phase of its own
+
+
+def test_a_timed_phase_on_cuda_waits_for_its_kernels(monkeypatch):
+    """CUDA launches return before the kernels run, so a phase's clock must stop after torch.cuda.synchronize on
+    the trainer's device, or its kernels' time lands in the next phase (the timeline and timing/*). Checked on CPU:
+    the synchronize is a stand-in that records when it ran; the per-micro-batch forward is left unsynchronized,
+    and a CPU device is never synchronized. Before the fix no phase synchronized."""
+    from rftlib.train.phases import phase
+
+    calls = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: calls.append(("sync", device)))
+
+    class T:
+        around, dist = [], type("D", (), {"device": torch.device("cuda", 1)})()
+        hooks = [lambda name, seconds, result: calls.append(("hook", name))]
+
+        @phase("update")
+        def update(self):
+            calls.append(("ran", "update"))
+
+        @phase("forward", synchronize=False)
+        def forward(self):
+            calls.append(("ran", "forward"))
+
+    T().update()
+    T().forward()
+    assert calls == [("ran", "update"), ("sync", torch.device("cuda", 1)), ("hook", "update"),
+                     ("ran", "forward"), ("hook", "forward")]
+    calls.clear()
+    cpu = T()
+    cpu.dist = type("D", (), {"device": torch.device("cpu")})()
+    cpu.update()
+    assert calls == [("ran", "update"), ("hook", "update")]

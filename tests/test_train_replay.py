@@ -9,6 +9,7 @@ The tiny model on a reward that varies within groups (non-zero advantages: the s
 import json
 import math
 import shutil
+from pathlib import Path
 from dataclasses import replace
 
 import pytest
@@ -17,7 +18,7 @@ import torch
 from rftlib.monitor import records
 from rftlib.train.build import build_task
 from rftlib.train.loop import Trainer
-from rftlib.train.replay import ReplayError, ReplayMismatch, counterfactual_config, replay, replay_config
+from rftlib.train.replay import ReplayError, ReplayMismatch, counterfactual_config, label, replay, replay_config
 from toy_rewards import isdigit_share
 
 BASE = dict(num_steps=3, lr=3e-2, warmup_ratio=0.0, autocast="none", lora_dropout=0.0, save_steps=1)
@@ -170,12 +171,17 @@ def test_record_cap_drops_the_oldest_and_skips_a_record_alone_over_it(tiny_cfg, 
 def test_a_spike_is_recorded_and_the_spike_log_links_it(tiny_cfg, task_with):
     tr = _attempt(tiny_cfg, task_with, record_batches=[], spike_grad_norm=0.0, name="spike")
     assert records.list_records(tr.run_dir) == []  # off is off, spikes included
-    tr = _attempt(tiny_cfg, task_with, record_batches=[1], spike_grad_norm=0.0, name="spike2")
+    # two optimizer steps per rollout: the second needs AdamW's moments, which a spike record now keeps too
+    tr = _attempt(tiny_cfg, task_with, record_batches=[1], spike_grad_norm=0.0, name="spike2", train_batch_size=2)
     assert records.list_records(tr.run_dir) == [1, 2, 3]  # step 1 listed; 2 and 3 spiked (every norm > 0)
     spikes = [json.loads(x) for x in (tr.run_dir / "logs" / "spike_log.jsonl").read_text().splitlines()]
     assert [s["record"] for s in spikes] == ["records/step_1", "records/step_2", "records/step_3"]
-    assert records.read_record(tr.run_dir, 2).manifest["reason"] == "spike"
-    assert replay(tr.run_dir, 2, save=False).faithful  # the per-step snapshot made the spike replayable
+    rec = records.read_record(tr.run_dir, 2)
+    assert rec.manifest["reason"] == "spike" and len(rec.manifest["opt_steps"]) == 2
+    assert (rec.dir / "start" / "optimizer.pt").exists()
+    res = replay(tr.run_dir, 2, save=False)  # the per-step snapshot made the spike replayable
+    assert res.weights.startswith("record snapshot") and res.faithful, res.first_mismatch
+    assert not list((tr.run_dir / "records").glob(".tmp_step_*"))
 
 
 def test_a_write_killed_midway_leaves_no_record(tiny_cfg, task_with, monkeypatch):
@@ -214,19 +220,290 @@ def test_resume_drops_the_records_of_the_steps_it_runs_again(recorded, tmp_path,
 
 def test_a_start_state_over_the_cap_is_not_copied_and_replays_from_the_checkpoint(tiny_cfg, task_with):
     """A trainable state larger than record_max_bytes (a full fine-tune: seed 000's 1.5B on an H200 wrote 6.2 GB at
-    its eval step, then dropped the record for being over the cap) is not snapshotted: the record keeps the batch,
-    and the replay starts from the checkpoint of the step before, bit for bit."""
+    its eval step, then dropped the record for being over the cap) is not snapshotted, a spike's neither: the record
+    keeps the batch, and the replay starts from the checkpoint of the step before, bit for bit."""
     full = _attempt(tiny_cfg, task_with, record_batches=[2], record_on_spike=False, name="fits")
     state = full.recorder.state_bytes  # the trainable bytes the snapshot copies
     assert records.list_records(full.run_dir) == [2]
     rec_bytes = records.read_index(full.run_dir)[0]["bytes"]
     batch_bytes = rec_bytes - sum(p.stat().st_size for p in (full.run_dir / "records/step_2/start").rglob("*"))
     assert batch_bytes < state - 1 < rec_bytes  # a cap between the batch alone and the record with its snapshot
-    tr = _attempt(tiny_cfg, task_with, record_batches=[2], record_on_spike=False, name="over",
+    # every step spikes (spike_grad_norm 0): steps 1 and 3 are spike records, and with a start state over the cap
+    # they keep the batch alone, as the scheduled step 2 does (before, a spike record was dropped whole)
+    tr = _attempt(tiny_cfg, task_with, record_batches=[2], spike_grad_norm=0.0, name="over",
                   record_max_bytes=state - 1)
-    assert records.list_records(tr.run_dir) == [2]
-    row = records.read_index(tr.run_dir)[0]
-    assert row["kept"] and row["weights"] == "none"
-    res = replay(tr.run_dir, 2, save=False)
+    idx = {r["step"]: r for r in records.read_index(tr.run_dir)}
+    assert idx[2]["weights"] == idx[3]["weights"] == "none" and idx[3]["reason"] == "spike"
+    assert idx[3]["kept"]  # the newest record is kept unless it alone exceeds the cap
+    res = replay(tr.run_dir, 3, save=False)
+    assert res.weights == "checkpoint training_state/step_2"
+    assert res.faithful, res.first_mismatch
+    # without that checkpoint the refusal says why the record holds no weights and what would keep them (before,
+    # it advised naming the step in record_batches, which changes nothing here)
+    shutil.rmtree(tr.run_dir / "training_state" / "step_2")
+    with pytest.raises(ReplayError, match="over record_max_bytes .*a larger record_max_bytes keeps it") as e:
+        replay(tr.run_dir, 3, save=False)
+    assert "record_batches" not in str(e.value)
+
+
+# ---- another environment: the control (issue 43) ------------------------------------------------------------
+@pytest.fixture
+def other_threads():
+    """This process with another intra-op thread count than the recording's: an environment that differs."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(2 if n == 1 else 1)
+    yield
+    torch.set_num_threads(n)
+
+
+def test_in_another_environment_the_control_accepts_the_right_weights(recorded, other_threads):
+    """Threads 1 vs 2: the recorded config on the snapshot runs first as the control; its logprobs are within this
+    precision's measured noise of the record, and every counterfactual row is its difference from the control."""
+    res = replay(recorded, 3, [{"eps_clip": 0.05}], save=False)
+    assert [d for d in res.environment_differences if d.startswith("threads on rank 0")]
+    assert res.faithful is None and res.verdict.startswith("CONTROLLED")
+    c = res.control
+    # float32 against float64 on the tiny model: rounding of O(10) logits, 2^-24 relative per operation, over
+    # some tens of operations: far below 1e-4, and not 0 (the measurement ran)
+    assert 0 < c["noise"] < 1e-4 and c["threshold"] == 4 * c["noise"]
+    assert c["max_abs_dlogp"] <= c["threshold"]
+    rows = {(r["opt_step"], r["config"]): r for r in res.table}
+    assert {cfg for _, cfg in rows} == {"control", "eps_clip=0.05"}
+    replayed = {ch["what"]: ch for ch in res.checks}
+    for k in (0, 1):
+        ctl, cf = rows[(k, "control")], rows[(k, "eps_clip=0.05")]
+        for f in ("loss", "grad_norm", "clip_low_frac", "clip_high_frac"):
+            assert cf[f"d_{f}"] == cf[f] - ctl[f]
+        # the environment's noise: the control's figures minus the record's
+        o = c["opt_steps"][k]
+        for f in ("loss", "grad_norm"):
+            ch = replayed[f"optimizer step {k}: {f}"]
+            assert o[f"d_{f}"] == ch["replayed"] - ch["recorded"]
+    assert rows[(1, "eps_clip=0.05")]["d_clip_low_frac"] + rows[(1, "eps_clip=0.05")]["d_clip_high_frac"] > 0
+
+
+def test_in_another_environment_a_wrong_checkpoint_is_refused(recorded, other_threads):
+    """The state after step 2 offered as step 2's start: the control's logprobs are an update away, far over
+    the noise, so the replay refuses it here too (before, another environment checked nothing)."""
+    with pytest.raises(ReplayMismatch, match=r"max \|dlogp\| = .* over .*not the weights step 2 started from"):
+        replay(recorded, 2, weights="ckpt:2", save=False)
+
+
+# ---- what a replay shows, and what it refuses (issue 43, defects 2-8) ----------------------------------------
+def _copy(recorded, tmp_path):
+    run = tmp_path / recorded.name
+    shutil.copytree(recorded, run, symlinks=True)
+    return run
+
+
+def test_a_snapshot_without_the_optimizer_replays_from_the_checkpoint_before(recorded, tmp_path):
+    """A record of several optimizer steps whose snapshot holds the trainable tensors alone (a spike record written
+    before issue 43): optimizer step 1 needs AdamW's moments, so auto takes the complete checkpoint of step N-1.
+    Before, auto took the snapshot and optimizer step 1 came out a false NOT REPRODUCED."""
+    run = _copy(recorded, tmp_path)
+    for f in ("optimizer.pt", "scheduler.pt"):
+        (run / "records" / "step_2" / "start" / f).unlink()
+    res = replay(run, 2, save=False)
     assert res.weights == "checkpoint training_state/step_1"
     assert res.faithful, res.first_mismatch
+    shutil.rmtree(run / "training_state" / "step_1")
+    with pytest.raises(ReplayError, match="trainable tensors alone .* no checkpoint step_1"):
+        replay(run, 2, save=False)
+
+
+def _const_reward(text, ex, truncated):
+    return 1.0, {"correctness": 1.0}
+
+
+def test_a_step_that_ran_no_micro_batch_is_not_called_faithful(tiny_cfg, task_with):
+    """Every advantage 0: the update ran no forward, so nothing depends on the weights; a replay from the wrong
+    checkpoint (the state after the step) was FAITHFUL before."""
+    cfg = tiny_cfg(**{**BASE, "num_steps": 1, "record_batches": [1], "record_on_spike": False, "name": "flat"})
+    tr = Trainer(cfg, progress=False, task=task_with(cfg, _const_reward))
+    tr.train()
+    tr.close()
+    res = replay(tr.run_dir, 1, weights="ckpt:1", save=False)
+    assert res.faithful is None
+    assert res.verdict.startswith("NOT CHECKED (no micro-batch ran")
+
+
+def test_a_one_process_deepspeed_record_replays_under_deepspeed(recorded):
+    """replay_config ran every one-process record under single: a DeepSpeed record's engine step was replaced and
+    its counterfactual guard bypassed."""
+    from rftlib.train.replay import replay_rank
+    rec = records.read_record(recorded, 2)
+    ds = replace(rec, manifest={**rec.manifest, "backend": "deepspeed",
+                                "config": {**rec.manifest["config"], "backend": "deepspeed"}})
+    assert replay_config(ds.manifest, world_size=1).backend == "deepspeed"
+    assert replay_config(rec.manifest, world_size=1).backend == "single"
+    with pytest.raises(ReplayError, match="ran under deepspeed, which partitions them"):
+        replay_rank(recorded, 2, counterfactuals=[{"eps_clip": 0.1}], rec=ds)
+
+
+def test_a_crash_of_the_replay_ranks_is_not_a_refusal(recorded, monkeypatch, capsys):
+    """torchrun's ranks stop without a result: ReplayCrash with the whole output in a log (exit 1 from the CLI);
+    before, the last 30 lines only, as a refusal (exit 2). A refusal on the ranks stays a refusal."""
+    import subprocess
+    from argparse import Namespace
+
+    from rftlib.cli import replay as cli
+    from rftlib.train import replay as R
+    lines = [f"rank output line {i}" for i in range(60)]
+    monkeypatch.setattr(R.subprocess, "run", lambda *a, **k: subprocess.CompletedProcess(
+        a[0], 1, stdout="\n".join(lines), stderr=""))
+    with pytest.raises(R.ReplayCrash, match="exit 1") as e:
+        R._replay_ranks(recorded, 2, 2, weights="auto", counterfactuals=[])
+    log = str(e.value).split("whole output: ")[1].split("\n")[0]
+    assert open(log).read().splitlines() == lines  # all 60, not the last 30
+    monkeypatch.setattr(cli, "replay_and_refresh",
+                        lambda *a, **k: R._replay_ranks(recorded, 2, 2, weights="auto", counterfactuals=[]))
+    args = Namespace(run_dir=str(recorded), step=2, set=[], vary=[], weights="auto", nproc=2, json=False,
+                     rank_worker=None, cf_json=[])
+    assert cli.run(args) == 1
+
+    def refused(cmd, **k):
+        out = cmd[cmd.index("--rank-worker") + 1]
+        open(out, "w").write(json.dumps({"refused": "no such checkpoint", "mismatch": False}))
+        return subprocess.CompletedProcess(cmd, 0, stdout="", stderr="")
+    monkeypatch.setattr(R.subprocess, "run", refused)
+    with pytest.raises(ReplayError, match="no such checkpoint"):
+        R._replay_ranks(recorded, 2, 2, weights="auto", counterfactuals=[])
+
+
+def test_settings_whose_effect_a_replay_cannot_show_are_refused_and_typos_get_a_near_match(recorded):
+    rec = records.read_record(recorded, 2)
+    cfg = replay_config(rec.manifest, world_size=1)
+    with pytest.raises(ReplayError, match="before the optimizer's clip"):
+        counterfactual_config(cfg, {"max_grad_norm": 0.1})
+    kl_reward = replace(cfg, beta=0.01, kl_in_reward=True)
+    for field in ("beta", "kl_estimator"):
+        with pytest.raises(ReplayError, match="kl_in_reward"):
+            counterfactual_config(kl_reward, {field: 0.05 if field == "beta" else "k1"})
+    with pytest.raises(ReplayError, match=r"'eps_clipp': no such setting \(did you mean eps_clip\?\)"):
+        counterfactual_config(cfg, {"eps_clipp": 0.1})
+
+
+def test_kl_and_entropy_counterfactuals_are_the_trainers_own_loss(tiny_cfg, task_with):
+    """A counterfactual with a KL term on a beta-0 record (no reference logprobs recorded) or an entropy bonus
+    (a gradient on zero-advantage rows, which the recorded plan left out) gives the loss the trainer computes on
+    the same weights and batch: its update, run here with that config (the same micro-batches, forwards and sums,
+    so the same float). Half the prompts score a constant (toy_rewards.half_constant_reward): zero advantages."""
+    from rftlib.train.replay import advantaged, build_trainer, close_trainer, load_weights
+    from toy_rewards import half_constant_reward
+    cfg = tiny_cfg(**{**BASE, "num_steps": 1, "record_batches": [1], "record_on_spike": False, "name": "half"})
+    tr0 = Trainer(cfg, progress=False, task=task_with(cfg, half_constant_reward))
+    tr0.train()
+    tr0.close()
+    rec = records.read_record(tr0.run_dir, 1)
+    m, t = rec.manifest, rec.rank(0)
+    ran = {r for mb in m["micro"][0] for r in mb["rows"]}
+    assert set(m["opt_rows"][0][0]) - ran, "the batch needs a zero-advantage row the recorded plan skipped"
+    assert "ref_logprobs" not in t
+    cfs = [{"entropy_coef": 0.05}, {"beta": 0.1}]
+    res = replay(tr0.run_dir, 1, cfs, save=False)
+    rows = {(r["opt_step"], r["config"]): r for r in res.table}
+    for o in cfs:
+        tr = build_trainer(counterfactual_config(replay_config(m, world_size=1), o), m)
+        try:
+            load_weights(tr, rec.dir / "start")
+            batch = advantaged(rec, 0, tr.dist.device)
+            batch.ref_logprobs, _ = tr.reference_and_old_logprobs(batch.rollout)  # as the advantages phase does
+            tr.step_num = 0
+            upd = tr.update(batch)
+        finally:
+            close_trainer(tr)
+        assert rows[(0, label(o))]["loss"] == upd.loss[0], o
+
+
+def test_a_dr_grpo_record_replays_gspo_under_its_own_aggregation(recorded, tmp_path):
+    """GSPO is defined under seq-mean-token-mean only: on a Dr-GRPO attempt (seq-mean-token-sum-norm) README's
+    --vary policy_loss=gspo,cispo stopped the whole replay; now GSPO's rows run under its own aggregation, said so."""
+    run = _copy(recorded, tmp_path)
+    mp = run / "records" / "step_2" / "manifest.json"
+    m = json.loads(mp.read_text())
+    m["config"]["loss_agg_mode"] = "seq-mean-token-sum-norm"
+    mp.write_text(json.dumps(m))
+    res = replay(run, 2, [{"policy_loss": "gspo"}, {"policy_loss": "cispo"}], save=False)
+    assert {r["config"] for r in res.table} == {"recorded", "policy_loss=gspo,loss_agg_mode=auto",
+                                                "policy_loss=cispo"}
+    assert any("policy_loss=gspo is not defined under this attempt's loss_agg_mode" in n for n in res.notes)
+
+
+def test_a_deleted_index_is_rebuilt_from_the_records(recorded, tmp_path):
+    run = _copy(recorded, tmp_path)
+    idx = run / "records" / "index.json"
+    idx.write_text("{not json")
+    with pytest.raises(ValueError, match="delete it: the next read rebuilds it"):
+        records.read_index(run)
+    idx.unlink()
+    rows = records.read_index(run)
+    assert [(r["step"], r["kept"], r["weights"]) for r in rows] == [(1, True, "snapshot"), (2, True, "snapshot"),
+                                                                    (3, True, "snapshot")]
+    assert idx.exists()
+
+
+def test_records_and_inspector_pages_are_readable_by_others(recorded, tmp_path):
+    """mkstemp and safetensors write 0600: a shared reports directory's links broke for everyone but the writer."""
+    import os
+
+    from rftlib.report.record_view import build_view
+    from rftlib.report.inspect import write_page
+    mask = os.umask(0)
+    os.umask(mask)
+    want = 0o666 & ~mask
+    assert (records.record_dir(recorded, 2) / "batch.safetensors").stat().st_mode & 0o777 == want
+    page = write_page(build_view(recorded, 2), tmp_path / "step-2.html")
+    assert page.stat().st_mode & 0o777 == want
+
+
+
+def test_replay_and_eval_take_an_attempt_by_its_name_under_the_runs_root(recorded, tmp_path, monkeypatch, capsys):
+    """`rft replay <name>` and `rft eval <name>` look the name up under the runs root ($RFTLIB_RUNS), from any
+    working directory; a name that is no attempt is said so, with the nearest names, and leaves nothing behind
+    (eval made <project>/<name>/logs/, then failed with a bare Errno 2)."""
+    from rftlib.attempts import project_root
+    from rftlib.cli import main
+    run = _copy(recorded, tmp_path / "runs")  # the CLI writes its replay into the record
+    monkeypatch.setenv("RFTLIB_RUNS", str(run.parent))
+    monkeypatch.chdir(tmp_path)
+    typo = recorded.name + "x"
+    try:
+        assert main(["eval", typo]) == 2
+        err = capsys.readouterr().err
+        assert "no attempt there" in err and f"nearest: {recorded.name}" in err
+        assert not (project_root() / typo).exists()
+    finally:
+        shutil.rmtree(project_root() / typo, ignore_errors=True)
+    assert main(["replay", recorded.name, "--step", "1"]) == 0
+    assert "FAITHFUL" in capsys.readouterr().out
+
+
+def test_a_relative_init_adapter_is_resolved_once_where_the_attempt_starts(tiny_cfg, tmp_path, monkeypatch):
+    """config.yaml (and a record's config) named the adapter as typed: a resume or replay from another working
+    directory loaded another one, or none."""
+    from rftlib.attempts import project_root
+    from rftlib.train.build import resolve_init_adapter
+    (tmp_path / "sft" / "adapter").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path)
+    assert resolve_init_adapter(tiny_cfg(init_adapter="sft/adapter")).init_adapter == str(tmp_path / "sft/adapter")
+    monkeypatch.chdir(tmp_path / "sft")  # a notebook kernel's directory: the project root's path is meant
+    assert resolve_init_adapter(tiny_cfg(init_adapter="params")).init_adapter == str(project_root() / "params")
+
+
+def test_a_replay_refreshes_the_inspector_pages_and_the_report(recorded, tmp_path, monkeypatch):
+    """The report's records table and the inspector show a step's latest replay: they stayed stale until
+    `rft report` ran again. The report itself is re-executed (papermill): counted here, not run."""
+    from rftlib.report import publish
+    from rftlib.report.replay_views import replay_and_refresh
+    run = _copy(recorded, tmp_path / "runs")
+    reports = tmp_path / "reports"
+    monkeypatch.setenv("RFTLIB_REPORTS", str(reports))
+    page = reports / run.name / "step-2.html"
+    page.parent.mkdir(parents=True)
+    page.write_text("stale")
+    (reports / f"{run.name}.html").write_text("stale")
+    calls = []
+    monkeypatch.setattr(publish, "write_report", lambda *a, **k: calls.append(a) or reports / f"{run.name}.html")
+    replay_and_refresh(run, 2, [{"eps_clip": 0.05}])  # what rft replay and replay.ipynb run
+    assert "eps_clip=0.05" in page.read_text() and "FAITHFUL" in page.read_text()
+    assert calls and Path(calls[0][0]) == run

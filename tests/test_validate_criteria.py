@@ -84,6 +84,22 @@ def test_phase_rows_by_hand():
     assert sb["executions"] == 4 and sb["executions_per_s"] == pytest.approx(4 / 1.0) and sb["crashes"] == 2
 
 
+def test_phase_rows_at_max_staleness_1_never_go_negative():
+    """max_staleness 1: the producer generated (12 s, begun during the step before) and scored (0.5 s) the batch
+    while the trainer updated; the 10 s step waited 1 s for it. Subtracting the producer's seconds from the step
+    made "other" 10 - 12 - 0.5 - 0.5 - 0.75 = -3.75 s; on the step's path are the wait (1 s), the reference pass
+    (0.5) and the update (0.75): other = 10 - 1 - 0.5 - 0.75 = 7.75 s."""
+    steps = [_step(1), _step(2)]
+    for st in steps:
+        st.row.update({"timing/generate": 12.0, "timing/wait_rollout": 1.0})  # the producer's seconds exceed the step
+    rows = {r["phase"]: r for r in phase_rows(steps, None, max_staleness=1)}
+    assert rows["generation"]["overlapped"] and rows["reward"]["overlapped"] and not rows["update"]["overlapped"]
+    assert rows["waiting for the producer (generation + reward not overlapped)"]["seconds"] == 1.0
+    assert rows["other (sync, advantages, metrics)"]["seconds"] == pytest.approx(10 - 1 - 0.5 - 0.75)
+    sync = {r["phase"]: r for r in phase_rows(steps, None)}  # read as synchronous: 10 - 12 - 0.5 - 0.5 - 0.75 < 0
+    assert sync["other (sync, advantages, metrics)"]["seconds"] == pytest.approx(-3.75)
+
+
 def test_phase_meter_charges_the_running_phase():
     import mmap
 

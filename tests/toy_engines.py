@@ -7,7 +7,9 @@ updates and publishes v+1. It declares ``shares_trainer_module = False``, so the
 so the behaviour/proximal gap is exactly the policy lag. ``delay_s`` sleeps inside each generate (the time an
 engine on other GPUs would take), so a test can see generation overlap the update.
 Adapters are named ``v<sync count>`` and follow the hold/release contract of rftlib.rollout.vllm: a version
-is dropped once it is neither the newest nor held.
+is dropped once it is neither the newest nor held. Like the vLLM engines it keeps the sync probe's recent noise
+measurements (``probe_noises``, which a checkpoint saves): here a made-up one per sync, 0.001 x the sync count,
+so a test can tell which syncs a window holds. ``closed`` says whether ``close`` ran.
 
 Register it in a test with :func:`register_copy_engine` (monkeypatch restores the registry after the test).
 """
@@ -19,6 +21,7 @@ import os
 import random
 import threading
 import time
+from collections import deque
 from pathlib import Path
 
 import torch
@@ -44,6 +47,8 @@ class CopyEngine:
         self.control_dir = control_dir  # a file control/inflight_<n> per generate call: a test can wait for it
         self._calls = 0
         self._hf = HFEngine(model, tok)  # precision and use_precision of the eval
+        self.probe_noises: deque[float] = deque(maxlen=16)
+        self.closed = False
 
     @property
     def precision(self) -> str:
@@ -80,8 +85,10 @@ class CopyEngine:
             self.copies[name] = frozen
             self.adapter = name
             self._drop_unused()
+        noise = 0.001 * self.sync_count  # made up: which sync measured it
+        self.probe_noises.append(noise)
         return {"seconds": time.time() - t, "bytes": 0, "probe_max_diff": 0.0, "probe_baseline": 0.0,
-                "probe_threshold": 0.0, "probe_noise": 0.0}
+                "probe_threshold": 0.0, "probe_noise": noise}
 
     def generate(self, prompts, *, group_size: int, max_new_tokens: int, temperature: float, top_p: float = 1.0,
                  greedy: bool = False, seed: int | None = None, adapter: str | None = None):
@@ -105,12 +112,16 @@ class CopyEngine:
 
     def close(self) -> None:
         self.copies.clear()
+        self.closed = True
+
+
+made: list[CopyEngine] = []  # every CopyEngine the registered factory built, in order (a test reads the last)
 
 
 def register_copy_engine(monkeypatch=None, *, delay_s: float | None = None) -> None:
     """Register ``rollout_engine: copy`` (monkeypatch given: restored after the test). The delay comes from
     ``delay_s`` or RFT_TOY_GEN_DELAY (seconds, for a subprocess worker); RFT_TOY_CONTROL names a directory for
-    the in-flight marker files."""
+    the in-flight marker files. Each engine built is appended to :data:`made`."""
     if monkeypatch is not None:
         monkeypatch.setattr(ENGINES, "_table", dict(ENGINES._table))
     delay = float(os.environ.get("RFT_TOY_GEN_DELAY", "0")) if delay_s is None else delay_s
@@ -118,5 +129,6 @@ def register_copy_engine(monkeypatch=None, *, delay_s: float | None = None) -> N
 
     @register_engine("copy", on_trainer_module=False)
     def _copy(inputs, model, tok, run_dir, backend):
-        return CopyEngine(model, tok, seed=inputs.attempt.seed, delay_s=delay,
-                          control_dir=Path(control) if control else None)
+        made.append(CopyEngine(model, tok, seed=inputs.attempt.seed, delay_s=delay,
+                               control_dir=Path(control) if control else None))
+        return made[-1]

@@ -53,7 +53,9 @@ from dataclasses import dataclass, fields
 from typing import Callable, TypeVar
 
 from rftlib.algo.registry import Registry
-from rftlib.settings import ModelSettings, OptimizationSettings, RolloutSettings, ScaleSettings
+from rftlib.rollout.kinds import ENGINES, engine_kind
+from rftlib.settings import (EngineSettings, LossSettings, ModelSettings, OptimizationSettings, RolloutSettings,
+                             ScaleSettings)
 
 S = TypeVar("S")
 
@@ -71,6 +73,8 @@ class BackendInputs:
     model: ModelSettings  # dtype
     optim: OptimizationSettings  # lr, Adam betas, weight decay, min_lr_ratio, max_grad_norm, micro_batch_size
     rollout: RolloutSettings  # n_samples_per_prompt (the sequences of one optimizer step)
+    loss: LossSettings  # beta (beta > 0 needs a frozen reference policy beside the trained one)
+    engine: EngineSettings  # rollout_engine (an engine off the trainer's module is sent the weights)
     train_prompts: int  # prompts per optimizer step (RunConfig.train_prompts, derived there)
 
     @classmethod
@@ -113,6 +117,32 @@ def zero_rules(inputs: BackendInputs) -> list[str]:
         problems.append(f"zero_stage={scale.zero_stage}: rftlib drives DeepSpeed ZeRO stage 2 or 3")
     if scale.offload_params and scale.zero_stage != 3:
         problems.append("offload_params needs zero_stage 3 (ZeRO-2 partitions no parameters to offload)")
+    if scale.zero_stage == 3 and inputs.model.lora_rank == 0:
+        problems += zero3_full_weight_rules(inputs)
+    return problems
+
+
+def zero3_full_weight_rules(inputs: BackendInputs) -> list[str]:
+    """Full fine-tuning (lora_rank 0) under ZeRO-3, on any number of ranks (one included: ZeRO-3 replaces every
+    parameter by a placeholder whose data is empty and keeps the values in its own partition): what would read
+    the module's whole weights. The KL reference is today a deep copy of the policy module (copying the
+    placeholders: `'weight' must be 2-D` at the first reference pass), and a full-weight sync to an engine off the
+    trainer's module reads ``model.state_dict()`` (0-element tensors sent to the engine). Both refused here, with
+    the settings that work; a ZeRO-3 reference engine of its own and a per-parameter gathered sync would lift them."""
+    problems = []
+    if inputs.loss.beta > 0:
+        problems.append(
+            f"beta={inputs.loss.beta} with zero_stage 3 and full fine-tuning (lora_rank 0): the KL reference would "
+            "be a copy of a policy whose weights ZeRO-3 has partitioned into empty placeholders (it fails at the "
+            "first reference pass), and rftlib builds no separate ZeRO-3 reference yet; use LoRA (lora_rank > 0: "
+            "the reference is the adapter disabled, no copy), zero_stage 2, or beta 0")
+    engine = inputs.engine.rollout_engine
+    if engine in ENGINES and not engine_kind(engine).on_trainer_module:  # an unknown name: the config says so
+        problems.append(
+            f"rollout_engine '{engine}' with zero_stage 3 and full fine-tuning (lora_rank 0): its full-weight sync "
+            "reads the module's state_dict, which under ZeRO-3 holds empty placeholders on every rank (one rank "
+            "included), so the engine would get 0-element tensors, and rftlib does not gather the weights for the "
+            "sync yet; use LoRA (lora_rank > 0: the adapter is gathered), zero_stage 2, or rollout_engine hf")
     return problems
 
 

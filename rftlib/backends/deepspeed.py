@@ -275,20 +275,25 @@ class DeepSpeedBackend(Backend):
             return
         if not (d / "trainable.pt").exists():
             raise FileNotFoundError(f"{d} has neither a DeepSpeed checkpoint nor trainable.pt to resume from")
-        state = torch.load(d / "trainable.pt", weights_only=True, map_location="cpu")
+        self.load_trainable(torch.load(d / "trainable.pt", weights_only=True, map_location="cpu"), d / "trainable.pt")
+        self.scheduler.load_state_dict(torch.load(d / "scheduler.pt", weights_only=False))
+        if self.dist.is_main:
+            print(f"[rft] resumed {d.name} without a DeepSpeed checkpoint (deepspeed_checkpoint: false): the weights "
+                  "and LR schedule are restored, AdamW's moments start again from zero", flush=True)
+
+    def load_trainable(self, state: dict[str, torch.Tensor], where: str | Path = "the state") -> None:
+        """The whole trainable tensors ``state`` written into this rank's partitions: gathered (a collective: every
+        rank calls it), rank 0 writes, DeepSpeed scatters on exit (rft replay from a record's snapshot, a resume
+        without a DeepSpeed checkpoint). A full tensor ``copy_``'d into a ZeRO-3 placeholder fails on its shape."""
         named = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
         missing = [n for n, _ in named if n not in state]
         if missing:
-            raise KeyError(f"{d / 'trainable.pt'} lacks trainable parameters of this model: {missing[:3]}")
+            raise KeyError(f"{where} lacks trainable parameters of this model: {missing[:3]}")
         with self.ds.zero.GatheredParameters([p for _, p in named], modifier_rank=0, enabled=self.scale.zero_stage == 3):
             if self.dist.is_main or self.scale.zero_stage != 3:  # ZeRO-3: rank 0 writes, DeepSpeed scatters on exit
                 with torch.no_grad():
                     for n, p in named:
                         p.copy_(state[n].to(p.device, p.dtype))
-        self.scheduler.load_state_dict(torch.load(d / "scheduler.pt", weights_only=False))
-        if self.dist.is_main:
-            print(f"[rft] resumed {d.name} without a DeepSpeed checkpoint (deepspeed_checkpoint: false): the weights "
-                  "and LR schedule are restored, AdamW's moments start again from zero", flush=True)
 
     def close(self) -> None:
         pass

@@ -109,6 +109,10 @@ class TorchBackend(Backend):
         """Full trainable tensors on the host (the adapter under LoRA)."""
         return {n: p.detach().to("cpu", copy=True) for n, p in self.model.named_parameters() if p.requires_grad}
 
+    def load_trainable(self, state: dict[str, torch.Tensor]) -> None:
+        """The trainable tensors alone, whole on every rank (rft replay from a record's snapshot)."""
+        load_trainable_state(self.model, state)
+
     def save(self, tmp: Path) -> None:
         """Every rank's optimizer equals rank 0's under DDP: rank 0 writes the one copy."""
         if not self.dist.is_main:

@@ -1,9 +1,11 @@
-"""``rft preflight [-p preset] [--set k=v]``: a config's LR schedule, the LR preflight, then its memory."""
+"""``rft preflight [-p preset] [--set k=v]``: a config's LR schedule, the LR preflight, its precision's risk
+(float16), then its memory."""
 
 from __future__ import annotations
 
 from rftlib.cli.common import add_preset_and_sets, parse_sets
 from rftlib.config import make_config
+from rftlib.models.precision import float16_note
 from rftlib.preflight.memory_check import memory_preflight_text
 from rftlib.train.loop import lr_schedule_preview
 from rftlib.workbench import lr_preflight
@@ -25,5 +27,8 @@ def run(args) -> int:
     pre = lr_preflight(cfg)
     print(f"  preflight: {pre.verdict.upper()} - {pre.message}")
 
+    risk = float16_note(cfg.dtype, cfg.model, cfg.launch_gpu_type)
+    if risk:
+        print(f"  precision: {risk}")
     print(memory_preflight_text(cfg))
     return 0

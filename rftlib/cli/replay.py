@@ -3,8 +3,11 @@
 Runs the trainer's own update again on the recorded batch from the weights it started from, checks that it
 reproduces the recorded logprobs, losses and grad norms (bit for bit in the recorded environment), and runs each
 counterfactual loss on the same weights and rows (rftlib.train.replay). ``--set`` gathers one counterfactual
-(several settings at once); ``--vary NAME=V1,V2`` adds one counterfactual per value. Exit codes: 0 faithful,
-3 not reproduced (or the weights are not the update's), 2 refused, 4 not checked (the environment differs).
+(several settings at once); ``--vary NAME=V1,V2`` adds one counterfactual per value. In another environment
+(threads, CPU kernels, device) the recorded configuration runs first as the control: refused when its logprobs
+are further from the record than this precision's noise allows, else every counterfactual is read as its
+difference from it. Exit codes: 0 faithful, 3 not reproduced (or the weights are not the update's), 2 refused,
+4 controlled or not checked (no bit-for-bit equality claimed), 1 the replay's ranks crashed.
 """
 
 from __future__ import annotations
@@ -13,9 +16,11 @@ import argparse
 import json
 import sys
 
-from rftlib.attempts import run_dir_path
+from rftlib.attempts import existing_attempt
 from rftlib.monitor.records import list_records
-from rftlib.train.replay import ReplayError, ReplayMismatch, format_table, parse_overrides, rank_worker, replay
+from rftlib.report.replay_views import replay_and_refresh
+from rftlib.train.replay import (ReplayCrash, ReplayError, ReplayMismatch, format_control, format_table, parse_overrides,
+                                 rank_worker)
 
 
 def add_arguments(p) -> None:
@@ -50,7 +55,11 @@ def counterfactuals(sets: list[str], vary: list[str]) -> list[dict]:
 
 
 def run(args) -> int:
-    run_dir = run_dir_path(args.run_dir)
+    try:
+        run_dir = existing_attempt(args.run_dir)
+    except FileNotFoundError as e:
+        print(f"rft replay: {e}", file=sys.stderr)
+        return 2
     if args.rank_worker:
         rank_worker(str(run_dir), args.step, args.weights, [json.loads(c) for c in args.cf_json], args.rank_worker)
         return 0
@@ -63,13 +72,17 @@ def run(args) -> int:
             return 2
         step = have[-1]
     try:
-        res = replay(run_dir, step, counterfactuals(args.set, args.vary), weights=args.weights, nproc=args.nproc)
+        res = replay_and_refresh(run_dir, step, counterfactuals(args.set, args.vary), weights=args.weights,
+                                 nproc=args.nproc)
     except ReplayMismatch as e:
         print(f"rft replay: {e}", file=sys.stderr)
         return 3
     except (ReplayError, FileNotFoundError, ValueError) as e:
         print(f"rft replay: {e}", file=sys.stderr)
         return 2
+    except ReplayCrash as e:
+        print(f"rft replay: {e}", file=sys.stderr)
+        return 1
     if args.json:
         print(json.dumps(res.to_json(), indent=1, default=str))
     else:
@@ -77,6 +90,8 @@ def run(args) -> int:
         print(res.verdict)
         for n in res.notes:
             print(f"note: {n}")
+        if res.control is not None:
+            print(format_control(res))
         print(format_table(res))
         print(f"written: {res.path}")
     return 0 if res.faithful else (4 if res.faithful is None else 3)

@@ -34,6 +34,7 @@ from rftlib.algo.catalog import (ADVANTAGES, AGGREGATIONS, KL_ESTIMATORS, KL_NOT
 from rftlib.algo.loss_spec import AUTO, POLICY_LOSSES, loss_settings_owners, loss_spec
 from rftlib.algo.schedule import lr_at, warmup_steps_for
 from rftlib.data.base import registered_rewards, registered_tasks
+from rftlib.envs.base import ENVS
 from rftlib.monitor.trackers import TRACKERS
 from rftlib.rewards.registry import TASK_REWARD
 from rftlib.rollout.kinds import ENGINES, EngineInputs, engine_kind
@@ -472,6 +473,13 @@ def _validate_scale(cfg: RunConfig, bad) -> None:
         bad(problem)
     if cfg.rollout_engine not in ENGINES:
         bad(f"rollout_engine='{cfg.rollout_engine}': choose {', '.join(ENGINES.names())}")
+    if cfg.env not in ENVS:
+        bad(f"env='{cfg.env}': choose {', '.join(ENVS.names())} (rftlib.envs), or register one with ENVS.register")
+    elif cfg.env != "single_turn" and cfg.rollout_engine != "hf":
+        bad(f"env='{cfg.env}' (a multi-turn rollout) runs on rollout_engine hf only for now (the vLLM engines do not "
+            f"continue from token ids yet: issue 40 item 3); got rollout_engine='{cfg.rollout_engine}'")
+    if cfg.max_trajectory_tokens is not None and cfg.max_trajectory_tokens < 1:
+        bad(f"max_trajectory_tokens={cfg.max_trajectory_tokens} must be at least 1 (None: max_new_tokens)")
     for problem in engine_kind(cfg.rollout_engine).check_config(EngineInputs.of(cfg.section)):
         bad(problem)
     if cfg.max_staleness > 0 and cfg.rollout_engine in ENGINES:  # asynchronous rollouts (rftlib.train.pipeline)

@@ -31,8 +31,8 @@ import torch
 from rftlib.algo.logprobs import auto_chunk_size
 from rftlib.config import ConfigError, RunConfig
 from rftlib.preflight.memory_check import MODELS, estimate_for_config, estimate_rollout_memory, shape_name_for_model
-from rftlib.rollout.kinds import engine_kind
-from rftlib.models.precision import describe as describe_precision
+from rftlib.rollout.kinds import EngineInputs, engine_kind
+from rftlib.models.precision import describe as describe_precision, float16_note
 from rftlib.rollout.vllm import (API_KEY_ENV, VLLMSettings, engine_dtype, engine_gpu_memory, engine_max_len,
                                  trainer_compute)
 from rftlib.rollout.vllm_server import physical_gpus, server_command, server_env, visible_gpus
@@ -225,6 +225,9 @@ def make_plan(cfg: RunConfig, run_dir: str | Path, *, preset: str = "", resume: 
                                                                 else engine_dtype(cfg.vllm_dtype, cfg.autocast, weights,
                                                                                   on_gpu=gpu)),
                                    "cuda" if gpu else "cpu")
+    risk = float16_note(weights, cfg.model, cfg.launch_gpu_type if gpu else None)
+    if risk:  # the config's dtype is kept; the plan says what it risks and the alternative
+        precision["note"] = "; ".join(n for n in (precision["note"], risk) if n)
     return LaunchPlan(run_dir=run_dir, preset=preset, nnodes=cfg.nnodes, hosts=hosts, gpus_per_node=n_gpu,
                       train_ranks_per_node=ranks, backend=cfg.backend,
                       zero_stage=sharding_of(backend_inputs(cfg)).zero_stage or None,
@@ -258,7 +261,9 @@ def memory_checks(plan: LaunchPlan, cfg: RunConfig) -> list[tuple[str, Any]]:
                                   gpu=cfg.launch_gpu_type, world_size=plan.world_size,
                                   seq_len=_max_len(cfg), chunk_rows=cfg.logprob_chunk_size
                                   or auto_chunk_size(MODELS[shape].vocab), sharding=sharding,
-                                  hf_generate=engine_kind(cfg.rollout_engine).on_trainer_module)
+                                  hf_generate=engine_kind(cfg.rollout_engine).on_trainer_module,
+                                  engine_share=engine_kind(cfg.rollout_engine).trainer_gpu_share(
+                                      EngineInputs.of(cfg.section)))
         est.title = f"trainer rank GPU ({cfg.launch_gpu_type}, {plan.backend}{sharding.label} x {plan.world_size})"
         out.append(("trainer", est))
     eng = [p for p in plan.processes if p.role == "vllm"]

@@ -40,6 +40,7 @@ from transformers.integrations.mxfp4 import convert_moe_packed_tensors
 from transformers.utils import is_torch_flex_attn_available
 
 from rftlib.models.cache import REPO_ROOT, cache_dir  # noqa: F401  (cache_dir: re-exported, its old home)
+from rftlib.models.flex import install_flex_bound
 from rftlib.models.memory import pick_attention
 from rftlib.models.tiny import tiny_model_dir
 from rftlib.settings import ModelSettings, ScaleSettings
@@ -255,6 +256,8 @@ def load_policy(model_settings: ModelSettings, scale: ScaleSettings, dist, ds_co
     """
     zero3 = ds_config is not None  # the backend's partitioned_load_config (rftlib.backends)
     attn = attention_for(model_settings.model, model_settings.attn_implementation, dist.device.type)
+    if attn == "flex_attention":  # its compiles bounded, its fallback said (rftlib.models.flex)
+        install_flex_bound()
     if zero3:
         model, tok = load_partitioned(model_settings.model, model_settings.dtype, ds_config,
                                       attn_implementation=attn)

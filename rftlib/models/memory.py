@@ -133,6 +133,9 @@ GPUS = {
     "H100-80GB": 81559 * MIB / GB,  # seeds 000 (Phase 15) and 003
     "H200-141GB": 143771 * MIB / GB,
 }
+# CUDA compute capability of each: bfloat16 from 8.0 (Ampere) on (rftlib.models.precision.float16_note)
+GPU_CAPABILITY = {"RTX3080-10GB": (8, 6), "A100-40GB": (8, 0), "A100-80GB": (8, 0), "H100-80GB": (9, 0),
+                  "H200-141GB": (9, 0)}
 
 ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")  # seed 003 §6: attention-only LoRA for MoE models
 ALL_LINEAR = ATTENTION + ("gate_proj", "up_proj", "down_proj")  # peft "all-linear" on a dense model
@@ -446,6 +449,9 @@ def nograd_rows(m: ModelShape, seq_len: int, b: float, attention: str, *, free_b
     return max(1, min(most, int((NOGRAD_BUDGET * free_bytes - fixed_bytes) // per_row)))
 
 
+DS_REDUCE_BUCKET = 5e8  # DeepSpeed's default zero_optimization.reduce_bucket_size (runtime/zero/config.py)
+
+
 def estimate_train_memory(
     model: str | ModelShape,
     *,
@@ -473,6 +479,7 @@ def estimate_train_memory(
     adam_offload: bool = False,  # optimizer states (and fp32 master) to CPU (--adam_offload)
     vllm_gpu_memory_utilization: float | None = None,  # a vLLM engine colocated on this GPU
     overhead_gb: float = 0.5,  # CUDA context, cuBLAS/NCCL workspaces
+    reduce_bucket: float = DS_REDUCE_BUCKET,  # ZeRO-3's reduce_bucket_size (elements): its gradient bucket
     nograd_sequences: int | None = None,  # rows per reference / old-logprob forward; None: no such pass; 0: auto
     nograd_most: int = 8,  # auto's ceiling: max(micro_batch_size, 8) (RunConfig.logprob_batch_size)
     title: str | None = None,
@@ -537,6 +544,13 @@ def estimate_train_memory(
         add("fp32 master weights", trainable * 4 / shard_o, "mixed precision keeps an fp32 copy of trainable params",
             on_cpu=adam_offload)
 
+    if zero_stage == 3:
+        # DeepSpeed 0.19.8 runtime/zero/stage3.py: with contiguous_gradients (its default) the optimizer allocates
+        # one flat gradient bucket of reduce_bucket_size elements per gradient dtype on the GPU, whatever the
+        # model's size: 0.93 GiB in bf16 at the default 5e8 (the H200 check of 2026-11-27 measured a 1.0 GiB peak
+        # for the tiny model's ZeRO-3 step that the estimate put at 0.48)
+        add("ZeRO-3 gradient bucket", reduce_bucket * grad_b,
+            f"reduce_bucket_size {reduce_bucket:.3g} elements x {grad_b:g} B (DeepSpeed's, allocated whole)")
     if zero_stage == 3 and (ws > 1 or offload):
         biggest = max(m.layer_params(), m.vocab * m.hidden)
         add("ZeRO-3 gathered layers", 2 * biggest * b,
@@ -787,7 +801,7 @@ def config_attention(attn_implementation: str, shape: str | ModelShape, device_t
 def estimate_for_config(model: ModelSettings, rollout: RolloutSettings, optim: OptimizationSettings,
                         shape: str | ModelShape, *, needs_reference: bool, on_policy: bool, gpu: str | float,
                         world_size: int, seq_len: int, chunk_rows: int, sharding, hf_generate: bool,
-                        attention: str | None = None) -> MemoryEstimate:
+                        attention: str | None = None, engine_share: float = 0.0) -> MemoryEstimate:
     """estimate_train_memory for a run's settings (its model, rollout and optimization sections), one trainer GPU
     of ``world_size`` ranks.
 
@@ -796,7 +810,8 @@ def estimate_for_config(model: ModelSettings, rollout: RolloutSettings, optim: O
     and ``hf_generate`` (the engine generates on the trainer's module: EngineKind.on_trainer_module).
     ``attention``: the estimator's name for what runs (a loaded model's), else :func:`config_attention`.
     ``needs_reference`` and ``on_policy`` (RunConfig's derived values, computed there once) say which no-grad
-    passes run.
+    passes run. ``engine_share``: the fraction of this GPU an engine beside the trainer reserves up front
+    (EngineKind.trainer_gpu_share: a colocated vLLM's gpu_memory_utilization), a row of its own; 0: none.
 
     The no-grad passes are counted where the trainer runs them (rftlib.train.loop: the reference logprobs when
     beta > 0, the old logprobs when the update is off-policy: several optimizer steps per rollout, or an engine
@@ -812,4 +827,4 @@ def estimate_for_config(model: ModelSettings, rollout: RolloutSettings, optim: O
         zero_stage=sharding.zero_stage, world_size=world_size, offload=sharding.offload_params,
         adam_offload=sharding.offload_optimizer, attention=attention or config_attention(model.attn_implementation, shape),
         nograd_sequences=(optim.logprob_batch_size or 0) if nograd else None,
-        nograd_most=max(optim.micro_batch_size, 8))
+        nograd_most=max(optim.micro_batch_size, 8), vllm_gpu_memory_utilization=engine_share or None)

@@ -36,6 +36,8 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
+from rftlib.monitor.files import chmod_as_umask
+
 RECORDS = "records"
 INDEX = "index.json"
 
@@ -100,13 +102,31 @@ def _dir_bytes(d: Path) -> int:
 
 
 def read_index(run_dir: str | Path) -> list[dict[str, Any]]:
+    """records/index.json's rows; a missing index over records on disk is rebuilt from them (:func:`rebuild_index`)."""
     p = records_root(run_dir) / INDEX
     if not p.exists():
-        return []
+        return rebuild_index(run_dir) if list_records(run_dir) else []
     try:
         return json.loads(p.read_text())
     except json.JSONDecodeError as e:
-        raise ValueError(f"{p}: not valid JSON ({e}); delete it and `rft replay` rebuilds it from records/") from e
+        raise ValueError(f"{p}: not valid JSON ({e}); delete it: the next read rebuilds it from the records on disk "
+                         f"(the rows of records already dropped are lost)") from e
+
+
+def rebuild_index(run_dir: str | Path) -> list[dict[str, Any]]:
+    """records/index.json written again from the records on disk (their manifests): one kept row each. What it
+    cannot know is gone with the old index: the rows of records dropped or not kept."""
+    rows = []
+    for step in list_records(run_dir):
+        d = record_dir(run_dir, step)
+        try:
+            m = json.loads((d / "manifest.json").read_text())
+        except (OSError, json.JSONDecodeError):
+            continue  # not a complete record: no row (read_record says why)
+        rows.append({"step": step, "bytes": _dir_bytes(d), "reason": m.get("reason", ""),
+                     "weights": "snapshot" if m.get("snapshot") else "none", "kept": True})
+    _write_index(run_dir, rows)
+    return rows
 
 
 def _write_index(run_dir: str | Path, rows: list[dict[str, Any]]) -> None:
@@ -126,6 +146,7 @@ def commit(tmp: Path, run_dir: str | Path, step: int, *, tensors: dict[str, torc
     ``records/step_{step}``, then enforce the cap. Returns the index row ({step, bytes, reason, weights, kept})."""
     tensors = {k: v.detach().to("cpu").clone().contiguous() for k, v in tensors.items()}  # loss_mask may BE completion_mask
     save_file(tensors, str(tmp / "batch.safetensors"))
+    chmod_as_umask(tmp / "batch.safetensors")  # safetensors writes it 0600: others could not read a shared record
     (tmp / "texts.json").write_text(json.dumps(texts))
     snap = sorted(p.name for p in (tmp / "start").iterdir()) if (tmp / "start").exists() else []
     manifest = {**manifest, "schema": 1, "step": step, "snapshot": snap,

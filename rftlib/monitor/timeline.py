@@ -7,16 +7,27 @@ interval, seconds since the attempt started (a resumed attempt continues after t
     {"lane": "trainer", "rank": 0, "phase": "update", "step": 7, "t0": 103.2, "t1": 141.9}
     {"lane": "engine", "engine": 0, "phase": "generate", "batch": 8, "version": 6, "step": 8, "t0": ..., "t1": ...}
     {"lane": "producer", "phase": "reward", "batch": 8, "step": 8, "t0": ..., "t1": ...}
+    {"lane": "engine", "engine": 1, "phase": "eval", "step": 8, "t0": ..., "t1": ...}
 
 Trainer phases: ``rollout`` (k = 0: the rollout on the trainer's thread), ``wait`` (k > 0: blocked on a batch),
-``advantages``, ``update``, ``sync``, ``eval``, ``save``. On engine and producer lines ``step`` is the batch's
-number, i.e. the step that trains it. The trainer writes it on rank 0 (rftlib.train.loop); rftlib.report.plots
-``timeline`` draws it. Torch-free.
+``advantages``, ``update``, ``sync``, ``eval``, ``save``. Engine phases: ``generate`` (a training batch) and
+``eval`` (an eval's generate call); a call served by several engines (server engines split its prompts) is one
+line per engine that got a share, each spanning the call. The producer lane holds ``reward`` (scoring a batch: on
+the producer thread at k > 0, on the trainer's at k = 0). On engine and producer lines of a batch ``step`` is the
+batch's number, i.e. the step that trains it. The trainer writes it on rank 0 (rftlib.train.loop);
+rftlib.report.plots ``timeline`` draws it. Torch-free.
+
+Who is busy: the trainer with its own work (:data:`BUSY_TRAINER`); the rollout side with generating a batch
+(``generate``) or scoring one (``reward``): a batch is ready only when both are done. An eval is neither side's
+step work (the trainer waits while the engines generate it): :func:`shares` takes its windows out. On CUDA a
+trainer phase ends when its kernels have run (rftlib.train.phases.settle synchronizes the device), not when Python
+returned from launching them.
 """
 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import threading
@@ -25,9 +36,10 @@ from pathlib import Path
 from typing import Any, Iterable
 
 TIMELINE = "timeline.jsonl"  # under <run_dir>/logs
-# the trainer lane's own work: not ``wait`` (blocked on a producer's batch) and not ``rollout`` (a synchronous step
-# waiting on the engine's generate, which the engine lane shows), so at k = 0 the overlap is ~0 and the shares add up
-BUSY_TRAINER = ("advantages", "update", "sync", "eval", "save")
+# the trainer lane's own work: not ``wait`` (blocked on a producer's batch), not ``rollout`` (a synchronous step
+# waiting on the engine's generate, which the engine lane shows) and not ``eval`` (the trainer waits on the engines'
+# eval generation, on the engine lane), so at k = 0 the overlap is ~0 and the shares add up
+BUSY_TRAINER = ("advantages", "update", "sync", "save")
 
 
 class Timeline:
@@ -37,6 +49,8 @@ class Timeline:
         self.origin = time.time() if origin is None else origin
         self._lock = threading.Lock()
         self._items: list[dict[str, Any]] = []
+        self._open: dict[int, dict[str, Any]] = {}  # spans in progress (``span``), by a serial number, their start
+        self._serial = itertools.count()
 
     def add(self, lane: str, phase: str, t0: float, t1: float, **fields: Any) -> None:
         """Record ``phase`` on ``lane`` from ``t0`` to ``t1`` (``time.time()`` values) with its fields."""
@@ -46,18 +60,31 @@ class Timeline:
             self._items.append(item)
 
     @contextlib.contextmanager
-    def span(self, lane: str, phase: str, **fields: Any):
-        """Record the block as one interval."""
+    def span(self, lane: str, phase: str, each: Iterable[dict[str, Any]] | None = None, **fields: Any):
+        """Record the block as one interval, or one per dict of ``each`` (its fields added: e.g. one line per engine
+        a call used). While the block runs, :meth:`peek` sees it as open (what a step's busy shares count when a
+        batch is still generating at the step's end)."""
         t0 = time.time()
+        with self._lock:
+            key = next(self._serial)
+            self._open[key] = {"lane": lane, "phase": phase, **fields, "t0": t0 - self.origin}
         try:
             yield
         finally:
-            self.add(lane, phase, t0, time.time(), **fields)
+            t1 = time.time()
+            with self._lock:
+                del self._open[key]
+            for extra in (each if each is not None else [{}]):
+                self.add(lane, phase, t0, t1, **fields, **extra)
 
-    def peek(self) -> list[dict[str, Any]]:
-        """What was recorded since the last drain (a copy), in order of start."""
+    def peek(self, now: float | None = None) -> list[dict[str, Any]]:
+        """What was recorded since the last drain (a copy), in order of start; with ``now`` (a ``time.time()``
+        value) the spans still open too, as if they ended then."""
         with self._lock:
-            return sorted(self._items, key=lambda d: d["t0"])
+            items = list(self._items)
+            if now is not None:
+                items += [{**it, "t1": now - self.origin} for it in self._open.values()]
+        return sorted(items, key=lambda d: d["t0"])
 
     def drain(self) -> list[dict[str, Any]]:
         """What was recorded since the last drain, in order of start, and forget it."""
@@ -159,16 +186,51 @@ def intersect(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> lis
     return out
 
 
-def busy_spans(items: Iterable[dict[str, Any]], lane: str) -> list[tuple[float, float]]:
-    """The union of a lane's busy intervals: the trainer's work phases (not ``wait``), an engine's generates."""
-    phases = BUSY_TRAINER if lane == "trainer" else ("generate",)
+def subtract(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """``a`` less ``b`` (each sorted and disjoint, as :func:`union` returns them)."""
+    out = []
+    for lo, hi in a:
+        for c0, c1 in b:
+            if c1 <= lo or c0 >= hi:
+                continue
+            if c0 > lo:
+                out.append((lo, c0))
+            lo = max(lo, c1)
+            if lo >= hi:
+                break
+        if hi > lo:
+            out.append((lo, hi))
+    return out
+
+
+BUSY = {"trainer": ("trainer", BUSY_TRAINER), "engine": ("engine", ("generate",)), "reward": ("producer", ("reward",))}
+"""what each busy share counts: (lane, phases)"""
+
+
+def busy_spans(items: Iterable[dict[str, Any]], side: str) -> list[tuple[float, float]]:
+    """The union of one side's busy intervals (:data:`BUSY`): ``trainer`` its work phases (not ``wait``, ``rollout``
+    or ``eval``), ``engine`` the generates of training batches, ``reward`` the scoring of them."""
+    lane, phases = BUSY[side]
     return union((it["t0"], it["t1"]) for it in items if it["lane"] == lane and it["phase"] in phases)
 
 
-def shares(items: list[dict[str, Any]], lo: float, hi: float) -> dict[str, float]:
-    """Over the window [lo, hi]: the fraction of it the trainer was busy, the fraction some engine was generating,
-    and the seconds both were (the overlap max_staleness > 0 buys)."""
-    span = max(hi - lo, 1e-9)
-    tr, en = busy_spans(items, "trainer"), busy_spans(items, "engine")
-    return {"trainer_busy": covered(tr, lo, hi) / span, "engine_busy": covered(en, lo, hi) / span,
-            "overlap": covered(intersect(tr, en), lo, hi)}
+def eval_windows(items: Iterable[dict[str, Any]]) -> list[tuple[float, float]]:
+    """The union of the trainer's ``eval`` intervals: what the attempt-wide shares leave out."""
+    return union((it["t0"], it["t1"]) for it in items if it["lane"] == "trainer" and it["phase"] == "eval")
+
+
+def shares(items: list[dict[str, Any]], lo: float, hi: float,
+           exclude: Iterable[tuple[float, float]] = ()) -> dict[str, float]:
+    """Over the window [lo, hi] less ``exclude`` (e.g. :func:`eval_windows`): the fraction of it the trainer was
+    busy, some engine was generating a batch (``engine_busy``), some batch was being scored (``reward_busy``), the
+    rollout side was busy with either (``rollout_busy``: a batch is ready once generated and scored), and the
+    seconds trainer and engines were both busy (``overlap``: what max_staleness > 0 buys). Each share is in [0, 1]."""
+    window = subtract([(lo, hi)] if hi > lo else [], union(exclude))
+    span = max(sum(b - a for a, b in window), 1e-9)
+
+    def cov(spans):
+        return sum(b - a for a, b in intersect(union(spans), window))
+
+    tr, en, rw = busy_spans(items, "trainer"), busy_spans(items, "engine"), busy_spans(items, "reward")
+    return {"trainer_busy": cov(tr) / span, "engine_busy": cov(en) / span, "reward_busy": cov(rw) / span,
+            "rollout_busy": cov(en + rw) / span, "overlap": cov(intersect(tr, en))}

@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 
 from rftlib.algo.logprobs import auto_chunk_size
-from rftlib.rollout.kinds import engine_kind
+from rftlib.rollout.kinds import EngineInputs, engine_kind
 from rftlib.settings import ModelSettings, OptimizationSettings, RolloutSettings
 from rftlib.backends import BackendInputs, machine_problems, sharding_of
 from rftlib.models.memory import (  # noqa: F401  (re-exported: the preflight's public names)
@@ -55,7 +55,8 @@ def memory_preflight(cfg) -> list[MemoryEstimate]:
                                 on_policy=cfg.on_policy,
                                 gpu=cfg.launch_gpu_type, world_size=world, seq_len=seq_len,
                                 chunk_rows=cfg.logprob_chunk_size or auto_chunk_size(shape.vocab), sharding=sharding,
-                                hf_generate=engine_kind(cfg.rollout_engine).on_trainer_module)
+                                hf_generate=engine_kind(cfg.rollout_engine).on_trainer_module,
+                                engine_share=engine_kind(cfg.rollout_engine).trainer_gpu_share(EngineInputs.of(cfg.section)))
     train.title = (f"{shape.name} training: one trainer GPU ({cfg.launch_gpu_type}, {cfg.backend}{sharding.label} "
                    f"x {world} rank(s))")
     trainable = lora_params(shape, cfg.lora_rank, _targets(shape, cfg)) if cfg.lora_rank else shape.n_params

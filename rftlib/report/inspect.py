@@ -48,6 +48,8 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
+from rftlib.monitor.files import chmod_as_umask
+
 SCHEMA = 1
 TAU = 0.05  # a token is kept if its |q| >= TAU * the row's max |q| (the page's slider starts here)
 EDGE = 32  # the first and last EDGE tokens of a completion are always shown
@@ -282,8 +284,7 @@ def page_data(view: dict[str, Any], dtype: str = "float16", tau: float = TAU) ->
         "schema": SCHEMA, "title": str(view.get("title", "")), "attempt": view.get("attempt"),
         "step": view.get("step"),
         "header": [[str(k), _finite_or_text(v)] for k, v in (view.get("header") or {}).items()],
-        "verdict": None if verdict is None else {"faithful": bool(verdict.get("faithful")),
-                                                 "text": str(verdict.get("text", ""))},
+        "verdict": None if verdict is None else verdict_badge(verdict),
         "configs": list(view["configs"]),
         "table": {"columns": columns, "rows": [[_finite_or_text(row.get(c)) for c in columns] for row in table]},
         "quantities": [{"key": q, "label": str(s.get("label", q)), "scale": s["scale"],
@@ -292,6 +293,19 @@ def page_data(view: dict[str, Any], dtype: str = "float16", tau: float = TAU) ->
         "plan": {"key": plan_key, "tau": tau, "edge": EDGE, "context": CONTEXT, "min_run": MIN_RUN,
                  "gap_keep": GAP_KEEP, "default_open": DEFAULT_OPEN},
     }
+
+
+def verdict_badge(verdict: dict[str, Any]) -> dict[str, Any]:
+    """A replay's verdict as the page shows it: {faithful (True, False, or None: not claimed), badge, text}. Only
+    faithful False is NOT REPRODUCED (red); None is CONTROLLED (another environment, the control passed) or NOT
+    CHECKED, a neutral badge: no equality was claimed, and none was refuted."""
+    f, text = verdict.get("faithful"), str(verdict.get("text", ""))
+    f = None if f is None else bool(f)
+    if f is None:
+        badge = "CONTROLLED" if text.startswith("CONTROLLED") else "NOT CHECKED"
+    else:
+        badge = "FAITHFUL" if f else "NOT REPRODUCED"
+    return {"faithful": f, "badge": badge, "text": text}
 
 
 def _json_for_script(data: Any) -> str:
@@ -341,6 +355,7 @@ def write_page(view: dict[str, Any], path: str | os.PathLike, **kw: Any) -> Path
             f.write(page)
             f.flush()
             os.fsync(f.fileno())
+        chmod_as_umask(tmp)  # mkstemp's 0600 would keep every other reader of a shared reports/ out
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -367,6 +382,7 @@ class NotebookView:
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(self.page)
+        chmod_as_umask(tmp)
         os.replace(tmp, path)
         return path
 

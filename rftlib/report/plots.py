@@ -17,7 +17,7 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 from matplotlib.ticker import MaxNLocator
 
-from rftlib.monitor.timeline import shares
+from rftlib.monitor.timeline import eval_windows, shares
 from rftlib.report.attempt import EVAL_KEY, Attempt, key_differences
 
 COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf"]
@@ -177,9 +177,11 @@ PHASE_COLORS = {"generate": "#1f77b4", "reward": "#ff7f0e", "update": "#d62728",
 
 def timeline(a: Attempt, steps: int | None = None) -> Plot:
     """Where the attempt's time went (logs/timeline.jsonl, issue 32): one lane per engine, the producer (reward
-    scoring) and the trainer, each phase a bar coloured by phase, generate bars labelled b<batch>·v<version>, a
-    line at each step's end; the title says how busy each side was and which one the other waited for. Below,
-    per step, the share of rows at each lag (staleness/frac_lag*) and the behaviour-proximal KL (tis/mismatch_kl).
+    scoring) and the trainer, each phase a bar coloured by phase (an eval's generation on the engines too),
+    generate bars labelled b<batch>·v<version>, a line at each step's end; the title says how busy each side was
+    and which one the other waited for, over the training time (evals left out: neither side's step work). The
+    rollout side is busy while a batch is generated or scored (a batch is ready only after both). Below, per step,
+    the share of rows at each lag (staleness/frac_lag*) and the behaviour-proximal KL (tis/mismatch_kl).
     ``steps``: the last N steps only (the live view)."""
     items = a.timeline
     fig = Figure(figsize=(12, 4.6), layout="constrained")
@@ -222,11 +224,15 @@ def timeline(a: Attempt, steps: int | None = None) -> Plot:
                               label=p) for p in used], fontsize=7, loc="center left", bbox_to_anchor=(1.0, 0.5),
                frameon=False)
     lo, hi = min(it["t0"] for it in items), max(it["t1"] for it in items)
-    sh = shares(items, lo, hi)
-    trainer_idle, engine_idle = 1 - sh["trainer_busy"], 1 - sh["engine_busy"]
-    side = "generation (the trainer waits)" if trainer_idle > engine_idle else "training (the engines wait)"
-    top.set_title(f"trainer busy {100 * sh['trainer_busy']:.0f}% · engines busy {100 * sh['engine_busy']:.0f}% · "
-                  f"both {100 * sh['overlap'] / max(hi - lo, 1e-9):.0f}% · bottleneck: {side}", fontsize=10)
+    evals = eval_windows(items)
+    sh = shares(items, lo, hi, exclude=evals)
+    train_s = max((hi - lo) - sum(min(b, hi) - max(a, lo) for a, b in evals if b > lo and a < hi), 1e-9)
+    trainer_idle, rollout_idle = 1 - sh["trainer_busy"], 1 - sh["rollout_busy"]
+    side = "rollouts (the trainer waits)" if trainer_idle > rollout_idle else "training (the rollouts wait)"
+    top.set_title(f"trainer busy {100 * sh['trainer_busy']:.0f}% · rollouts {100 * sh['rollout_busy']:.0f}% "
+                  f"(generate {100 * sh['engine_busy']:.0f}%, score {100 * sh['reward_busy']:.0f}%) · both "
+                  f"{100 * sh['overlap'] / train_s:.0f}% · bottleneck: {side}"
+                  + (" · evals left out" if evals else ""), fontsize=10)
     rows = [r for r in a.train_rows if "staleness/max" in r]
     if steps is not None:
         rows = rows[-steps:]
@@ -255,7 +261,8 @@ def timeline(a: Attempt, steps: int | None = None) -> Plot:
         _missing(bottom, "staleness/frac_lag*")
     fig.suptitle(f"{a.attempt_id}: timeline (max_staleness {a.config.get('max_staleness', 0)})", fontsize=11)
     return Plot(fig, "timeline", f"{a.attempt_id} timeline: engines, producer and trainer busy per phase; "
-                                 f"trainer busy {100 * sh['trainer_busy']:.0f}%, engines {100 * sh['engine_busy']:.0f}%")
+                                 f"trainer busy {100 * sh['trainer_busy']:.0f}%, rollouts (generate + score) "
+                                 f"{100 * sh['rollout_busy']:.0f}%, evals left out")
 
 
 def timeline_strip(ax, items: list[dict[str, Any]], steps: int = 5) -> None:
@@ -274,7 +281,7 @@ def timeline_strip(ax, items: list[dict[str, Any]], steps: int = 5) -> None:
                 ax.broken_barh([(it["t0"], it["t1"] - it["t0"])], (y - 0.38, 0.76),
                                facecolors=PHASE_COLORS.get(it["phase"], "#bcbd22"), edgecolor="black", linewidth=0.2,
                                hatch="//" if it["phase"] == "wait" else None)
-    sh = shares(items, lo, hi)
+    sh = shares(items, lo, hi, exclude=eval_windows(items))
     ax.set_xlim(lo, hi)
     ax.set_yticks([0, 1], ["engines", "trainer"], fontsize=8)
     ax.set_title(f"last steps: trainer {100 * sh['trainer_busy']:.0f}% · engines {100 * sh['engine_busy']:.0f}% busy",

@@ -15,8 +15,8 @@ each, under the recorded configuration and each counterfactual of a replay.
 
 The token pieces are decoded here, not during training: ``decode(ids[t-8 : t+1])`` less ``decode(ids[t-8 : t])``
 (a piece is what the token adds to the text, byte-fallback and multi-token characters included), cached in the
-record as ``pieces.json``. Also the notebook's calls (replay.ipynb): :func:`run`, :func:`verdict`, :func:`table`,
-:func:`inspector`.
+record as ``pieces.json``. Also the notebook's views (replay.ipynb): :func:`verdict`, :func:`table`,
+:func:`inspector` (its replay runs through rftlib.report.replay_views.run).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ import torch
 
 from rftlib.algo.correction import tis_weights
 from rftlib.algo.kl import kl_penalty
-from rftlib.attempts import run_dir_path, runs_root
+from rftlib.attempts import runs_root
 from rftlib.algo.token_view import grad_weights, token_view
 from rftlib.models.loading import load_tokenizer
 from rftlib.monitor import records
@@ -41,7 +41,7 @@ from rftlib.report.inspect import view_in_notebook, write_page
 from rftlib.report.live import clean_text
 from rftlib.train import steps
 from rftlib.train.record import unhex
-from rftlib.train.replay import counterfactual_config, label, replay, replay_config
+from rftlib.train.replay import counterfactual_config, format_control, label, replay_config
 
 WINDOW = 8  # tokens of left context a piece is decoded with (a multi-byte character spans up to 4 byte tokens)
 
@@ -242,18 +242,6 @@ def write_pages(run_dir: str | Path, out_dir: str | Path) -> list[Path]:
 
 
 # ---- the notebook's calls (replay.ipynb) ----------------------------------------------------------------------
-def run(run_dir: str | Path, step: int | None = None, counterfactuals: list[dict] | None = None,
-        weights: str = "auto"):
-    """Replay (rftlib.train.replay.replay) the given step, or the latest recorded one."""
-    run_dir = run_dir_path(str(run_dir)) if run_dir else newest_recorded_attempt()
-    if step is None:
-        have = records.list_records(run_dir)
-        if not have:
-            raise FileNotFoundError(f"{run_dir}: no recorded step (records/ is empty; record_batches sets which)")
-        step = have[-1]
-    return replay(run_dir, step, counterfactuals or [], weights=weights)
-
-
 def newest_recorded_attempt() -> Path:
     """The most recently modified attempt under the runs root that has a recorded step (replay.ipynb's default)."""
     root = runs_root()
@@ -270,7 +258,9 @@ def verdict(res) -> "HTMLText":
     ok = res.faithful
     colour = "#1a7f37" if ok else ("#9a6700" if ok is None else "#cf222e")
     notes = "".join(f"<li>{html.escape(n)}</li>" for n in res.notes)
+    control = format_control(res)  # another environment: the control's own gap to the record, per optimizer step
     return HTMLText(f"<p style='font-weight:600;color:{colour}'>{html.escape(res.verdict)}</p>"
+                    + (f"<pre>{html.escape(control)}</pre>" if control else "")
                     + (f"<ul>{notes}</ul>" if notes else ""))
 
 

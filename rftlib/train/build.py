@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 from rftlib.attempts import (SFT_ROWS, AttemptLockedError, attempt_holding, create_attempt, lock_attempt, project_root,
-                             read_attempt)
+                             read_attempt, run_dir_path)
 from rftlib.config import ConfigError, RunConfig
 from rftlib.data.base import Sampler, Task, build_task as build_registered_task, held_out_leaks
 from rftlib.data.jsonl import read_jsonl
@@ -120,6 +120,15 @@ def lock_run_dir(run_dir: Path, dist: Dist):
 def build_task(cfg: RunConfig) -> Task:
     """The task RunConfig.task names, with its builder's task_args."""
     return build_registered_task(cfg.task, eval_size=cfg.eval_size, **cfg.task_args)
+
+
+def resolve_init_adapter(cfg: RunConfig) -> RunConfig:
+    """``init_adapter`` as an absolute path, resolved once where the attempt starts (rftlib.attempts.run_dir_path:
+    from the working directory when it is there, else from the project root), so config.yaml names the adapter
+    it loaded: a resume, a replay or a notebook kernel in another working directory loads the same one."""
+    if not cfg.init_adapter:
+        return cfg
+    return dataclasses.replace(cfg, init_adapter=str(run_dir_path(cfg.init_adapter)))
 
 
 def check_init_adapter(cfg: RunConfig, *, say: bool) -> None:
@@ -267,7 +276,7 @@ def build(cfg: RunConfig, run_dir: str | Path | None = None, *, dist: Dist | Non
     if problems:
         raise ConfigError("this machine cannot run the config's backend: " + "; ".join(problems))
     D = dist or init_dist(cfg)
-    cfg = dataclasses.replace(cfg, dtype=resolve_dtype(cfg.dtype, D.device))
+    cfg = resolve_init_adapter(dataclasses.replace(cfg, dtype=resolve_dtype(cfg.dtype, D.device)))
     check_world(cfg, D.world_size)
     check_init_adapter(cfg, say=D.is_main)
     seed_everything(cfg.seed)
@@ -275,6 +284,7 @@ def build(cfg: RunConfig, run_dir: str | Path | None = None, *, dist: Dist | Non
         run_dir = D.broadcast_object(str(create_attempt(cfg)) if D.is_main else None)
     run_dir = Path(run_dir)
     lock = lock_run_dir(run_dir, D)
+    made = None  # the engine built here: stopped if a later part fails (its server processes hold cores or GPUs)
     try:
         task = task or build_task(cfg)
         check_sft_ancestry(cfg, task, say=D.is_main)
@@ -285,7 +295,9 @@ def build(cfg: RunConfig, run_dir: str | Path | None = None, *, dist: Dist | Non
         reference = Reference(model, needed=cfg.needs_reference)
         backend = make_backend(backend_inputs(cfg), D, model, total_opt_steps=cfg.total_optimizer_steps,
                                warmup_steps=cfg.warmup_steps)
-        engine = engine or make_engine(engine_inputs(cfg), model, tok, run_dir, sync=False, backend=backend)
+        made = None if engine is not None else make_engine(engine_inputs(cfg), model, tok, run_dir, sync=False,
+                                                           backend=backend)
+        engine = engine or made
         check_full_weight_sync(backend, engine, model)
         if cfg.prompt_max_len:
             fit_prompts(task, tok, cfg.prompt_max_len, say=D.is_main)
@@ -294,8 +306,12 @@ def build(cfg: RunConfig, run_dir: str | Path | None = None, *, dist: Dist | Non
             torch.manual_seed(cfg.seed + 1_000_003 * D.rank)
         logger = MetricsLogger(run_dir) if D.is_main else None
     except BaseException:  # a kernel that lives on (a notebook) must not keep the attempt locked
-        if lock is not None:
-            lock.close()
+        try:
+            if made is not None:
+                made.close()
+        finally:
+            if lock is not None:
+                lock.close()
         raise
     return Parts(cfg=cfg, dist=D, run_dir=run_dir, lock=lock, task=task, reward=reward, model=model, tok=tok,
                  reference=reference, backend=backend, engine=engine, sampler=sampler, logger=logger,

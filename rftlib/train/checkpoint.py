@@ -192,7 +192,11 @@ def trainer_state(tr) -> dict[str, Any]:
             # max_staleness > 0: batches permitted (their prompts drawn, the sampler's cursor past them) but not
             # trained; a resume regenerates them first, so none is skipped and none trained twice (issue 32)
             "pipeline": {"max_staleness": tr.cfg.max_staleness, "version": tr.step_num,
-                         "pending": tr.source.pending() if getattr(tr, "source", None) is not None else []}}
+                         "pending": tr.source.pending() if getattr(tr, "source", None) is not None else []},
+            # the sync probe's recent noise measurements (rftlib.rollout.sync_probe.noise_level): a resume's first
+            # sync is judged against the level the attempt measured, not against one fresh measurement (rank 0's;
+            # every rank probes the same engine weights on the same prompts)
+            "sync_probe": {"noises": [float(x) for x in getattr(tr.engine, "probe_noises", ())]}}
 
 
 def save_trainer(tr) -> Path:
@@ -232,6 +236,9 @@ def resume_trainer(tr) -> None:
     tr.eval_history = ts["eval_history"]
     tr.skipped_steps = ts.get("skipped_steps", 0)
     tr._pending = ts.get("pipeline", {}).get("pending", [])  # the source regenerates these first
+    noises = ts.get("sync_probe", {}).get("noises", [])
+    if noises and hasattr(tr.engine, "probe_noises"):  # before the resume's first sync, which reads them
+        tr.engine.probe_noises.extend(noises)
     if tr.logger is not None:
         tr.logger.truncate_after(tr.step_num)
     if tr.dist.is_main:

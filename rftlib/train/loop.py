@@ -17,6 +17,7 @@ logprobs *are* the current ones (detached), so no extra forward is spent on them
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import sys
 import time
@@ -35,7 +36,8 @@ from rftlib.algo.losses import grpo_loss
 from rftlib.algo.schedule import lr_at
 from rftlib.attempts import STOP_FILE, read_attempt, write_json
 from rftlib.config import RunConfig, make_config
-from rftlib.eval import check_precision, eval_precision, format_prompts
+from rftlib.envs.chat import check_prefix_preserving
+from rftlib.eval import check_precision, eval_precision
 from rftlib.models.forward import completion_logprobs
 from rftlib.models.loading import causal_lm, compute_dtype, is_peft
 from rftlib.models.precision import describe as describe_precision
@@ -44,6 +46,7 @@ from rftlib.monitor import records
 from rftlib.monitor.metrics import read_metrics
 from rftlib.monitor.timeline import Timeline, TimelineLog, shares
 from rftlib.rewards.registry import Reward, as_reward
+from rftlib.rollout.sources import SOURCES, Sampling, source_name
 from rftlib.train import checkpoint as ckpt
 from rftlib.train import steps
 from rftlib.train.build import Parts, build
@@ -90,8 +93,11 @@ class Trainer:
         self.around: list[Around] = list(around or [])  # around(phase): a context manager around each phase
         try:
             self._setup(resume)
-        except BaseException:  # a kernel that lives on (a notebook) must not keep the attempt locked
-            self._unlock()
+        except BaseException as e:  # a refused first sync or resume: stop the engines started for it (their
+            try:  # processes, GPUs) and release the lock (a kernel that lives on, a notebook, must not keep it)
+                self.close(e)
+            except Exception as failed:  # noqa: BLE001 -- the start's error is the one to raise
+                warnings.warn(f"closing the trainer after its start failed also failed: {failed!r}")
             raise
 
     def _setup(self, resume: bool) -> None:
@@ -116,6 +122,13 @@ class Trainer:
         # every eval in one declared precision (rftlib.eval), checked now: an engine that cannot switch refuses
         self.eval_precision = eval_precision(cfg.eval_dtype, cfg.dtype, self.engine)
         check_precision(self.engine, self.eval_precision)
+        # what turns a batch's examples into its scored rollout (rftlib.rollout.sources): cfg.env selects it
+        self.rollout_source = SOURCES.get(source_name(cfg.env))
+        if cfg.env != "single_turn":  # token-in/token-out needs a template that keeps earlier turns as rendered
+            check_prefix_preserving(self.tok, stop_ids=self.engine.stop_ids)
+            self.rollout_source = functools.partial(
+                self.rollout_source, task=self.task, env=cfg.env, env_args=dict(cfg.env_args), max_turns=cfg.max_turns,
+                max_trajectory_tokens=cfg.max_trajectory_tokens or cfg.max_new_tokens)
         self.step_num = 0
         self.eval_history: list[dict[str, Any]] = []
         self.skipped_steps = 0
@@ -124,6 +137,7 @@ class Trainer:
             self.memory_estimate = preflight_gib(cfg, causal_lm(self.model).config, D.world_size, prompt_len=256,
                                                 chunk_rows=self.logprob_chunk_size)
         self._pending: list[dict] = []  # batches a checkpoint permitted but did not train (max_staleness > 0)
+        self.session_end: int | None = None  # the step train() stops at this session (None: num_steps)
         self._timeline_log = TimelineLog(self.run_dir) if D.is_main else None  # logs/timeline.jsonl (rank 0)
         if resume:
             ckpt.resume_trainer(self)
@@ -140,11 +154,12 @@ class Trainer:
             if D.is_main:
                 print(f"[rft] engine synced at step {self.step_num}{' (resumed)' if resume else ''}: probe gap "
                       f"{sync.details['probe_max_diff']:.3g} <= {sync.details['probe_threshold']:.3g} (4 x this "
-                      f"precision's own noise {sync.details['probe_noise']:.3g}, at least vllm_sync_probe_tol)",
-                      flush=True)
+                      f"precision's noise on the probe, measured {sync.details['probe_noise']:.3g} now, a high quantile "
+                      "of the recent syncs' measurements; at least vllm_sync_probe_tol)", flush=True)
         # where each step's batch comes from: the rollout on this thread (max_staleness 0), or a producer thread
         # generating up to k batches ahead (rftlib.train.pipeline); the engine holds the version it starts with
-        self.source = make_source(cfg.max_staleness, produce_inline=self.rollout, draw=self.sampler.next,
+        self.source = make_source(cfg.max_staleness, produce_inline=self.rollout, produce_indices=self.rollout_of,
+                                  draw=self.sampler.next,
                                   next_seed=self._next_seed, produce=self.produce, engine=self.engine,
                                   version=self.step_num, adapter=getattr(self.engine, "adapter", None))
         self.source.load_pending(self._pending)
@@ -192,7 +207,8 @@ class Trainer:
                 drawn.append(self.rollout(n_prompts))
                 return drawn[-1]
             t_wait = time.time()
-            scored, waited = self.source.take(self.step_num + 1, n_prompts, last=cfg.num_steps)
+            # no batch is permitted past this session's last step (stop_after_steps): none is generated untrained
+            scored, waited = self.source.take(self.step_num + 1, n_prompts, last=self.session_end or cfg.num_steps)
             if self.source.threaded:
                 self.timeline.add("trainer", "wait", t_wait, t_wait + waited, rank=self.dist.rank,
                                   step=self.step_num + 1)
@@ -262,12 +278,17 @@ class Trainer:
                               step=self.step_num if name == "eval" else self.step_num + 1)
 
     def _busy_shares(self, lo: float, hi: float) -> dict[str, float]:
-        """timing/trainer_busy and timing/engine_busy (fractions of the step's wall time) and timing/overlap
-        (seconds both were busy), from this rank's intervals of the step, a batch still generating included."""
-        items = self.timeline.peek()
-        for lane, phase_, t0 in self.source.open_spans():
-            items.append({"lane": lane, "phase": phase_, "t0": t0 - self.timeline.origin, "t1": hi - self.timeline.origin})
-        return shares(items, lo - self.timeline.origin, hi - self.timeline.origin)
+        """timing/trainer_busy, engine_busy, reward_busy and rollout_busy (fractions of the step's wall time,
+        rftlib.monitor.timeline.shares) and timing/overlap (seconds trainer and engines were both busy), from this
+        rank's intervals of the step, a batch still generating or scoring at its end included."""
+        return shares(self.timeline.peek(now=hi), lo - self.timeline.origin, hi - self.timeline.origin)
+
+    def engine_lanes(self, n_prompts: int) -> list[dict[str, int]]:
+        """The timeline's engine fields of a generate call of ``n_prompts`` prompts: server engines take prompt i on
+        engine i % N (rftlib.rollout.vllm_server.VLLMServerEngine._sample), so the call runs on the first
+        min(N, n_prompts) engines side by side; any other engine is engine 0."""
+        n = len(getattr(self.engine, "servers", None) or [None])
+        return [{"engine": k} for k in range(max(1, min(n, n_prompts)))]
 
     def _flush_timeline(self) -> None:
         """Rank 0 appends what the timeline recorded to logs/timeline.jsonl (the other ranks forget theirs)."""
@@ -282,6 +303,12 @@ class Trainer:
         diagnostics), and the rewards."""
         return self.produce(self.sampler.next(n_prompts))
 
+    @phase("rollout")
+    def rollout_of(self, global_indices: list[int]) -> Scored:
+        """The synchronous rollout of given prompts (pool indices of the global batch): a checkpoint's batch that an
+        asynchronous attempt drew and did not train, resumed at max_staleness 0."""
+        return self.produce(global_indices)
+
     def _next_seed(self) -> int | None:
         """The engine's base seed for a batch, drawn on the trainer's thread when the batch is permitted (the draw
         ``rftlib.rollout.vllm`` makes inside generate), so a threaded producer keeps the engine's seed stream in the
@@ -292,7 +319,9 @@ class Trainer:
     def produce(self, global_indices: list[int], *, seed: int | None = None, adapter: str | None = None,
                 version: int | None = None, batch: int | None = None) -> Scored:
         """Generate and score this rank's share of a batch whose pool indices (the global batch, in the sampler's
-        order) are ``global_indices``. It touches only the engine, the tokenizer, the task and the training
+        order) are ``global_indices``, through the attempt's rollout source (``self.rollout_source``,
+        rftlib.rollout.sources: generation and scoring are the source's; the rank's slice, the policy version and
+        packing the groups are the trainer's). It touches only the engine, the tokenizer, the task and the training
         reward (never the trainer's module, optimizer or a collective), so a producer thread may run it while
         the trainer updates (rftlib.train.pipeline). ``seed`` / ``adapter``: the engine's base seed and the
         adapter (policy version) to sample from, given by a threaded producer (None: the engine's own, now);
@@ -302,28 +331,18 @@ class Trainer:
         indices = global_indices[D.rank * share:(D.rank + 1) * share]  # same global order on every rank
         examples = [self.task.train[i] for i in indices]
         version = self.step_num if version is None else version
-        sampling = {k: v for k, v in (("seed", seed), ("adapter", adapter)) if v is not None}
         batch = self.step_num + 1 if batch is None else batch
-        t = time.time()
-        ro = self.engine.generate(format_prompts(self.tok, examples, self.task.system_prompt), group_size=G,
-                                  max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
-                                  top_p=cfg.top_p, **sampling).to(self.dist.device)
-        t_generate = time.time() - t
-        self.timeline.add("engine", "generate", t, t + t_generate, engine=0, rank=D.rank, batch=batch,
-                          version=version, step=batch)
-        t = time.time()
-        rows = [examples[i // G] for i in range(len(ro.texts))]
-        trunc = [bool(cut) for cut in ro.truncated.tolist()]
-        # a reward that declares a batch form scores the whole rollout in one call (the code sandbox's
-        # workers run rows side by side; row by row, the second worker idles)
-        scored = self.training_reward().score(list(ro.texts), rows, trunc)
-        rewards = [float(r) for r, _ in scored]
-        diags = [d for _, d in scored]
-        t_reward = time.time() - t
-        self.timeline.add("producer", "reward", t, t + t_reward, rank=D.rank, batch=batch, step=batch)
+        lanes = {"generate": lambda: self.timeline.span("engine", "generate", each=self.engine_lanes(len(examples)),
+                                                        rank=D.rank, batch=batch, version=version, step=batch),
+                 "reward": lambda: self.timeline.span("producer", "reward", rank=D.rank, batch=batch, step=batch)}
+        out = self.rollout_source(examples, engine=self.engine, tok=self.tok, system_prompt=self.task.system_prompt,
+                                  reward=self.training_reward(), group_size=G, device=self.dist.device,
+                                  sampling=Sampling(cfg.max_new_tokens, cfg.temperature, cfg.top_p, seed, adapter),
+                                  spans=lambda name: lanes[name]())
+        ro, diags = out.rollout, out.diags
         items = [(ro, g, ex, idx, diags[g * G:(g + 1) * G]) for g, (ex, idx) in enumerate(zip(examples, indices))]
-        return Scored(items, torch.tensor(rewards), generate_seconds=t_generate, reward_seconds=t_reward,
-                      version=version)
+        return Scored(items, torch.tensor(out.rewards), generate_seconds=out.generate_seconds,
+                      reward_seconds=out.reward_seconds, version=version)
 
     def training_reward(self) -> Reward:
         """The reward the rollouts are scored with: the attempt's composite (RunConfig.rewards), else the
@@ -344,10 +363,12 @@ class Trainer:
         shaped, shaping = steps.shape_rewards(
             cfg, batch.rewards, ro.lengths().cpu(),
             behaviour_logprobs=(old_lp if old_lp is not None else ro.behaviour_logprobs).cpu(),
-            ref_logprobs=None if ref_lp is None else ref_lp.cpu(), completion_mask=ro.completion_mask.cpu())
+            ref_logprobs=None if ref_lp is None else ref_lp.cpu(), completion_mask=ro.model_mask.cpu())
         advantages = self._global_advantages(shaped, G)  # (N,) host
         row_mask = getattr(batch, "row_mask", None)
-        lmask = steps.loss_mask(cfg, ro.completion_mask, ro.truncated,
+        # the overlong penalty above counts every completion-side token (the trajectory's budget), KL in the reward
+        # only the model's; the loss covers the tokens the model sampled (Rollout.model_mask)
+        lmask = steps.loss_mask(cfg, ro.model_mask, ro.truncated,
                                 None if cfg.dynamic_sampling == "off" or row_mask is None
                                 else row_mask.to(D.device))  # (N, T)
         return Advantaged(ro, examples, indices, batch.rewards.tolist(), diags, advantages, lmask, ref_lp, old_lp,
@@ -454,8 +475,9 @@ class Trainer:
                     self._zero_backward()
 
                 def after(ix, fwd, loss, m, old, epoch=epoch, seq_lr=seq_lr, probe=probe):  # what the row reports
-                    logp, ent, mask = fwd.logprobs, fwd.entropy, fwd.rows["completion_mask"]  # (n, T')
-                    t1 = mask.shape[1]  # this micro-batch's own completion width
+                    logp, ent = fwd.logprobs, fwd.entropy  # (n, T')
+                    t1 = logp.shape[1]  # this micro-batch's own completion width
+                    mask = ro.model_mask[ix, :t1]  # (n, T') the tokens the model sampled: ESS, entropy, gap, tokens
                     if trace is not None:
                         trace.micro_batch(epoch=epoch, rows=ix, loss=float(loss.detach()), logprobs=logp, entropy=ent,
                                           tokens=float(mask.sum()), metrics=m)
@@ -520,8 +542,9 @@ class Trainer:
         cfg, ro = self.cfg, batch.rollout
         bonus = cfg.entropy_coef != 0
         fwd = self.forward(rows_of(ro, ix), with_entropy=epoch == 0 or bonus, entropy_grad=bonus)
-        logp, ent, mask = fwd.logprobs, fwd.entropy, fwd.rows["completion_mask"]  # (n, T')
-        t1 = mask.shape[1]  # this micro-batch's own completion width
+        logp, ent = fwd.logprobs, fwd.entropy  # (n, T')
+        t1 = logp.shape[1]  # this micro-batch's own completion width
+        mask = ro.model_mask[ix, :t1]  # (n, T') TIS over the sampled tokens (environment tokens have no behaviour logprob)
         old = logp.detach() if batch.old_logprobs is None else batch.old_logprobs[ix, :t1]
         is_w = tis = None
         if not self.engine.shares_trainer_module:  # the engine's own numerics sampled the rows
@@ -592,7 +615,8 @@ class Trainer:
         metrics); rank 0 writes the spike log and the samples. Keeps the first group for the live view."""
         D, G, ro = self.dist, self.cfg.n_samples_per_prompt, adv.rollout
         local = {"rewards": adv.rewards, "diags": adv.diags, "extra": [extra], "advantages": adv.advantages.tolist(),
-                 "lengths": ro.lengths().cpu().tolist(), "truncated": ro.truncated.cpu().tolist(),
+                 "lengths": ro.model_lengths().cpu().tolist(), "truncated": ro.truncated.cpu().tolist(),
+                 "trajectory_lengths": ro.lengths().cpu().tolist(),
                  "texts": ro.texts, "examples": [(e.prompt, e.answer) for e in adv.examples],
                  "tok": upd.tokens, "metrics": upd.micro_metrics, "entropy": upd.entropy,
                  "behaviour_diff": upd.behaviour_diff, "seq_log_ratio": upd.seq_log_ratio, "gns": upd.gns,
@@ -605,7 +629,7 @@ class Trainer:
         row.update(staleness_metrics(allr["versions"], self.step_num, self.cfg.max_staleness))
         # what the step delivered per second of its wall time (the number the overlap of max_staleness > 0 moves)
         row["throughput/samples_per_s"] = len(allr["rewards"]) / max(timing["step"], 1e-9)
-        row["throughput/tokens_per_s"] = float(sum(allr["lengths"])) / max(timing["step"], 1e-9)
+        row["throughput/tokens_per_s"] = float(sum(allr["trajectory_lengths"])) / max(timing["step"], 1e-9)
         for k in (allr["extra"][0] if allr["extra"] else {}):  # per-rank step metrics: the mean over ranks
             row[k] = float(np.mean([e[k] for e in allr["extra"]]))
         row.update(self.sampler.metrics())
@@ -624,7 +648,9 @@ class Trainer:
         return row
 
     # ---- the policy's logprobs over some rows -----------------------------------------------------------
-    @phase("forward")
+    # one per micro-batch inside the update: a synchronize each would stall CUDA's launch queue between forward
+    # and backward, and no timeline interval is drawn from it (on CUDA its seconds are the launch's)
+    @phase("forward", synchronize=False)
     def forward(self, rows: dict[str, torch.Tensor], *, with_entropy: bool, entropy_grad: bool = False,
                 module=None) -> Forward:
         """(n, T') logprobs and entropies of ``rows`` (a rollout's rows, trimmed: rftlib.train.update_parts.rows_of)
@@ -657,11 +683,20 @@ class Trainer:
         callback's object shows the verdicts itself (``shows_verdicts``: the live panel).
         """
         started = time.time()
+        cfg = self.cfg
+        start = self.step_num
+        end = cfg.num_steps if cfg.stop_after_steps is None else min(cfg.num_steps, start + cfg.stop_after_steps)
+        self.session_end = end  # the source permits no batch past it (rftlib.train.pipeline: take's ``last``)
+        try:
+            return self._train(started, start, end)
+        finally:
+            self.session_end = None
+
+    def _train(self, started: float, start: int, end: int) -> dict[str, Any]:
+        """:meth:`train`'s loop from step ``start`` to ``end`` (``started``: when the session began, time.time())."""
         cfg, main = self.cfg, self.dist.is_main
         say_health = main and not any(getattr(getattr(cb, "__self__", cb), "shows_verdicts", False)
                                       for cb in self.callbacks)
-        start = self.step_num
-        end = cfg.num_steps if cfg.stop_after_steps is None else min(cfg.num_steps, start + cfg.stop_after_steps)
         if self.step_num == 0 and not self.eval_history:
             self._emit(self.evaluate().metrics)
         bar = None
@@ -772,7 +807,8 @@ class Trainer:
     def evaluate(self) -> EvalResult:
         """greedy_pass@1 (or the probe's sampling mode) on every eval probe, sharded over ranks (the same
         number as one process gives); results in eval/step_N[_probe].json and the history."""
-        row = evaluate_probes(self.cfg, self.engine, self.tok, self.task, self.dist, self.run_dir, self.step_num,
+        engine = _TimedEngine(self.engine, self) if hasattr(self, "timeline") else self.engine
+        row = evaluate_probes(self.cfg, engine, self.tok, self.task, self.dist, self.run_dir, self.step_num,
                               self.eval_precision)
         self.eval_history.append(row)
         return EvalResult(self.step_num, row)
@@ -789,6 +825,23 @@ class Trainer:
         if self._lock is not None:
             self._lock.close()  # the kernel drops the flock with the file
             self._lock = None
+
+
+class _TimedEngine:
+    """The trainer's engine as an eval sees it: each generate call is an ``eval`` interval on the timeline's engine
+    lane (one per engine that got a share: Trainer.engine_lanes), everything else the engine's own."""
+
+    def __init__(self, engine, trainer: Trainer):
+        self._engine, self._trainer = engine, trainer
+
+    def __getattr__(self, name: str):
+        return getattr(self._engine, name)
+
+    def generate(self, prompts, **kw):
+        tr = self._trainer
+        with tr.timeline.span("engine", "eval", each=tr.engine_lanes(len(prompts)), rank=tr.dist.rank,
+                              step=tr.step_num):
+            return self._engine.generate(prompts, **kw)
 
 
 def resume_config(run_dir: str | Path, **overrides: Any) -> RunConfig:

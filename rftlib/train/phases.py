@@ -36,9 +36,18 @@ Around = Callable[[str], ContextManager]
 """around(phase): a context manager entered around a phase"""
 
 
-def phase(name: str):
+def settle(device) -> None:
+    """Wait until ``device`` has run the kernels queued on it (CUDA: ``torch.cuda.synchronize``; nothing
+    elsewhere). CUDA returns from a launch before the kernel runs, so a phase timed without this would end
+    early and hand its kernels' time to the next phase's clock (the update's tail showing up as sync)."""
+    if getattr(device, "type", None) == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def phase(name: str, *, synchronize: bool = True):
     """Decorate a Trainer method as the public phase ``name``: it runs inside every ``self.around``
-    context, is timed, and every ``self.hooks`` entry then sees (name, seconds, result)."""
+    context, is timed up to the end of its kernels (``synchronize``: :func:`settle` on the trainer's device,
+    ``self.dist.device``), and every ``self.hooks`` entry then sees (name, seconds, result)."""
     def decorate(fn):
         @functools.wraps(fn)
         def run(self, *args, **kwargs):
@@ -47,6 +56,8 @@ def phase(name: str):
                     stack.enter_context(around(name))
                 t = time.time()
                 result = fn(self, *args, **kwargs)
+                if synchronize:  # its kernels are its time
+                    settle(getattr(getattr(self, "dist", None), "device", None))
                 seconds = time.time() - t
             on_phase = getattr(self, "_on_phase", None)  # the trainer's timeline (rftlib.monitor.timeline)
             if on_phase is not None:

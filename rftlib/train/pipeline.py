@@ -20,7 +20,10 @@ at step j is at most k. Nothing is dropped; ``take`` still checks the bound and 
   permit (the sampler's cursor and the engine's seed stream stay in one deterministic order); the producer
   only generates (the engine, the tokenizer) and scores (the training reward): it never touches the trainer's
   module, optimizer or a collective. Permitted batches not yet trained are the checkpoint's ``pending``: a
-  resume regenerates them first (rftlib.train.checkpoint), so no prompt is skipped or trained twice.
+  resume regenerates them first (rftlib.train.checkpoint), so no prompt is skipped or trained twice. A resume
+  under another bound (k = 3 saved, k = 1 now) keeps their prompts but permits each only when the new bound
+  allows (``take(j-k)``), so the bound holds from the first resumed step; at k = 0 they are generated in turn on
+  the trainer's thread.
 - LoRA versions: each published adapter is *held* by the source until a newer one is published, and each
   batch holds the adapter it was bound to until it is scored, so an engine that keeps several adapters
   (rftlib.rollout.vllm: ``hold`` / ``release``) unloads a version only once nothing in flight uses it.
@@ -61,32 +64,36 @@ class Permit:
 class InlineSource:
     """max_staleness 0: the rollout runs on the trainer's thread when the step asks for it (today's step).
 
-    ``produce(n_prompts)`` is the trainer's synchronous rollout (draw the prompts, generate, score)."""
+    ``produce(n_prompts)`` is the trainer's synchronous rollout (draw the prompts, generate, score);
+    ``produce_indices(indices)`` generates and scores given pool indices (a checkpoint's pending batches, whose
+    prompts an asynchronous attempt drew before it was resumed synchronously)."""
 
     max_staleness = 0
     threaded = False
 
-    def __init__(self, produce: Callable[[int], Any]):
-        self.produce = produce
+    def __init__(self, produce: Callable[[int], Any], produce_indices: Callable[[list[int]], Any] | None = None):
+        self.produce, self.produce_indices = produce, produce_indices
+        self.reserved: dict[int, list[int]] = {}  # batch -> pool indices a checkpoint drew and did not train
 
     def take(self, n: int, n_prompts: int, last: int | None = None):
         """Batch ``n``'s scored groups, generated now; the seconds spent waiting for it (none: it is the rollout)."""
+        if n in self.reserved:
+            return self.produce_indices(self.reserved.pop(n)), 0.0
         return self.produce(n_prompts), 0.0
 
     def publish(self, version: int, adapter: str | None) -> None:
         """A new version is in the engines (nothing to do: the next rollout samples it)."""
 
     def pending(self) -> list[dict[str, Any]]:
-        return []
-
-    def open_spans(self) -> list[tuple[str, str, float]]:
-        return []
+        return [{"batch": b, "indices": list(ix)} for b, ix in sorted(self.reserved.items())]
 
     def load_pending(self, pending: list[dict[str, Any]]) -> None:
-        if pending:
-            raise ValueError(f"the checkpoint holds {len(pending)} batch(es) permitted but not trained (an attempt "
-                             "run with max_staleness > 0), and this source is synchronous: resume with the same "
-                             "max_staleness, or any k > 0")
+        """Batches an asynchronous attempt permitted and did not train: their prompts (the sampler's cursor is past
+        them) are trained first, each generated when its step runs, so none is skipped or trained twice."""
+        if pending and self.produce_indices is None:
+            raise ValueError(f"the checkpoint holds {len(pending)} batch(es) permitted but not trained, and this "
+                             "source has no way to generate given prompts (produce_indices)")
+        self.reserved = {int(p["batch"]): [int(i) for i in p["indices"]] for p in pending}
 
     def close(self) -> None:
         pass
@@ -118,6 +125,7 @@ class ThreadedSource:
         self.cond = threading.Condition()
         self.queue: deque[Permit] = deque()  # permitted, not started
         self.permits: dict[int, Permit] = {}  # permitted, not yet taken by the trainer (the checkpoint's pending)
+        self.reserved: dict[int, list[int]] = {}  # batch -> pool indices a checkpoint drew, not yet permitted again
         self.done: dict[int, Any] = {}  # batch -> scored, waiting for its step
         self.next_batch: int | None = None  # the next batch number to permit
         self.latest: tuple[int, str | None] = (version, adapter)  # the newest published (version, adapter)
@@ -141,19 +149,19 @@ class ThreadedSource:
 
     # ---- the trainer's side (main thread) --------------------------------------------------------------
     def load_pending(self, pending: list[dict[str, Any]]) -> None:
-        """Permits a checkpoint saved (batches permitted, not trained): regenerated first, in order, before any
-        new prompt is drawn."""
+        """Batches a checkpoint permitted and did not train: their prompts (drawn before the checkpoint: the
+        sampler's cursor is past them) are reserved and regenerated first, in order, before any new prompt is
+        drawn. Each is permitted again only when this source's bound allows (``take``), not all at once: a
+        checkpoint of max_staleness 3 holds three batches, and a resume at max_staleness 1 generating them together
+        from the resumed version would train the third 2 versions behind."""
         with self.cond:
-            for p in sorted(pending, key=lambda d: d["batch"]):
-                permit = Permit(int(p["batch"]), [int(i) for i in p["indices"]], self._next_seed())
-                self.permits[permit.batch] = permit
-                self.queue.append(permit)
+            self.reserved = {int(p["batch"]): [int(i) for i in p["indices"]] for p in pending}
             if pending:
-                self.next_batch = max(int(p["batch"]) for p in pending) + 1
-            self.cond.notify_all()
+                self.next_batch = min(self.reserved)
 
     def _permit(self, batch: int, n_prompts: int) -> None:
-        permit = Permit(batch, self._draw(n_prompts), self._next_seed())
+        indices = self.reserved.pop(batch) if batch in self.reserved else self._draw(n_prompts)
+        permit = Permit(batch, indices, self._next_seed())
         with self.cond:
             self.permits[batch] = permit
             self.queue.append(permit)
@@ -197,15 +205,13 @@ class ThreadedSource:
             self.latest = (version, adapter)
         self._release(old)
 
-    def open_spans(self) -> list[tuple[str, str, float]]:
-        """(lane, phase, start) of the work in progress: the batch generating now (for the step's busy shares)."""
-        with self.cond:
-            return [("engine", "generate", self.busy_since)] if self.busy is not None else []
-
     def pending(self) -> list[dict[str, Any]]:
-        """Every permitted batch the trainer has not taken (generating, generated or waiting), for a checkpoint."""
+        """Every batch whose prompts were drawn and the trainer has not taken (generating, generated, waiting, or
+        reserved from a checkpoint and not permitted yet), for a checkpoint."""
         with self.cond:
-            return [self.permits[b].state() for b in sorted(self.permits)]
+            out = {b: self.permits[b].state() for b in self.permits}
+            out.update({b: {"batch": b, "indices": list(ix)} for b, ix in self.reserved.items()})
+            return [out[b] for b in sorted(out)]
 
     def close(self, timeout: float = 60.0) -> None:
         """Stop the producer: no new batch starts; the one generating is abandoned (it is in ``pending``)."""
@@ -221,39 +227,49 @@ class ThreadedSource:
 
     # ---- the producer thread ---------------------------------------------------------------------------
     def _run(self) -> None:
-        while True:
+        """The producer's loop. Everything it does that can fail (the hold, the generate and scoring, the release of
+        the adapter) is inside one ``try``: an error anywhere is recorded for the trainer, which raises it at its
+        next ``take``, instead of a thread that ends with its traceback on stderr and a trainer told nothing."""
+        try:
+            while self._produce_next():
+                pass
+        except BaseException as e:  # noqa: BLE001 -- relayed to the trainer, which raises it
             with self.cond:
-                while not self.queue and not self.stopping:
-                    self.cond.wait()
-                if self.stopping:
-                    return
-                permit = self.queue.popleft()
-                version, adapter = self.latest
-                self._hold(adapter)  # under the lock: a publish cannot release it between the read and the hold
-                self.busy, self.busy_since = permit.batch, time.time()
-            try:
-                scored = self._produce(permit.indices, seed=permit.seed, adapter=adapter, version=version,
-                                       batch=permit.batch)
-            except BaseException as e:  # noqa: BLE001 -- relayed to the trainer, which raises it
-                with self.cond:
-                    self.error, self.error_text = e, traceback.format_exc()
-                    self.busy = None
-                    self.cond.notify_all()
-                self._release(adapter)
-                return
-            self._release(adapter)
-            with self.cond:
+                self.error, self.error_text = e, traceback.format_exc()
                 self.busy = None
-                if not self.stopping:
-                    self.done[permit.batch] = scored
                 self.cond.notify_all()
+
+    def _produce_next(self) -> bool:
+        """Generate and score the next permitted batch (waiting for one); False once the source is stopping."""
+        with self.cond:
+            while not self.queue and not self.stopping:
+                self.cond.wait()
+            if self.stopping:
+                return False
+            permit = self.queue.popleft()
+            version, adapter = self.latest
+            self._hold(adapter)  # under the lock: a publish cannot release it between the read and the hold
+            self.busy, self.busy_since = permit.batch, time.time()
+        try:
+            scored = self._produce(permit.indices, seed=permit.seed, adapter=adapter, version=version,
+                                   batch=permit.batch)
+        finally:
+            self._release(adapter)  # an error of the produce above still propagates after the release
+        with self.cond:
+            self.busy = None
+            if not self.stopping:
+                self.done[permit.batch] = scored
+            self.cond.notify_all()
+        return True
 
 
 def make_source(k: int, **kw) -> InlineSource | ThreadedSource:
-    """InlineSource at k = 0 (``produce_inline`` given), ThreadedSource otherwise (ThreadedSource's arguments)."""
+    """InlineSource at k = 0 (``produce_inline`` and ``produce_indices`` given), ThreadedSource otherwise
+    (ThreadedSource's arguments)."""
     if k == 0:
-        return InlineSource(kw["produce_inline"])
+        return InlineSource(kw["produce_inline"], kw.get("produce_indices"))
     kw.pop("produce_inline", None)
+    kw.pop("produce_indices", None)
     return ThreadedSource(k, **kw)
 
 
@@ -283,7 +299,9 @@ def pipeline_text(k: int, *, engine: str, placement: str | None, lora: bool, tis
         lines.append(f"  versions: a LoRA adapter per version; engines keep up to {k + 1} loaded (--max-loras {k + 1}); "
                      "an old version is unloaded once no batch in flight uses it")
     else:
-        lines.append("  versions: full weights: a sync waits for the batch generating to finish (one version per engine)")
+        lines.append(f"  versions: full weights (lora_rank 0): no sync waits for a batch in flight; the {engine} engine "
+                     "declares it keeps the version each batch started with (vLLM cannot: it refuses max_staleness > 0 "
+                     "without LoRA)")
     lines.append(f"  estimator: PPO ratio against the trainer's pre-update logprobs (the proximal policy); "
                  f"behaviour IS weight min(pi_prox / pi_engine, tis_cap={tis_cap:g}) at {tis_level} level")
     return "\n".join(lines)

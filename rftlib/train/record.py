@@ -107,11 +107,17 @@ class Recorder:
         self.state_bytes = sum(n * p.element_size() for n, p in zip(numel, params))
         if trainer.opt_steps_per_rollout > 1:  # a scheduled record then holds AdamW's two float32 moments too
             self.state_bytes += 8 * sum(numel)
-        self.small = not trainer.backend.partitions_params and self.state_bytes <= SNAPSHOT_MAX_BYTES
         # a start state over the cap would make every scheduled record too large to keep (seed 000's 1.5B full
         # fine-tune on an H200: 6.2 GB copied off the GPU and written at each eval step, then dropped): such
         # records hold the batch alone, and rft replay starts them from the checkpoint of the step before
         self.snapshot_fits = self.state_bytes <= cfg.record_max_bytes
+        # a spike candidate's state is copied every step: only when small, and never when a record could not keep
+        # it (a spike record then holds the batch alone, as a scheduled one does, instead of being dropped whole)
+        self.small = (not trainer.backend.partitions_params and self.state_bytes <= SNAPSHOT_MAX_BYTES
+                      and self.snapshot_fits)
+        # several optimizer steps per rollout: the steps after the first need AdamW's moments and the LR schedule
+        # as they were, so the start state is the backend's own checkpoint files, a spike candidate's too
+        self.several = trainer.opt_steps_per_rollout > 1 and trainer.backend.name in ("single", "ddp")
         self._said_no_snapshot = False
         self._reset()
 
@@ -151,16 +157,17 @@ class Recorder:
                           f"step N from the checkpoint of step N-1 (save_steps)", flush=True)
                     self._said_no_snapshot = True
         elif self.reason is not None or self.small:
-            state = tr.backend.trainable_state() if (tr.backend.partitions_params or D.is_main) else None
-            if D.is_main and self.reason is not None:
-                self.tmp = records.begin(tr.run_dir, step)
-                several = tr.opt_steps_per_rollout > 1 and tr.backend.name in ("single", "ddp")
-                if several:  # optimizer steps after the first need the moments and the LR schedule as they were
+            if self.several:  # the backend's files (single, ddp: rank 0 writes them, a spike candidate's too)
+                if D.is_main:
+                    self.tmp = records.begin(tr.run_dir, step)
                     tr.backend.save(self.tmp / "start")
-                else:
+            else:
+                state = tr.backend.trainable_state() if (tr.backend.partitions_params or D.is_main) else None
+                if D.is_main and self.reason is not None:
+                    self.tmp = records.begin(tr.run_dir, step)
                     torch.save(state, self.tmp / "start" / "trainable.pt")
-            elif D.is_main:
-                self.snapshot = state
+                elif D.is_main:
+                    self.snapshot = state
         tr.trace = UpdateTrace()
         self.seconds += time.time() - t
 
@@ -177,6 +184,7 @@ class Recorder:
         spiked = not math.isfinite(g) or g > cfg.spike_grad_norm
         reason = self.reason or ("spike" if self.on_spike and spiked else None)
         if reason is None:
+            records.abandon(self.tmp)  # a spike candidate's start files: the step did not spike
             self.seconds += time.time() - t
             out = {"seconds": self.seconds}
             self._reset()
@@ -221,6 +229,8 @@ class Recorder:
              "truncated": ro.truncated.to(torch.uint8), "advantages": adv.advantages, "loss_mask": adv.loss_mask,
              "rewards": torch.tensor(adv.rewards, dtype=torch.float32), "trainer_logprobs": logp, "entropy": ent,
              "versions": torch.tensor(versions, dtype=torch.int64)}
+        if not torch.equal(ro.model_mask, ro.completion_mask):  # a multi-turn batch: environment tokens (mask 0)
+            t["model_mask"] = ro.model_mask  # single-turn records stay as they were (replay defaults it)
         if adv.ref_logprobs is not None:
             t["ref_logprobs"] = adv.ref_logprobs
         if adv.old_logprobs is not None:
@@ -247,5 +257,6 @@ class Recorder:
                 "engine_shares_trainer_module": bool(tr.engine.shares_trainer_module), "on_policy": tr.on_policy,
                 "policy_version": int(versions[0]) if versions else step - 1, "trainer_version": step - 1,
                 "env": {**environment(tr), "threads_per_rank": [p["threads"] for p in parts]},
+                "start_state_bytes": self.state_bytes, "snapshot_fits": self.snapshot_fits,
                 "opt_steps": opt, "micro": [p["micro"] for p in parts], "opt_rows": [p["opt_rows"] for p in parts],
                 "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")}

@@ -13,14 +13,19 @@ floats. A replay
 3. **checks it**: every micro-batch's logprobs against the recorded ones (the weights' fingerprint: a wrong
    checkpoint shows here first, as :class:`ReplayMismatch`), then each micro-batch's loss and each optimizer step's
    loss and grad norm. Where the environment is the recorded one (CPU, same torch build, CPU kernels, threads,
-   autocast: ``environment_differences``), equality is bit for bit and anything else is NOT REPRODUCED; where it
-   differs, the gaps are reported and no equality is claimed;
+   autocast: ``environment_differences``), equality is bit for bit and anything else is NOT REPRODUCED. Where it
+   differs, the recorded configuration's run is the **control**: its first micro-batch's logprobs are judged
+   against this precision's measured noise as the sync probe judges an engine (:func:`precision_noise`,
+   rftlib.rollout.sync_probe.sync_threshold), and a gap above it refuses the replay (wrong weights are caught in
+   any environment); the control's own gap to the record (loss, grad norm, clip fractions) is reported as the
+   environment's noise, and the verdict is CONTROLLED, no equality claimed;
 4. **runs each counterfactual** (a set of loss settings: ``policy_loss=gspo``, ``eps_clip=0.1``, ...) at every
    optimizer step, on the same weights and rows, just before the optimizer step: the recorded gradient is set
    aside, the batch's backward runs again under the counterfactual's loss (rftlib.train.loop.Trainer.backward_batch,
    the update's own micro-batch pass), and the table gets its loss, gradient norm, the cosine with the recorded
-   gradient, and the loss's own metrics; then the recorded gradient is put back and the optimizer steps as
-   recorded. Counterfactuals are *local*: each is evaluated at the recorded weights of each optimizer step.
+   gradient, and the loss's own metrics, and its difference from the control (``d_loss``, ``d_grad_norm``, clip
+   fractions: the recorded configuration as replayed here, never the record itself); then the recorded gradient
+   is put back and the optimizer steps as recorded. Counterfactuals are *local*: each is evaluated at the recorded weights of each optimizer step.
 
 Only settings that change the loss of the same batch can be varied (:data:`REPLAYABLE`); anything that would change
 the batch (sampling, the model, the advantages) is refused with the field named.
@@ -28,7 +33,9 @@ the batch (sampling, the model, the advantages) is refused with the field named.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import difflib
 import hashlib
 import json
 import math
@@ -43,12 +50,15 @@ from typing import Any
 import torch
 import yaml
 
-from rftlib.algo.loss_spec import loss_settings_owners
+from rftlib.algo.loss_spec import AUTO, loss_settings_owners, loss_spec
 from rftlib.algo.token_view import token_view
 from rftlib.config import ConfigError, RunConfig, make_config, to_dict
-from rftlib.models.loading import load_trainable_state
+from rftlib.models.forward import completion_logprobs
+from rftlib.models.loading import Reference, is_peft
+from rftlib.models.precision import float32_compute
 from rftlib.monitor import records
 from rftlib.rollout.base import Rollout
+from rftlib.rollout.sync_probe import MARGIN, sync_threshold
 from rftlib.settings import CISPOSettings, GMPOSettings, GSPOSettings, LossSettings, PPOClipSettings
 from rftlib.train import steps
 from rftlib.train.build import build
@@ -56,21 +66,33 @@ from rftlib.train.checkpoint import STATE, list_steps
 from rftlib.train.dist import exit_rank, init_dist, shutdown_dist
 from rftlib.train.loop import Trainer
 from rftlib.train.phases import Advantaged
-from rftlib.train.record import UpdateTrace, environment, hexf, unhex
+from rftlib.train.record import SNAPSHOT_MAX_BYTES, UpdateTrace, environment, hexf, unhex
 from rftlib.train.torchrun import rank_env, torchrun_command
+from rftlib.train.update_parts import rows_of
 
 REPLAYABLE = (
-    {"policy_loss", "tis_cap", "tis_level", "max_grad_norm"}
+    {"policy_loss", "tis_cap", "tis_level"}
     | {f.name for s in (LossSettings, PPOClipSettings, GSPOSettings, CISPOSettings, GMPOSettings)
        for f in dataclasses.fields(s)}
 ) - {"scale_rewards"}
 """the settings a counterfactual may change: the policy loss and its clip ranges, the aggregation and its
-normalisers, the KL term, the entropy bonus, the TIS cap, the gradient clip (a registered loss's own settings too).
+normalisers, the KL term, the entropy bonus, the TIS cap (a registered loss's own settings too).
 scale_rewards changes the advantages: a different batch, refused."""
+
+NOT_SHOWN = {
+    "max_grad_norm": "the table gives each gradient before the optimizer's clip, and a counterfactual's gradient is "
+                     "never stepped on: the clip would only scale it by min(1, max_grad_norm / grad_norm), which "
+                     "the grad_norm column already tells",
+}
+"""settings a replay could accept but whose effect its table cannot show, refused with the reason"""
 
 
 class ReplayError(Exception):
     """A replay that cannot run as asked (no record, no weights close enough, a setting that changes the batch)."""
+
+
+class ReplayCrash(Exception):
+    """The replay's ranks stopped without a result or a refusal (a crash): not a refusal, and named apart."""
 
 
 class ReplayMismatch(ReplayError):
@@ -94,13 +116,24 @@ class ReplayResult:
     notes: list[str] = field(default_factory=list)
     first_mismatch: str | None = None
     path: str | None = None
+    control: dict[str, Any] | None = None
+    """in another environment, the control's gap to the record: {max_abs_dlogp (first micro-batch of each rank),
+    noise (this precision's, measured), threshold, opt_steps: [{opt_step, d_loss, d_grad_norm, d_clip_low_frac,
+    d_clip_high_frac}] (control - record: the environment's own noise on the table's figures)}"""
 
     @property
     def verdict(self) -> str:
-        """One line: FAITHFUL, NOT REPRODUCED (with the first mismatch), or NOT CHECKED (environment differs)."""
+        """One line: FAITHFUL, NOT REPRODUCED (with the first mismatch), CONTROLLED (another environment: the
+        control passed, rows are differences from it), or NOT CHECKED (nothing the weights could be checked on)."""
+        if self.faithful is None and self.control is not None:
+            c = self.control
+            return (f"CONTROLLED: the environment differs ({'; '.join(self.environment_differences)}); the control "
+                    f"(recorded config, weights {self.weights}, this environment) is {c['max_abs_dlogp']:.3g} from the "
+                    f"recorded logprobs, within {c['threshold']:.3g} ({MARGIN:g} x this precision's noise "
+                    f"{c['noise']:.3g}); every counterfactual row is read as its difference from the control")
         if self.faithful is None:
-            return "NOT CHECKED (the environment differs from the recorded one: " + "; ".join(
-                self.environment_differences) + ")"
+            why = "; ".join(self.environment_differences) or "; ".join(self.notes[:1])
+            return f"NOT CHECKED ({why})"
         if self.faithful:
             n = sum(1 for c in self.checks)
             return f"FAITHFUL: {n} recorded figures reproduced bit for bit (weights: {self.weights})"
@@ -128,6 +161,20 @@ def counterfactual_config(cfg: RunConfig, overrides: dict[str, Any]) -> RunConfi
     """The recorded config with ``overrides``, checked by the config's own rules; a setting outside
     :data:`REPLAYABLE` (it would change the batch, not its loss) is refused by name."""
     own = set(loss_settings_owners())
+    known = set(to_dict(cfg))
+    for k in overrides:
+        if k not in known and k not in own:
+            near = difflib.get_close_matches(k, sorted(REPLAYABLE | own), n=1) or difflib.get_close_matches(
+                k, sorted(known), n=1)
+            raise ReplayError(f"counterfactual setting {k!r}: no such setting"
+                              + (f" (did you mean {near[0]}?)" if near else ""))
+        if k in NOT_SHOWN:
+            raise ReplayError(f"counterfactual setting {k}: {NOT_SHOWN[k]}")
+    if cfg.kl_in_reward and {"beta", "kl_estimator"} & set(overrides):
+        raise ReplayError(f"counterfactual setting(s) {sorted({'beta', 'kl_estimator'} & set(overrides))}: this "
+                          f"attempt subtracts the KL from the rewards before the advantages (kl_in_reward), so beta "
+                          f"and kl_estimator change the advantages, the batch itself: train an attempt with them "
+                          f"(rft ab)")
     bad = [k for k in overrides if k not in REPLAYABLE and k not in own]
     if bad:
         raise ReplayError(f"counterfactual setting(s) {bad}: a replay varies the loss of the recorded batch only "
@@ -139,6 +186,24 @@ def counterfactual_config(cfg: RunConfig, overrides: dict[str, Any]) -> RunConfi
         raise ReplayError(f"counterfactual {overrides}: {e}") from e
 
 
+def own_aggregation(cfg: RunConfig, overrides: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
+    """A policy loss asked for on an attempt whose aggregation it is not defined under (GSPO on Dr-GRPO's
+    seq-mean-token-sum-norm) runs under its own (loss_agg_mode auto, in its label) instead of stopping the whole
+    replay: (the overrides, a note saying so) or (the overrides as given, None)."""
+    name, mode = overrides.get("policy_loss"), cfg.loss_agg_mode
+    if name is None or "loss_agg_mode" in overrides or mode == AUTO:
+        return overrides, None
+    try:
+        spec = loss_spec(name)
+    except (KeyError, ValueError):
+        return overrides, None  # an unknown loss: the config's check names the choices
+    if spec.aggregations is None or mode in spec.aggregations:
+        return overrides, None
+    return {**overrides, "loss_agg_mode": AUTO}, (
+        f"policy_loss={name} is not defined under this attempt's loss_agg_mode {mode} ({spec.why}): its rows run "
+        f"under its own aggregation, {spec.default_aggregation} (loss_agg_mode=auto)")
+
+
 def label(overrides: dict[str, Any]) -> str:
     return ",".join(f"{k}={v}" for k, v in overrides.items()) or "recorded"
 
@@ -148,22 +213,34 @@ def choose_weights(run_dir: str | Path, rec: records.Record, weights: str = "aut
     """(description, directory holding trainable.pt [+ optimizer.pt, scheduler.pt]) of the weights step N's update
     started from. ``auto``: the record's snapshot, else training_state/step_{N-1}; ``snapshot``; ``ckpt:M``."""
     N = rec.step
+    have = list_steps(run_dir)
+    snap = rec.dir / "start"
+    several = len(rec.manifest["opt_steps"]) > 1 and rec.manifest.get("backend", "single") in ("single", "ddp")
+    if weights in ("auto", "snapshot") and (snap / "trainable.pt").exists():
+        if not several or (snap / "optimizer.pt").exists() or weights == "snapshot":
+            return f"record snapshot {rec.dir.name}/start", snap
+        # the trainable tensors alone (a spike record written before issue 43): optimizer steps after the first
+        # need AdamW's moments and the LR schedule, which the checkpoint of the step before holds
+        if N - 1 in have:
+            return f"checkpoint {STATE}/step_{N - 1}", Path(run_dir) / STATE / f"step_{N - 1}"
+        raise ReplayError(f"step {N} ran {len(rec.manifest['opt_steps'])} optimizer steps; the record's snapshot holds "
+                          f"the trainable tensors alone (no optimizer moments, no LR schedule), so only its first "
+                          f"optimizer step could be reproduced, and the attempt has no checkpoint step_{N - 1}: "
+                          f"--weights snapshot replays it anyway (steps after the first will differ)")
     if weights in ("auto", "snapshot"):
-        if (rec.dir / "start" / "trainable.pt").exists():
-            return f"record snapshot {rec.dir.name}/start", rec.dir / "start"
         if weights == "snapshot":
             raise ReplayError(f"{rec.dir}: the record has no snapshot of the weights (a spike of a trainable state "
                               f"over 256 MiB, or a start state over record_max_bytes); use --weights auto or "
                               f"ckpt:{N - 1}")
-        have = list_steps(run_dir)
         if N - 1 in have:
             return f"checkpoint {STATE}/step_{N - 1}", Path(run_dir) / STATE / f"step_{N - 1}"
         near = min(have, key=lambda s: abs(s - (N - 1))) if have else None
         where = (f"the nearest checkpoint is step_{near}, {abs(near - (N - 1))} update(s) away" if near is not None
                  else "the attempt has no checkpoint")
         raise ReplayError(f"step {N}'s update started from the weights after step {N - 1}; the record has no snapshot "
-                          f"and {where}. Record with a snapshot (record_batches names the step), or save every step "
-                          f"(save_steps: 1)")
+                          f"({why_no_snapshot(rec.manifest)}) and {where}. To replay such a step, checkpoint the step "
+                          f"before it and keep that checkpoint (save_steps dividing {N - 1}, max_ckpt_num large "
+                          f"enough), or let records hold the weights (see why above)")
     if weights.startswith("ckpt:"):
         m = weights[5:]
         d = Path(run_dir) / STATE / f"step_{m}"
@@ -171,6 +248,20 @@ def choose_weights(run_dir: str | Path, rec: records.Record, weights: str = "aut
             raise ReplayError(f"{d}: no such checkpoint (checkpoints of this attempt: {list_steps(run_dir)})")
         return f"checkpoint {STATE}/step_{m}", d
     raise ReplayError(f"weights={weights!r}: expected auto, snapshot or ckpt:M")
+
+
+def why_no_snapshot(m: dict[str, Any]) -> str:
+    """Why a record holds no weights, and what would have kept them (from its manifest)."""
+    size = m.get("start_state_bytes")
+    gib = "" if size is None else f" ({size / 2**30:.3g} GiB)"
+    if m.get("snapshot_fits") is False:
+        return (f"the start state{gib} is over record_max_bytes ({m['config'].get('record_max_bytes')}): a larger "
+                f"record_max_bytes keeps it")
+    if m.get("reason") == "spike":
+        return (f"a spike record copies the start state{gib} only when it is at most "
+                f"{SNAPSHOT_MAX_BYTES >> 20} MiB and not partitioned (ZeRO-3): name the step in record_batches "
+                f"before the step runs")
+    return "removed after it was written"
 
 
 # ---- the trainer without an engine ----------------------------------------------------------------------------
@@ -196,10 +287,12 @@ class RecordedEngine:
 
 def replay_config(manifest: dict[str, Any], *, world_size: int) -> RunConfig:
     """The recorded config as a replay runs it: nothing recorded again, synchronous, on the recorded number of
-    ranks (the backend of one process when one runs)."""
+    ranks, under the recorded backend (ddp on one process runs as single, the same torch update; a one-process
+    DeepSpeed record stays DeepSpeed: its engine's step is what the record holds, and its counterfactual guard
+    applies)."""
     d = dict(manifest["config"])
     d.update(record_batches=[], max_staleness=0, report_to=[])
-    if world_size == 1:
+    if world_size == 1 and d.get("backend") == "ddp":
         d["backend"] = "single"
     try:
         return make_config(None, d)
@@ -228,13 +321,13 @@ def close_trainer(tr) -> None:
 
 
 def load_weights(tr, d: Path) -> None:
-    """The update's starting state from ``d``: the trainable tensors, and the optimizer and LR schedule when the
-    directory holds them (several optimizer steps per rollout: the steps after the first need them)."""
-    if (d / "optimizer.pt").exists():
+    """The update's starting state from ``d``, through the backend (under ZeRO-3 the parameters are partitioned: a
+    whole tensor goes in gathered): the whole checkpoint when the directory holds the optimizer (several optimizer
+    steps per rollout: the steps after the first need it; a DeepSpeed checkpoint), else the trainable tensors."""
+    if (d / "optimizer.pt").exists() or (d / "deepspeed").exists():
         tr.backend.load(d)
     else:
-        load_trainable_state(tr.model, torch.load(d / "trainable.pt", weights_only=True,
-                                                  map_location=tr.dist.device))
+        tr.backend.load_trainable(torch.load(d / "trainable.pt", weights_only=True, map_location="cpu"))
 
 
 def advantaged(rec: records.Record, rank: int, device: torch.device):
@@ -243,7 +336,8 @@ def advantaged(rec: records.Record, rank: int, device: torch.device):
     texts = rec.texts["ranks"][rank]
     ro = Rollout(prompt_ids=t["prompt_ids"], prompt_mask=t["prompt_mask"], completion_ids=t["completion_ids"],
                  completion_mask=t["completion_mask"], behaviour_logprobs=t["behaviour_logprobs"],
-                 truncated=t["truncated"].bool(), texts=texts["completions"], group_size=texts["group_size"]).to(device)
+                 truncated=t["truncated"].bool(), texts=texts["completions"], group_size=texts["group_size"],
+                 model_mask=t.get("model_mask")).to(device)  # absent: a single-turn record (= completion_mask)
     return Advantaged(rollout=ro, examples=[], indices=texts["indices"], rewards=t["rewards"].tolist(),
                       diags=texts["diags"], advantages=t["advantages"], loss_mask=t["loss_mask"].to(device),
                       ref_logprobs=t["ref_logprobs"].to(device) if "ref_logprobs" in t else None,
@@ -262,14 +356,104 @@ def environment_differences(recorded: dict[str, Any], now: dict[str, Any]) -> li
     return out
 
 
+# ---- the control (another environment) ------------------------------------------------------------------------
+@torch.no_grad()
+def precision_noise(tr, batch, rows: list[int], recorded_amp: str | None) -> float:
+    """This precision's own noise on the rows of a micro-batch, measured as the sync probe measures it
+    (rftlib.rollout.sync_probe): max |logp in the compute precision - logp in a finer one| over the rows' completion
+    tokens, in eval mode, on the weights as loaded. The compute precisions are this environment's and the record's
+    (another autocast dtype is itself a difference): each one's forward under autocast is measured against the
+    float32 forward (rftlib.models.precision.float32_compute); float32 itself against float64 (the model's weights
+    converted for one forward and back: float32 -> float64 -> float32 is exact; partitioned ZeRO-3 weights are
+    not converted, and their float32 gets the sync probe's float32 floor, vllm_sync_probe_tol / MARGIN). Two
+    honest forwards in one precision through other kernels (another thread count, ISA, device) are each about
+    this far from the finer result, so their gap is at most about twice it; the control accepts ``MARGIN`` times
+    it (sync_threshold)."""
+    r = rows_of(batch.rollout, torch.tensor(rows, dtype=torch.long))
+    mask = r["completion_mask"] > 0  # (n, T')
+    kw = dict(temperature=tr.cfg.temperature, chunk_size=tr.logprob_chunk_size, with_entropy=False,
+              checkpoint_chunks=False)
+    dev = tr.dist.device.type
+    amps = {tr.amp, None if recorded_amp in (None, "None") else getattr(torch, recorded_amp)}
+    model, noise = tr.model, 0.0
+    half_weights = next(model.parameters()).dtype in (torch.bfloat16, torch.float16)
+    tr.backend.train(False)
+    try:
+        for amp in amps:
+            with torch.autocast(dev, dtype=amp) if amp is not None else contextlib.nullcontext():
+                here = completion_logprobs(model, **r, **kw)[0].double()  # (n, T') in this compute precision
+            if amp is not None or half_weights:
+                with float32_compute(dev, model):
+                    ref = completion_logprobs(model, **r, **kw)[0].double()  # (n, T') every operation in float32
+            elif tr.backend.partitions_params:  # no float64 copy of partitioned weights: the sync probe's floor
+                noise = max(noise, tr.cfg.vllm_sync_probe_tol / MARGIN)
+                continue
+            else:
+                model.double()
+                try:
+                    ref = completion_logprobs(model, **r, **kw)[0]  # (n, T') float64
+                finally:
+                    model.float()
+            noise = max(noise, float((here - ref).abs()[mask].max()) if mask.any() else 0.0)
+    finally:
+        tr.backend.train(True)
+    return noise
+
+
+@torch.no_grad()
+def reference_logprobs(tr, batch) -> torch.Tensor:
+    """(N, T) the KL reference's logprobs of the recorded rows, for a counterfactual with a KL term on a record
+    that kept none (trained with beta 0): as the trainer's advantages phase computes them
+    (Trainer.reference_and_old_logprobs: the adapter disabled under LoRA, else the weights as first built), in
+    eval mode, no grad."""
+    tr.backend.train(False)
+    try:
+        with tr.ref.active() as ref_model:
+            return tr.no_grad_logprobs(batch.rollout, None if ref_model is tr.model else ref_model)  # (N, T)
+    finally:
+        tr.backend.train(True)
+
+
+def control_gap(rec: records.Record, rank: int, trace: UpdateTrace) -> float | None:
+    """max |control - recorded| logprob over the completion tokens of this rank's first micro-batch (None when
+    no micro-batch ran, or its rows are not the recorded ones)."""
+    plan = rec.manifest["micro"][rank]
+    if not plan or not trace.micro or plan[0]["rows"] != trace.micro[0]["rows"]:
+        return None
+    t = rec.rank(rank)
+    ix = torch.tensor(plan[0]["rows"], dtype=torch.long)
+    lp = trace.micro[0]["logprobs"]  # (n, T')
+    want = t["trainer_logprobs"][plan[0]["epoch"], ix, :lp.shape[1]]  # (n, T')
+    mask = t["completion_mask"][ix, :lp.shape[1]] > 0
+    return float((lp - want).abs()[mask].max()) if mask.any() else 0.0
+
+
+def recorded_clip_fractions(rec: records.Record, k: int, loss_kw: dict[str, Any]) -> dict[str, float]:
+    """The record's own clip fractions at optimizer step ``k`` (every rank's tokens): its update's logprobs, old
+    logprobs, advantages and loss mask through the loss's own view, as :class:`ClipSides` counts the replay's."""
+    sides = ClipSides()
+    for r in range(rec.world_size):
+        t = rec.rank(r)
+        for p in rec.manifest["micro"][r]:
+            if p["k"] != k:
+                continue
+            ix = torch.tensor(p["rows"], dtype=torch.long)
+            mask = t["loss_mask"][ix].float()  # (n, T)
+            lp = torch.nan_to_num(t["trainer_logprobs"][p["epoch"], ix].float()) * (mask > 0)  # (n, T)
+            old = lp if "old_logprobs" not in t else t["old_logprobs"][ix].float() * (mask > 0)
+            sides.add(lp, old, t["advantages"][ix].float(), mask, loss_kw)
+    return sides.result()
+
+
 # ---- one rank's replay ----------------------------------------------------------------------------------------
 class ReplayTrace(UpdateTrace):
     """The replay's trace: what the update computes, plus at each optimizer step (before it steps) the
     counterfactuals on the same weights and rows."""
 
-    def __init__(self, counterfactuals: list[tuple[str, RunConfig]]):
+    def __init__(self, counterfactuals: list[tuple[str, RunConfig]], ref_logprobs: torch.Tensor | None = None):
         super().__init__()
         self.counterfactuals = counterfactuals
+        self.ref_logprobs = ref_logprobs  # (N, T) computed by the replay when a counterfactual's KL needs them
         self.rows: list[dict[str, Any]] = []  # the table rows, per optimizer step and config
 
     def before_step(self, trainer, batch, advantages, *, epoch, rows, micro, totals, loss_kw, loss) -> None:
@@ -298,6 +482,13 @@ class ReplayTrace(UpdateTrace):
             trainer.cfg = cf  # the micro-batch pass reads the TIS cap and entropy bonus off the trainer's config
             try:
                 kw = steps.loss_kwargs(cf)
+                # the rows the trainer would run under this loss: the recorded plan left out zero-advantage rows,
+                # which a KL term or an entropy bonus still gives a gradient (Trainer.skips_rows)
+                cf_micro = trainer.micro_batches(batch.rollout, rows, advantages, batch.loss_mask,
+                                                 trainer.skips_rows())
+                cf_batch = batch
+                if cf.kl_in_loss and batch.ref_logprobs is None:
+                    cf_batch = dataclasses.replace(batch, ref_logprobs=self.ref_logprobs)
 
                 def after(ix, fwd, l, m, old, kw=kw, sides=sides, mets=mets):
                     mask = fwd.rows["completion_mask"]  # (n, T')
@@ -307,9 +498,9 @@ class ReplayTrace(UpdateTrace):
                 ns, nt = steps.loss_totals(cf, batch.loss_mask[rows], trainer.dist.all_sum)
                 tot = dict(num_seqs=ns, num_tokens=nt, norm_const=(cf.loss_norm_const if cf.loss_norm_const
                                                                     is not None else float(cf.max_new_tokens)))
-                local = trainer.backward_batch(batch, advantages, micro, epoch=epoch, totals=tot, loss_kw=kw,
+                local = trainer.backward_batch(cf_batch, advantages, cf_micro, epoch=epoch, totals=tot, loss_kw=kw,
                                                after=after)
-                if not micro:
+                if not cf_micro:
                     trainer._zero_backward()
                 cf_loss = float(trainer.dist.all_sum(torch.tensor([local], device=trainer.dist.device))[0])
             finally:
@@ -403,31 +594,40 @@ def replay_rank(run_dir: str | Path, step: int, *, weights: str = "auto", counte
                           f"step {step} ran under {cfg.backend}, which partitions them: replay it without "
                           f"counterfactuals (the faithfulness check), or record an attempt under ddp")
     desc, wdir = choose_weights(run_dir, rec, weights)
+    needs_ref = any(cf.kl_in_loss for _, cf in cfs) and "ref_logprobs" not in rec.rank(0)
     tr = build_trainer(cfg, m, dist)
     try:
+        if needs_ref and not is_peft(tr.model):  # the reference of a full fine-tune: the weights as built, kept
+            tr.ref = Reference(tr.model, needed=True)  # before the chosen weights are loaded
         load_weights(tr, wdir)
         D = tr.dist
         t = rec.rank(D.rank)
+        batch = advantaged(rec, D.rank, D.device)
+        env_now = environment(tr)
+        diffs = environment_differences(m["env"], env_now)
+        threads = m["env"].get("threads_per_rank", [])
+        if D.rank < len(threads) and threads[D.rank] != env_now["threads"]:
+            diffs.append(f"threads on rank {D.rank}: recorded {threads[D.rank]}, now {env_now['threads']} (set "
+                         f"torch_threads, or OMP_NUM_THREADS)")
+        plan = m["micro"][D.rank]
+        noise = None  # in another environment: the precision's noise, measured before the update moves the weights
+        if diffs and plan:
+            noise = precision_noise(tr, batch, plan[0]["rows"], m["env"].get("amp"))
+        ref = reference_logprobs(tr, batch) if needs_ref else None
         if "rng_torch" in t:
             torch.set_rng_state(t["rng_torch"])
         tr.step_num = step - 1  # the update's row order is drawn from (seed, step, rank)
-        batch = advantaged(rec, D.rank, D.device)
-        trace = ReplayTrace(cfs)
+        trace = ReplayTrace(cfs, ref)
         tr.trace = trace
         try:
             upd = tr.update(batch)
         finally:
             tr.trace = None
-        env_now = environment(tr)
     finally:
         close_trainer(tr)
-    diffs = environment_differences(m["env"], env_now)
-    threads = m["env"].get("threads_per_rank", [])
-    if D.rank < len(threads) and threads[D.rank] != env_now["threads"]:
-        diffs.append(f"threads on rank {D.rank}: recorded {threads[D.rank]}, now {env_now['threads']} (set "
-                     f"torch_threads, or OMP_NUM_THREADS)")
     checks = _micro_checks(rec, D.rank, trace)
-    out = {"rank": D.rank, "checks": checks, "env_differences": diffs, "weights": desc}
+    out = {"rank": D.rank, "checks": checks, "env_differences": diffs, "weights": desc,
+           "control": None if noise is None else {"gap": control_gap(rec, D.rank, trace), "noise": noise}}
     if D.is_main:
         out["opt_checks"] = [c for k, o in enumerate(m["opt_steps"]) for c in (
             _check(f"optimizer step {k}: loss", unhex(o["loss"]), upd.loss[k] if k < len(upd.loss) else None),
@@ -478,37 +678,53 @@ def replay(run_dir: str | Path, step: int, counterfactuals: list[dict[str, Any]]
     run_dir = Path(run_dir)
     rec = records.read_record(run_dir, step)
     W = nproc or rec.world_size
-    cfs = [parse_overrides(c) for c in (counterfactuals or [])]
+    cfg = replay_config(rec.manifest, world_size=rec.world_size)
+    cfs, notes = [], []
+    for c in counterfactuals or []:
+        o, note = own_aggregation(cfg, parse_overrides(c))
+        cfs.append(o)
+        notes += [note] if note else []
     if W == 1:
         parts = [replay_rank(run_dir, step, weights=weights, counterfactuals=cfs, rec=rec)]
     else:
         parts = _replay_ranks(run_dir, step, W, weights=weights, counterfactuals=cfs)
-    return _result(run_dir, rec, parts, cfs, save=save)
+    return _result(run_dir, rec, parts, cfs, save=save, notes=notes)
 
 
 def _replay_ranks(run_dir: Path, step: int, nproc: int, *, weights: str, counterfactuals) -> list[dict[str, Any]]:
-    """Run :func:`replay_rank` on ``nproc`` ranks (torchrun, rftlib.cli replay --rank-worker); their dicts."""
-    out = Path(tempfile.mkdtemp(prefix="rft-replay-ranks-")) / "ranks.json"
+    """Run :func:`replay_rank` on ``nproc`` ranks (torchrun, rftlib.cli replay --rank-worker); their dicts. A
+    refusal on the ranks (ReplayError, written by rank 0) is raised as such; anything else that stops them is a
+    :class:`ReplayCrash` naming the ranks' whole output, kept in a log file."""
+    tmp = Path(tempfile.mkdtemp(prefix="rft-replay-ranks-"))
+    out = tmp / "ranks.json"
     args = ["replay", str(run_dir), "--step", str(step), "--weights", weights, "--rank-worker", str(out)]
     for c in counterfactuals:
         args += ["--cf-json", json.dumps(c)]
     p = subprocess.run(torchrun_command(nproc, args), env=rank_env(), capture_output=True, text=True)
-    if p.returncode != 0 or not out.exists():
+    got = json.loads(out.read_text()) if out.exists() else None
+    if isinstance(got, dict) and "refused" in got:  # a ReplayError on the ranks: a refusal, not a crash
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise (ReplayMismatch if got.get("mismatch") else ReplayError)(got["refused"])
+    if p.returncode != 0 or got is None:
+        log = tmp / "ranks.log"
+        log.write_text(p.stdout + p.stderr)
         tail = "\n".join((p.stdout + p.stderr).splitlines()[-30:])
-        if "ReplayMismatch" in tail:
-            raise ReplayMismatch(tail)
-        raise ReplayError(f"the {nproc} replay ranks failed (exit {p.returncode}):\n{tail}")
-    parts = json.loads(out.read_text())
-    shutil.rmtree(out.parent, ignore_errors=True)
-    return parts
+        raise ReplayCrash(f"the {nproc} replay ranks stopped (exit {p.returncode}) without a result; the ranks' whole "
+                          f"output: {log}\nits last lines:\n{tail}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    return got
 
 
 def rank_worker(run_dir: str, step: int, weights: str, counterfactuals: list[dict[str, Any]], out: str) -> None:
-    """One torchrun rank of a multi-rank replay: rank 0 writes every rank's dict to ``out``."""
+    """One torchrun rank of a multi-rank replay: rank 0 writes every rank's dict to ``out`` (or, when the replay is
+    refused on the ranks, {"refused": the reason, "mismatch": whether the weights were wrong})."""
     rec = records.read_record(run_dir, step)
     dist = init_dist(make_config(None, {**rec.manifest["config"], "record_batches": []}))
-    part = replay_rank(run_dir, step, weights=weights, counterfactuals=counterfactuals, dist=dist, rec=rec)
-    parts = dist.gather_objects(part)
+    try:
+        part = replay_rank(run_dir, step, weights=weights, counterfactuals=counterfactuals, dist=dist, rec=rec)
+        parts = dist.gather_objects(part)
+    except ReplayError as e:  # every rank refuses alike (the same record, weights and settings)
+        parts = {"refused": str(e), "mismatch": isinstance(e, ReplayMismatch)}
     if dist.is_main:
         tmp = out + ".tmp"
         Path(tmp).write_text(json.dumps(parts))
@@ -517,31 +733,96 @@ def rank_worker(run_dir: str, step: int, weights: str, counterfactuals: list[dic
     exit_rank(0)  # gloo's threads can abort at interpreter exit once all is written (rftlib.train.dist.exit_rank)
 
 
-def _result(run_dir: Path, rec: records.Record, parts: list[dict[str, Any]], cfs, *, save: bool) -> ReplayResult:
+def _result(run_dir: Path, rec: records.Record, parts: list[dict[str, Any]], cfs, *, save: bool,
+            notes: list[str] = ()) -> ReplayResult:
+    """Every rank's figures -> the verdict. In the recorded environment the first micro-batch's logprobs must equal
+    the record's bit for bit (else :class:`ReplayMismatch`) and the verdict is FAITHFUL or NOT REPRODUCED; in
+    another, the recorded configuration's run is the control (:func:`_control`): refused above this precision's
+    noise, else every counterfactual row is read as its difference from it (``d_*`` columns)."""
     main = parts[0]
     checks = [c for p in parts for c in p["checks"]] + main["opt_checks"]
     diffs = sorted({d for p in parts for d in p["env_differences"]})
     lp = [c for c in checks if "logprobs" in c["what"]]
+    notes = list(notes)
+    if not lp:  # first: the NOT CHECKED verdict names it
+        notes.insert(0, "no micro-batch ran (every row's advantage 0 or its loss mask empty): the update computed no "
+                     "logprob, so nothing here depends on the weights and nothing checks them; the optimizer step "
+                     "saw a zero gradient")
     if lp and not lp[0]["equal"] and not diffs:
         raise ReplayMismatch(
             f"{lp[0]['what']}: the replayed forward differs from the recorded one by max |dlogp| = "
             f"{lp[0]['max_abs_gap']:.3g} (bit-for-bit expected in this environment): these are not the weights step "
             f"{rec.step} started from ({main['weights']})")
     bad = [c for c in checks if not c["equal"]]
-    faithful = None if diffs else not bad
-    notes = []
+    control = _control(rec, parts, main, diffs) if diffs and lp else None
+    faithful = None if (diffs or not lp) else not bad
     if rec.manifest.get("on_policy"):
         notes.append("on-policy step (one optimizer step, the trainer's own module sampled): every ratio is exactly "
                      "1, so no token is clipped under any clip range; losses differ only by their aggregation")
     if len(rec.manifest["opt_steps"]) > 1:
         notes.append("several optimizer steps: each counterfactual is evaluated at the recorded weights of each "
                      "optimizer step (local), not along its own trajectory")
+    table = differences_from_control(main["table"], "control" if control is not None else "recorded")
     res = ReplayResult(run_dir=str(run_dir), step=rec.step, weights=main["weights"], environment_differences=diffs,
-                       faithful=faithful, checks=checks, table=main["table"], counterfactuals=cfs, notes=notes,
-                       first_mismatch=None if not bad else _describe(bad[0]))
+                       faithful=faithful, checks=checks, table=table, counterfactuals=cfs, notes=notes,
+                       first_mismatch=None if not bad else _describe(bad[0]), control=control)
     if save:
-        res.path = str(save_result(rec, res))
+        res.path = str(save_result(rec, res))  # its views: rftlib.report.replay_views.refresh_after_replay
     return res
+
+
+CONTROL_FIGURES = ("loss", "grad_norm", "clip_low_frac", "clip_high_frac")
+"""the figures a counterfactual row is read against the control on (``d_*``), and the control against the record"""
+
+
+def _control(rec: records.Record, parts: list[dict[str, Any]], main: dict[str, Any], diffs: list[str]):
+    """The control of a replay in another environment: the recorded configuration on the chosen weights, here.
+    Its first micro-batch's logprobs (each rank's) against the recorded ones, judged against this precision's
+    measured noise (:func:`precision_noise`, times MARGIN: rftlib.rollout.sync_probe.sync_threshold): above it,
+    :class:`ReplayMismatch`. Returns ReplayResult.control: the gap, noise, threshold and, per optimizer step, the
+    control's own gap to the record on the table's figures (the environment's noise)."""
+    ctl = [p["control"] for p in parts if p.get("control") is not None]
+    gaps = [c["gap"] for c in ctl if c["gap"] is not None]
+    noise = max((c["noise"] for c in ctl), default=0.0)
+    limit = sync_threshold(noise)
+    gap = max(gaps, default=0.0)
+    if not gaps or gap > limit:
+        raise ReplayMismatch(
+            f"the control (the recorded config on {main['weights']}, in this environment: {'; '.join(diffs)}) "
+            + ("ran no recorded micro-batch: its rows are not the recorded ones" if not gaps else
+               f"differs from the recorded first micro-batch by max |dlogp| = {gap:.3g}, over {limit:.3g} "
+               f"({MARGIN:g} x this precision's noise {noise:.3g})")
+            + f": these are not the weights step {rec.step} started from")
+    kw = steps.loss_kwargs(replay_config(rec.manifest, world_size=rec.world_size))
+    replayed = {c["what"]: c["replayed"] for c in main["opt_checks"]}
+    rows = {r["opt_step"]: r for r in main["table"] if r["config"] == "recorded"}
+    per = []
+    for k, o in enumerate(rec.manifest["opt_steps"]):
+        clip = recorded_clip_fractions(rec, k, kw)
+        loss, norm, row = replayed.get(f"optimizer step {k}: loss"), replayed.get(f"optimizer step {k}: grad_norm"), \
+            rows.get(k, {})
+        per.append({"opt_step": k,
+                    "d_loss": None if loss is None else loss - unhex(o["loss"]),
+                    "d_grad_norm": None if norm is None else norm - unhex(o["grad_norm"]),
+                    **{f"d_{c}": row[c] - clip[c] for c in ("clip_low_frac", "clip_high_frac") if c in row}})
+    return {"max_abs_dlogp": gap, "noise": noise, "threshold": limit, "opt_steps": per}
+
+
+def differences_from_control(table: list[dict[str, Any]], control: str) -> list[dict[str, Any]]:
+    """The table with the recorded configuration's rows named ``control`` (another environment) and every other
+    row given ``d_<figure>``: its figure minus the control's at the same optimizer step (CONTROL_FIGURES). In the
+    recorded environment the control is the record bit for bit, so the differences are from the record too."""
+    ctl = {r["opt_step"]: r for r in table if r["config"] == "recorded"}
+    out = []
+    for r in table:
+        r = dict(r)
+        c = ctl.get(r["opt_step"])
+        if r["config"] == "recorded":
+            r["config"] = control
+        elif c is not None:
+            r.update({f"d_{f}": r[f] - c[f] for f in CONTROL_FIGURES if f in r and f in c})
+        out.append(r)
+    return out
 
 
 def _describe(c: dict[str, Any]) -> str:
@@ -560,6 +841,19 @@ def save_result(rec: records.Record, res: ReplayResult) -> Path:
     tmp.write_text(json.dumps(res.to_json(), indent=1, default=str))
     os.replace(tmp, p)
     return p
+
+
+def format_control(res: ReplayResult) -> str:
+    """The control's own gap to the record, per optimizer step: the environment's noise on the table's figures
+    (a counterfactual's d_* smaller than this is not a difference this environment can show). "" when none."""
+    if res.control is None:
+        return ""
+    lines = [f"environment noise (control - record; first micro-batch max |dlogp| {res.control['max_abs_dlogp']:.3g}, "
+             f"threshold {res.control['threshold']:.3g}):"]
+    for o in res.control["opt_steps"]:
+        lines.append(f"  optimizer step {o['opt_step']}: " + "  ".join(
+            f"{k} {v:.3g}" for k, v in o.items() if k != "opt_step" and v is not None))
+    return "\n".join(lines)
 
 
 def format_table(res: ReplayResult) -> str:

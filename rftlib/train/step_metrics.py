@@ -82,9 +82,19 @@ def step_metrics(allr: dict[str, list], upd: UpdateResult, timing: dict[str, flo
         row["update/skipped_row_frac"] = 1.0 - upd.rows_run / upd.rows_seen
     row.update({f"timing/{k}": v for k, v in timing.items()})
     if timing.get("step"):  # how much of the step the reward took (seed 002 logged < 1 s; a code run must know)
-        row["timing/reward_share"] = timing.get("reward", 0.0) / timing["step"]
+        row["timing/reward_share"] = reward_share(timing)
     row.update(sandbox_metrics(diags, timing, world_size))
     return row
+
+
+def reward_share(timing: dict[str, float]) -> float:
+    """The share of the step's wall time some batch was being scored: ``reward_busy`` from the step's timeline
+    (rftlib.monitor.timeline.shares, in [0, 1]), else the reward's seconds over the step's. At max_staleness > 0
+    the producer scored the step's batch during earlier steps, so its scoring seconds over this step's wall time
+    exceeded 1; at k = 0 the scoring runs inside the step and the two agree."""
+    if "reward_busy" in timing:
+        return timing["reward_busy"]
+    return timing.get("reward", 0.0) / timing["step"]
 
 
 def first_group(allr: dict[str, list], G: int) -> dict[str, Any]:

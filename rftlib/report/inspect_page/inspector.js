@@ -246,8 +246,10 @@
     h.appendChild(el("h1", null, D.title || (D.attempt + " \u00b7 step " + D.step)));
     var v = el("span", "rft-verdict");
     if (!D.verdict) { v.textContent = "no replay"; v.classList.add("rft-none"); v.title = "no replay of this step yet: rft replay RUN --step " + D.step; }
-    else if (D.verdict.faithful) { v.textContent = "FAITHFUL"; v.classList.add("rft-ok"); }
-    else { v.textContent = "NOT REPRODUCED"; v.classList.add("rft-bad"); }
+    else {  // faithful: true FAITHFUL, false NOT REPRODUCED, null CONTROLLED / NOT CHECKED (inspect.verdict_badge)
+      v.textContent = D.verdict.badge;
+      v.classList.add(D.verdict.faithful === true ? "rft-ok" : D.verdict.faithful === false ? "rft-bad" : "rft-none");
+    }
     var line = el("div", "rft-verdict-line");
     line.appendChild(v);
     if (D.verdict && D.verdict.text) line.appendChild(el("span", "rft-verdict-text", D.verdict.text));
