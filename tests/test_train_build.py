@@ -3,6 +3,8 @@ a task handed in with its own reward, and a toy engine and a toy backend registe
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -353,3 +355,30 @@ def test_offload_optimizer_is_refused_before_the_model_loads(tiny_cfg, monkeypat
                                           r"CPU Adam .* lacks ninja"):
         build(cfg)
     assert build_mod.machine_problems(build_mod.backend_inputs(tiny_cfg(backend="deepspeed", zero_stage=2))) == []  # no offload: no build
+
+
+def test_a_one_rank_group_takes_a_port_of_its_own_over_an_inherited_held_one(tmp_path):
+    """A child of a process that ran a one-rank DeepSpeed group inherits MASTER_PORT, still held by the parent's
+    store: the child's own one-rank group must not try to listen on it (EADDRINUSE, the GPU check's CPU form in the
+    suite)."""
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        # a toy backend that joins a one-rank group alone, as DeepSpeed's does (torch's own join: no DeepSpeed import)
+        code = ("import torch.distributed as d\n"
+                "from rftlib.backends import BACKENDS\n"
+                "from rftlib.backends.torch_backend import TorchBackend\n"
+                "from rftlib.config import make_config\n"
+                "from rftlib.train.dist import init_dist\n"
+                "BACKENDS.register('grouped')(type('Grouped', (TorchBackend,), {'needs_group_alone': True}))\n"
+                "init_dist(make_config('tiny', {'backend': 'grouped'}))\n"
+                "print('joined', d.get_world_size())\n")
+        env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": "0", "WORLD_SIZE": "1",
+               "LOCAL_RANK": "0"}
+        p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
+    assert p.returncode == 0 and "joined 1" in p.stdout, p.stderr[-2000:]

@@ -139,7 +139,12 @@ def init_dist(cfg) -> Dist:
         # group, but its environment may have lost these (without_group_env), and ZeRO-3's partitioned loading
         # (deepspeed.zero.Init) reads LOCAL_RANK from it: KeyError 'LOCAL_RANK' in an xdist worker of the suite
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", str(_free_port()))
+        if tdist.is_initialized():
+            os.environ.setdefault("MASTER_PORT", str(_free_port()))
+        else:  # a port of our own: one inherited from a parent that ran a one-rank group (a test suite's process,
+            # a kernel) may still be held by that parent's store -- EADDRINUSE (the GPU check's CPU form in CI,
+            # 2026-11-27); a one-rank group meets no one at it
+            os.environ["MASTER_PORT"] = str(_free_port())
         os.environ.setdefault("RANK", "0")
         os.environ.setdefault("WORLD_SIZE", "1")
         os.environ.setdefault("LOCAL_RANK", "0")
