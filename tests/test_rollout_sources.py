@@ -13,6 +13,8 @@ from __future__ import annotations
 import hashlib
 import json
 
+import pytest
+
 from toy_rewards import isdigit_share
 
 MACHINE_KEYS = ("timing/", "memory/", "throughput/")
@@ -177,3 +179,14 @@ def test_a_multi_turn_step_trains_and_the_environment_tokens_are_masked(tiny_dir
     again = advantaged(read_record(tr.run_dir, 1), 0, torch.device("cpu")).rollout
     assert torch.equal(again.model_mask, ro.model_mask.cpu()) and torch.equal(again.completion_mask,
                                                                               ro.completion_mask.cpu())
+
+
+def test_a_multi_turn_env_on_an_engine_that_cannot_continue_from_ids_is_refused():
+    """The multi-turn source continues from token ids (the engine kind's continues_from_ids): an engine that
+    declares none is refused at config time, naming the engines that can."""
+    from rftlib.config import ConfigError, make_config
+
+    with pytest.raises(ConfigError, match=r"env='calculator'.* needs an engine that continues from token ids: "
+                                          r"rollout_engine hf\b"):
+        make_config("tiny", {"env": "calculator", "rollout_engine": "vllm"})
+    assert make_config("tiny", {"env": "calculator"}).env == "calculator"  # hf: accepted

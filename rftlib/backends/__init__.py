@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import typing
 from dataclasses import dataclass, fields
+from pathlib import Path
 from typing import Callable, TypeVar
 
 from rftlib.algo.registry import Registry
@@ -201,6 +202,13 @@ class Backend:
         import torch.distributed as tdist
 
         tdist.init_process_group(backend=pg_backend, device_id=device if device.type == "cuda" else None)
+
+    @staticmethod
+    def checkpoint_holds_optimizer(d: Path) -> bool:
+        """Whether the checkpoint directory ``d`` holds the optimizer state this backend's ``save`` writes (what
+        ``load`` restores beyond the weights): a replay of a step after the first of several optimizer steps per
+        rollout needs it."""
+        return (d / "optimizer.pt").exists()
 
     @staticmethod
     def plan_generation_gather(inputs: BackendInputs, model_bytes: int, free_bytes: int) -> tuple[bool, str] | None:

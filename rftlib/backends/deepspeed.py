@@ -264,6 +264,11 @@ class DeepSpeedBackend(Backend):
             torch.save(state, tmp / "trainable.pt")
             torch.save(self.scheduler.state_dict(), tmp / "scheduler.pt")
 
+    @staticmethod
+    def checkpoint_holds_optimizer(d: Path) -> bool:
+        """DeepSpeed's own checkpoint (weights, optimizer partitions) is written under ``d / 'deepspeed'``."""
+        return (d / "deepspeed").exists()
+
     def load(self, d: Path) -> None:
         """DeepSpeed's checkpoint when the step has one (exact: weights, optimizer partitions, schedule);
         else the trainable tensors scattered into their partitions and the LR schedule, with fresh AdamW

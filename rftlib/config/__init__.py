@@ -475,9 +475,12 @@ def _validate_scale(cfg: RunConfig, bad) -> None:
         bad(f"rollout_engine='{cfg.rollout_engine}': choose {', '.join(ENGINES.names())}")
     if cfg.env not in ENVS:
         bad(f"env='{cfg.env}': choose {', '.join(ENVS.names())} (rftlib.envs), or register one with ENVS.register")
-    elif cfg.env != "single_turn" and cfg.rollout_engine != "hf":
-        bad(f"env='{cfg.env}' (a multi-turn rollout) runs on rollout_engine hf only for now (the vLLM engines do not "
-            f"continue from token ids yet: issue 40 item 3); got rollout_engine='{cfg.rollout_engine}'")
+    elif (cfg.env != "single_turn" and cfg.rollout_engine in ENGINES
+          and not engine_kind(cfg.rollout_engine).continues_from_ids):
+        able = [n for n in ENGINES.names() if engine_kind(n).continues_from_ids]
+        bad(f"env='{cfg.env}' (a multi-turn rollout) needs an engine that continues from token ids: "
+            f"rollout_engine {', '.join(able)} (the vLLM engines do not yet: issue 40 item 3); "
+            f"got rollout_engine='{cfg.rollout_engine}'")
     if cfg.max_trajectory_tokens is not None and cfg.max_trajectory_tokens < 1:
         bad(f"max_trajectory_tokens={cfg.max_trajectory_tokens} must be at least 1 (None: max_new_tokens)")
     for problem in engine_kind(cfg.rollout_engine).check_config(EngineInputs.of(cfg.section)):

@@ -95,6 +95,9 @@ class EngineKind:
     trainer_gpu_share: Callable[[EngineInputs], float] = _no_share
     """trainer_gpu_share(inputs) -> the fraction of each trainer GPU the engine reserves beside the trainer (an
     engine in the trainer's process on its GPU: vLLM colocated), which the memory preflight counts; 0: none"""
+    continues_from_ids: bool = False
+    """generates a continuation of given token ids (``generate_ids``): what a multi-turn rollout source needs, which
+    keeps the model's sampled ids and appends the environment's rendered turns (rftlib.rollout.multi_turn)"""
     overlaps: Callable[[EngineInputs], str | None] | None = None
     """overlaps(inputs) -> None when the engine can generate while the trainer updates (max_staleness > 0,
     rftlib.train.pipeline), else why not; undeclared: an engine off the trainer's module can"""
@@ -171,7 +174,8 @@ def _vllm_server_processes(inputs: EngineInputs) -> int:
     return inputs.engine.vllm_num_engines if _vllm_serves(inputs) and not inputs.launch.vllm_urls else 0
 
 
-ENGINES.declare("hf", "rftlib.rollout.factory:hf_engine", on_trainer_module=True, check_config=_hf_checks)
+ENGINES.declare("hf", "rftlib.rollout.factory:hf_engine", on_trainer_module=True, check_config=_hf_checks,
+                continues_from_ids=True)
 ENGINES.declare("vllm", "rftlib.rollout.factory:vllm_engine", on_trainer_module=False,
                 server_processes=_vllm_server_processes, serves=_vllm_serves, overlaps=_vllm_overlaps,
                 trainer_gpu_share=_vllm_trainer_gpu_share)

@@ -324,7 +324,7 @@ def load_weights(tr, d: Path) -> None:
     """The update's starting state from ``d``, through the backend (under ZeRO-3 the parameters are partitioned: a
     whole tensor goes in gathered): the whole checkpoint when the directory holds the optimizer (several optimizer
     steps per rollout: the steps after the first need it; a DeepSpeed checkpoint), else the trainable tensors."""
-    if (d / "optimizer.pt").exists() or (d / "deepspeed").exists():
+    if tr.backend.checkpoint_holds_optimizer(d):
         tr.backend.load(d)
     else:
         tr.backend.load_trainable(torch.load(d / "trainable.pt", weights_only=True, map_location="cpu"))
