@@ -21,6 +21,8 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
+import traceback
 import sys
 import time
 from pathlib import Path
@@ -84,6 +86,11 @@ def count_mix(model, device: str, steps=STEP_T, calls=STEP_CALLS, half=torch.bfl
 
     if device == "cpu":  # torch 2.13: "FlexAttention does not support backward on CPU"
         calls = [c for c in calls if not c[0]]
+    # flex's kernel, as the trainer's logprob forward asks for it (rftlib.models.flex.SCORING_KERNEL, on CUDA: AUTO's
+    # decoding kernel found no config for gpt-oss's heads at T 57 on an H200); RFT_FLEX_BACKEND=AUTO shows that
+    from rftlib.models.flex import SCORING_KERNEL
+
+    backend = os.environ.get("RFT_FLEX_BACKEND") or (SCORING_KERNEL if device == "cuda" else "")
     torch._dynamo.reset()
     log = _FallbackLog()
     logging.getLogger("torch._dynamo").addHandler(log)
@@ -96,10 +103,13 @@ def count_mix(model, device: str, steps=STEP_T, calls=STEP_CALLS, half=torch.bfl
                 ctx = float32_compute(device) if compute == "float32" else torch.autocast(device, dtype=half)
                 try:
                     with torch.set_grad_enabled(grad), ctx:
-                        out = model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False).logits
+                        extra = {"kernel_options": {"BACKEND": backend}} if backend else {}
+                        out = model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False,
+                                    **extra).logits
                         if grad:
                             out.float().mean().backward()
                 except Exception as e:  # noqa: BLE001 -- a call that cannot compile is the finding: which one
+                    traceback.print_exc()  # the row keeps one line; the log, inductor's whole account of the cause
                     error = {"call": n + 1, "T": T, "grad": grad, "compute": compute, "rows": rows,
                              "error": f"{type(e).__name__}: {str(e).strip().splitlines()[0][:300]}"}
                     break

@@ -200,10 +200,15 @@ SHAPES = {
 }
 
 
-def _hf_config(shape: str, init_std: float = 0.02):
+def _hf_config(shape: str, init_std: float = 0.02, layers: int | None = None):
+    """``shape``'s config; ``layers``: fewer decoder layers, set at construction so that what the config derives
+    from the count (Qwen2's ``layer_types``, one per layer: transformers 5.17 refuses a count that differs from
+    it on save, seen on the H200 2026-11-27) follows it."""
     from transformers import LlamaConfig, Qwen2Config
 
     kw = dict(SHAPES[shape])
+    if layers:
+        kw["num_hidden_layers"] = layers
     cls = {"llama": LlamaConfig, "qwen2": Qwen2Config}[kw.pop("kind")]
     return cls(initializer_range=init_std, **kw)
 
@@ -220,9 +225,7 @@ def _model_dir(shape: str, out: Path, dtype, layers: int | None = None) -> Path:
 
     tok = build_tiny_tokenizer()
     torch.manual_seed(0)
-    hf = _hf_config(shape)
-    if layers:
-        hf.num_hidden_layers = layers
+    hf = _hf_config(shape, layers=layers)
     model = AutoModelForCausalLM.from_config(hf, dtype=dtype)
     for c in (model.config, model.generation_config):
         c.eos_token_id, c.pad_token_id, c.bos_token_id = tok.eos_token_id, tok.pad_token_id, None
@@ -746,6 +749,16 @@ def stage_flex_mix(cpu: bool) -> dict:
     # compiles in this process: inductor's pool of compile workers outlived the stage on the H200 (2026-11-27) and
     # failed it as a leftover process
     torch._inductor.config.compile_threads = 1
+    # inductor drops a flex template choice it cannot generate with one INFO line ("Cannot Append Choice", with its
+    # stack), then fails with NoValidChoicesError, which names no cause (both H200 runs, 2026-11-27): the stage log
+    # keeps those lines
+    import logging
+
+    handler = logging.StreamHandler(sys.stderr)
+    handler.addFilter(lambda r: "Choice" in r.getMessage() or r.levelno >= logging.WARNING)
+    lg = logging.getLogger("torch._inductor")
+    lg.setLevel(logging.INFO)
+    lg.addHandler(handler)
     sys.path.insert(0, str(ROOT / "bench"))
     from flex_recompiles import run_mix
 

@@ -33,3 +33,35 @@ def test_a_frame_past_the_recompile_limit_is_reported(capsys):
     out = capsys.readouterr().out
     assert len(hits) == 1 and "recompile_limit" in hits[0], hits
     assert out.count("[rft] WARNING: flex attention hit torch.compile's recompile limit (2)") == 1, out
+
+
+def test_the_logprob_forward_asks_flex_on_cuda_for_its_main_kernel(monkeypatch):
+    """flex_forward_kwargs: the main kernel for flex on CUDA, a fresh dict each call (torch fills its defaults in),
+    nothing for other attention or a CPU; and completion_logprobs hands the kwargs to the backbone (what reaches
+    transformers' flex_attention_forward as kernel_options)."""
+    import types
+
+    import rftlib.models.forward as fwd
+    from rftlib.models.flex import flex_forward_kwargs
+    from rftlib.models.loading import load_model_and_tokenizer
+
+    flex = types.SimpleNamespace(_attn_implementation="flex_attention")
+    cuda, cpu = torch.device("cuda", 0), torch.device("cpu")
+    a, b = flex_forward_kwargs(flex, cuda), flex_forward_kwargs(flex, cuda)
+    assert a == {"kernel_options": {"BACKEND": "TRITON"}} and a["kernel_options"] is not b["kernel_options"]
+    assert flex_forward_kwargs(flex, cpu) == {}
+    assert flex_forward_kwargs(types.SimpleNamespace(_attn_implementation="sdpa"), cuda) == {}
+    model, _ = load_model_and_tokenizer("tiny")
+    seen = []
+    real = type(fwd.policy_parts(model).backbone).forward
+
+    def spy(self, *a, **kw):
+        seen.append(kw.get("kernel_options"))
+        kw.pop("kernel_options", None)
+        return real(self, *a, **kw)
+
+    monkeypatch.setattr(type(fwd.policy_parts(model).backbone), "forward", spy)
+    monkeypatch.setattr(fwd, "flex_forward_kwargs", lambda config, device: {"kernel_options": {"BACKEND": "X"}})
+    ids = torch.ones(1, 3, dtype=torch.long)
+    fwd.completion_logprobs(model, ids, torch.ones_like(ids), ids, torch.ones_like(ids))
+    assert seen == [{"BACKEND": "X"}]

@@ -77,3 +77,20 @@ def bound_flex_recompiles(limit: int = FLEX_RECOMPILE_LIMIT):
         if warner is None and _WARNER is not None:
             logging.getLogger("torch._dynamo").removeHandler(_WARNER)
             _WARNER = None
+
+
+SCORING_KERNEL = "TRITON"
+"""flex_attention's kernel for a whole-sequence forward (torch's ``kernel_options["BACKEND"]``). Its default, AUTO,
+sends a query of fewer than 128 positions to the decoding kernel, meant for generation's few new tokens: on an H200
+(torch 2.11, transformers 5.17, 2026-11-27) that kernel found no config for gpt-oss-20b's 64 query / 8 key-value heads
+at T 57 (inductor's NoValidChoicesError, the first call of the trainer's mix; gpu_check.py's flex_mix stage), while
+TRITON, the main kernel, compiled every call of the mix, backward included (RFT_FLEX_BACKEND=TRITON, same machine)."""
+
+
+def flex_forward_kwargs(config, device: torch.device) -> dict:
+    """What the trainer's logprob forward passes to the backbone (transformers hands it on to the attention
+    function) when the model runs flex attention on CUDA: the main kernel, a fresh dict each call (torch fills in
+    its defaults in place); ``{}`` otherwise (other attention ignores it; flex on a CPU has one kernel)."""
+    if device.type != "cuda" or getattr(config, "_attn_implementation", None) != "flex_attention":
+        return {}
+    return {"kernel_options": {"BACKEND": SCORING_KERNEL}}

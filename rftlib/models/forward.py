@@ -17,6 +17,7 @@ from __future__ import annotations
 import torch
 
 from rftlib.algo.logprobs import chunked_logprobs_entropy
+from rftlib.models.flex import flex_forward_kwargs
 from rftlib.models.loading import policy_parts
 
 
@@ -31,8 +32,9 @@ def completion_logprobs(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tens
     attn = torch.cat([prompt_mask, completion_mask], 1).long()  # (n, P+T)
     # padding after EOS is masked too, but it only follows the real tokens, so causality keeps it harmless
     position_ids = (attn.cumsum(-1) - 1).clamp(min=0)  # (n, P+T)
-    hidden = parts.backbone(input_ids=input_ids, attention_mask=attn, position_ids=position_ids,
-                            use_cache=False).last_hidden_state  # (n, P+T, H)
+    hidden = parts.backbone(input_ids=input_ids, attention_mask=attn, position_ids=position_ids, use_cache=False,
+                            **flex_forward_kwargs(parts.backbone.config, input_ids.device)
+                            ).last_hidden_state  # (n, P+T, H)
     hidden = hidden[:, P - 1:-1]  # (n, T, H): position t predicts completion token t
     logp, ent = chunked_logprobs_entropy(hidden, None, completion_ids, head=parts.lm_head, temperature=temperature,
                                          chunk_size=chunk_size, with_entropy=with_entropy, entropy_grad=entropy_grad,
