@@ -41,17 +41,17 @@ DEEPSPEED_INSTALL_S = 35  # main()'s offline install, before the stages (24.1 s 
 # two runs) plus a margin, or, where that run showed the stage too slow and it was cut, the cut stage's time worked
 # out from those figures (HF generate there: 23.6 ms a token plain, 65 ms under an unmerged LoRA, host-bound).
 STAGES: list[tuple[str, int]] = [
-    ("versions", 15),  # 0.5 s
-    ("sync_probe", 35),  # 20.7 s
-    ("deepspeed_zero3", 45),  # reached its first sync probe at 20 s (then failed: fixed since, in precision.py)
-    ("cpu_adam", 60),  # the JIT build is given CPU_ADAM_BUILD_S: it did not finish in 50 s (a finding, not a fail)
-    ("gptoss_layer", 40),  # 27.1 s
-    ("generate_split", 40),  # plain + LoRA took ~25 s with the CPU's events profiled too; now the device's only
-    ("smoke_zero3", 40),  # 25.0 s, 27.9 s
-    ("seed002_fp16_lora", 45),  # 56.5 s with all 24 layers (~38 s of it building and loading); now 8 layers
-    ("seed000_full_step", 45),  # over 80 s with all 28 layers (first generate unfinished); now 6 layers
+    ("versions", 15),  # 0.5 s, 0.4 s (H200 runs, 2026-11-27: times after '#')
+    ("sync_probe", 30),  # 20.7 s, 14.5 s
+    ("deepspeed_zero3", 40),  # 23.2 s (passed its sync probe; peak 0.51 of the estimate: flagged)
+    ("cpu_adam", 60),  # 37.9 s (built in 33.8 s); the JIT build is given CPU_ADAM_BUILD_S
+    ("gptoss_layer", 40),  # 27.1 s, 22.1 s
+    ("generate_split", 35),  # 20.6 s (plain, LoRA, merged)
+    ("smoke_zero3", 35),  # 25.0 s, 27.9 s, 18.6 s
+    ("seed002_fp16_lora", 50),  # 34.8 s with 8 layers (56.5 s with all 24)
+    ("seed000_full_step", 60),  # 43.8 s with 6 layers (over 80 s with all 28)
     ("mxfp4_lora_step", 20),  # 3.8 s
-    ("flex_mix", 0),  # last: whatever the budget has left (it failed its first call's compile in 6.6 s on torch 2.11)
+    ("flex_mix", 0),  # last, the rest: with flex's main kernel its mix compiled 47 graphs in 148 s, unfinished
 ]
 FLEX_MIN_S = 20  # flex_mix runs only with at least this much of the budget left
 ESTIMATE_SLACK = 1.25  # rftlib.smoke.ESTIMATE_SLACK: a peak above this x the estimate fails
