@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -113,22 +114,76 @@ def vote_key(completion: str) -> str | None:
     return key or None
 
 
+@dataclass(frozen=True)
+class EnvEval:
+    """An eval through an environment (issue 40): the attempt's ``env`` and its episode limits, so held-out
+    problems are played as training plays them (the tool available, the same turns and token budget), greedily."""
+
+    env: str
+    env_args: dict
+    max_turns: int
+    max_trajectory_tokens: int
+
+    @staticmethod
+    def of(cfg) -> "EnvEval | None":
+        """The eval environment of RunConfig ``cfg``; None for ``single_turn`` (the batched single-turn eval)."""
+        if cfg.env == "single_turn":
+            return None
+        return EnvEval(cfg.env, dict(cfg.env_args), cfg.max_turns, cfg.max_trajectory_tokens or cfg.max_new_tokens)
+
+
 @torch.no_grad()
 def greedy_eval(engine, tokenizer, task: Task, examples: list[Example], *, max_new_tokens: int,
-                batch_size: int = 64, dataset: str = "heldout", precision: str | None = None) -> dict[str, Any]:
+                batch_size: int = 64, dataset: str = "heldout", precision: str | None = None,
+                env: EnvEval | None = None) -> dict[str, Any]:
     """greedy_pass@1 over examples, with per-example completions and rewards, computed in ``precision``
-    (:func:`eval_precision`; None: the engine's current dtype), which the result records."""
+    (:func:`eval_precision`; None: the engine's current dtype), which the result records. ``env``: each problem
+    is one greedy episode in that environment (the completion is the transcript; ``tool_call_rate``, the share
+    of episodes with a tool call, and ``tool_ok_rate``, of calls that ran, beside the accuracy)."""
     results = []
     with eval_numerics(engine, precision):
         used = engine_precision(engine)
         for i in range(0, len(examples), batch_size):
-            results += _greedy_batch(engine, tokenizer, task, examples[i:i + batch_size], max_new_tokens)
+            batch = examples[i:i + batch_size]
+            results += (_greedy_batch(engine, tokenizer, task, batch, max_new_tokens) if env is None else
+                        _env_greedy_batch(engine, tokenizer, task, batch, env))
     n = len(results)
     acc = sum(r["correct"] for r in results) / max(n, 1)
-    return {"mode": "greedy_pass@1", "dataset": dataset, "task": task.name, "n_problems": n,
-            "examples_digest": examples_digest(examples), "n_samples": 1, "temperature": 0.0,
-            "max_new_tokens": max_new_tokens, "precision": used, "greedy_pass@1": acc,
-            "mean_length": sum(r["length"] for r in results) / max(n, 1), "results": results}
+    out = {"mode": "greedy_pass@1", "dataset": dataset, "task": task.name, "n_problems": n,
+           "examples_digest": examples_digest(examples), "n_samples": 1, "temperature": 0.0,
+           "max_new_tokens": max_new_tokens, "precision": used, "greedy_pass@1": acc,
+           "mean_length": sum(r["length"] for r in results) / max(n, 1), "results": results}
+    if env is not None:
+        calls = sum(r["tool_calls"] for r in results)
+        out.update(env=env.env, max_turns=env.max_turns, max_trajectory_tokens=env.max_trajectory_tokens,
+                   tool_call_rate=sum(r["tool_calls"] > 0 for r in results) / max(n, 1),
+                   tool_ok_rate=sum(r["tool_ok"] for r in results) / calls if calls else 0.0,
+                   mean_turns=sum(r["turns"] for r in results) / max(n, 1))
+    return out
+
+
+def _env_greedy_batch(engine, tokenizer, task: Task, batch: list[Example], env: EnvEval) -> list[dict[str, Any]]:
+    """One greedy episode per example in ``env`` (the multi-turn rollout source, group size 1): per-example results
+    as :func:`_greedy_batch` gives them, the transcript as the completion, ``length`` its model tokens."""
+    from rftlib.rollout.multi_turn import multi_turn
+    from rftlib.rollout.sources import Sampling
+
+    device = next(engine.model.parameters()).device if hasattr(engine, "model") else torch.device("cpu")
+    got = multi_turn(batch, engine=engine, tok=tokenizer, system_prompt=None, reward=None,
+                     sampling=Sampling(max_new_tokens=env.max_trajectory_tokens, temperature=1.0, top_p=1.0,
+                                       greedy=True),
+                     group_size=1, device=device, task=task, env=env.env, env_args=env.env_args,
+                     max_turns=env.max_turns, max_trajectory_tokens=env.max_trajectory_tokens)
+    results = []
+    for i, ex in enumerate(batch):
+        d, r = got.diags[i], got.rewards[i]
+        stop = next((k.split("/", 1)[1] for k in d if k.startswith("stop/")), None)
+        results.append({"id": ex.id, "prompt": ex.prompt, "answer": ex.answer, "completion": got.rollout.texts[i],
+                        "reward": r, "correct": float(d.get("correctness", r)), "length": int(d["tokens/model"]),
+                        "has_boxed": float(d.get("has_boxed", 0.0)), "turns": int(d["turns"]),
+                        "tool_calls": int(d.get("tool_calls", 0)), "tool_ok": int(d.get("tool_ok", 0)),
+                        "stop": stop})
+    return results
 
 
 def _greedy_batch(engine, tokenizer, task: Task, batch: list[Example], max_new_tokens: int) -> list[dict[str, Any]]:

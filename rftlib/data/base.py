@@ -207,7 +207,7 @@ def build_task(name: str, **kwargs: Any) -> Task:
 for _name, _target in (("arithmetic", "arithmetic:arithmetic_task"), ("gsm8k", "benchmarks:gsm8k_task"),
                        ("code_basics", "code_basics:code_basics_task"),
                        ("code_problems", "code_problems:code_problems_task"), ("mixed", "curriculum:mixed_task"),
-                       ("prepared", "prepare:prepared_task")):
+                       ("prepared", "prepare:prepared_task"), ("multiply", "multiply:multiply_task")):
     TASKS.declare(_name, f"rftlib.data.{_target}")
 # the code task's reward with its batch form (a sandbox map), where the task lives
 REWARDS.declare("code_tests", "rftlib.data.code_problems:CODE_TESTS")

@@ -230,10 +230,12 @@ class CalculatorEnv:
         self.example = None
 
     def reset(self, example: Any, seed: int) -> list[Message]:
-        """[system (the task's system prompt, then the tool's use), user (the problem)]; no randomness."""
+        """[system (the task's system prompt, then the tool's use, unless the task's already holds it: a task
+        whose prompt is the tool's, for an SFT warm start on the same rendering), user (the problem)]; no
+        randomness."""
         self.example = example
         own = getattr(self.task, "system_prompt", None)
-        system = f"{own}\n\n{self.system_prompt}" if own else self.system_prompt
+        system = own if own and self.system_prompt in own else "\n\n".join(p for p in (own, self.system_prompt) if p)
         return [{"role": "system", "content": system}, {"role": "user", "content": example.prompt}]
 
     def step(self, assistant_text: str, *, truncated: bool = False) -> Step:

@@ -260,13 +260,14 @@ class HFEngine:
 
     @torch.no_grad()
     def generate_ids(self, contexts: list[list[int]], *, max_new_tokens: list[int], temperature: float,
-                     top_p: float = 1.0) -> list[tuple[list[int], list[float], bool]]:
+                     top_p: float = 1.0, greedy: bool = False) -> list[tuple[list[int], list[float], bool]]:
         """One sampled continuation of each token-id context (a multi-turn episode's next model turn: token in,
         token out, nothing decoded and re-encoded), at most ``max_new_tokens[i]`` tokens for row i. Returns per
         row (ids up to and including the first stop token, their behaviour logprobs, truncated: no stop token
         within the row's budget). The rows are left-padded into one batch and sampled in one ``generate`` call of
         the largest budget; a row's tokens past its own budget are dropped, which is the same distribution as
-        sampling it alone with that budget (a token's draw never depends on later ones)."""
+        sampling it alone with that budget (a token's draw never depends on later ones). ``greedy``: argmax
+        (an eval through an environment), logprobs 0 as :meth:`generate` gives them."""
         tok, model = self.tok, self.model
         device = next(model.parameters()).device
         P = max(len(c) for c in contexts)
@@ -279,12 +280,14 @@ class HFEngine:
         config = sampling_config(max_new_tokens=max(max_new_tokens), eos_token_id=list(self.stop_ids),
                                  pad_token_id=tok.pad_token_id)
         processors = LogitsProcessorList()
-        if temperature != 1.0:
-            processors.append(TemperatureLogitsWarper(temperature))
-        if top_p < 1.0:
-            processors.append(TopPLogitsWarper(top_p))
-        recorder = SampleAndRecord()
-        processors.append(recorder)
+        recorder = None
+        if not greedy:
+            if temperature != 1.0:
+                processors.append(TemperatureLogitsWarper(temperature))
+            if top_p < 1.0:
+                processors.append(TopPLogitsWarper(top_p))
+            recorder = SampleAndRecord()
+            processors.append(recorder)
         was_training = model.training
         model.eval()
         try:
@@ -295,7 +298,7 @@ class HFEngine:
         finally:
             model.train(was_training)
         out_ids = sequences[:, P:]  # (N, T)
-        logp = recorder.logprobs(out_ids).cpu().tolist()  # (N, T)
+        logp = (torch.zeros(out_ids.shape) if recorder is None else recorder.logprobs(out_ids)).cpu().tolist()  # (N, T)
         stops = set(self.stop_ids)
         out = []
         for i, row in enumerate(out_ids.cpu().tolist()):

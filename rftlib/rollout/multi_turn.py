@@ -67,7 +67,8 @@ def multi_turn(examples: list, *, engine, tok, system_prompt: str | None, reward
         with spans("generate"):
             outs = engine.generate_ids([trajs[r].context() for r in active],
                                        max_new_tokens=[budget - len(trajs[r].ids) for r in active],
-                                       temperature=sampling.temperature, top_p=sampling.top_p)
+                                       temperature=sampling.temperature, top_p=sampling.top_p,
+                                       **({"greedy": True} if sampling.greedy else {}))
         t_generate += time.time() - t
         t = time.time()
         still = []

@@ -38,6 +38,8 @@ class Sampling:
     top_p: float
     seed: int | None = None
     adapter: str | None = None
+    greedy: bool = False
+    """argmax instead of a draw (an eval through an environment: rftlib.eval.env_greedy_eval)"""
 
     def engine_kwargs(self) -> dict[str, Any]:
         """The engine's ``generate`` keywords: seed and adapter only when given (an engine that draws its own

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from rftlib.attempts import write_json
-from rftlib.eval import evaluate, examples_digest, greedy_eval, scored_on
+from rftlib.eval import EnvEval, evaluate, examples_digest, greedy_eval, scored_on
 
 EVAL_KEY = "eval/heldout/greedy_pass@1"
 
@@ -25,6 +25,7 @@ def evaluate_probes(cfg, engine, tok, task, dist, run_dir: Path, step: int, prec
     summary: dict[str, Any] = {"step": step}
     if D.is_main:
         (run_dir / "eval").mkdir(exist_ok=True)
+    env = EnvEval.of(cfg)  # a multi-turn attempt's held-out problems are played in its environment
     for probe in cfg.eval_probes:
         exs = task.eval_set(probe)
         mine = exs[D.rank::D.world_size]
@@ -33,6 +34,10 @@ def evaluate_probes(cfg, engine, tok, task, dist, run_dir: Path, step: int, prec
         mine = mine + [exs[0]] * (per_rank - n_mine)  # equal generate calls on every rank (ZeRO-3 needs them)
         n = cfg.eval_n_samples.get(probe, 1)
         temp = cfg.eval_temperature.get(probe, 0.0)
+        if (n > 1 or temp > 0) and env is not None:
+            raise ValueError(f"eval probe {probe!r}: eval_n_samples {n} / eval_temperature {temp} through env="
+                             f"'{cfg.env}': sampled evals in an environment are not built yet (issue 40); "
+                             f"greedy evals are (eval_n_samples 1, eval_temperature 0)")
         if n > 1 or temp > 0:  # seed 003 section 9: e.g. AIME at 0.6 with 8 samples, sampling_pass@8
             mode = f"sampling_pass@{n}" if temp > 0 else f"nondet_proxy_pass@{n}"
             res = evaluate(engine, tok, task, exs, mode=mode, n=n, temperature=temp,
@@ -47,7 +52,7 @@ def evaluate_probes(cfg, engine, tok, task, dist, run_dir: Path, step: int, prec
                 summary[f"eval/{probe}/{key}"] = res[key]
             continue
         res = greedy_eval(engine, tok, task, mine, max_new_tokens=cfg.max_new_tokens,
-                          batch_size=cfg.eval_batch_size, dataset=probe, precision=precision)
+                          batch_size=cfg.eval_batch_size, dataset=probe, precision=precision, env=env)
         if D.distributed:
             parts = D.gather_objects(res["results"][:n_mine])
             merged = [parts[k % D.world_size][k // D.world_size] for k in range(len(exs))]
@@ -55,12 +60,20 @@ def evaluate_probes(cfg, engine, tok, task, dist, run_dir: Path, step: int, prec
             res.update(results=merged, n_problems=len(merged), examples_digest=examples_digest(exs),
                        **{"greedy_pass@1": sum(r["correct"] for r in merged) / n,
                           "mean_length": sum(r["length"] for r in merged) / n})
+            if env is not None:
+                calls = sum(r["tool_calls"] for r in merged)
+                res.update(tool_call_rate=sum(r["tool_calls"] > 0 for r in merged) / n,
+                           tool_ok_rate=sum(r["tool_ok"] for r in merged) / calls if calls else 0.0,
+                           mean_turns=sum(r["turns"] for r in merged) / n)
         res.update(scored_on(cfg))
         if D.is_main:
             suffix = "" if probe == "heldout" else f"_{probe}"
             write_json(run_dir / "eval" / f"step_{step}{suffix}.json", res)
         summary[f"eval/{probe}/greedy_pass@1"] = res["greedy_pass@1"]
         summary[f"eval/{probe}/mean_length"] = res["mean_length"]
+        if env is not None:  # the tool's use beside the accuracy
+            for key in ("tool_call_rate", "tool_ok_rate", "mean_turns"):
+                summary[f"eval/{probe}/{key}"] = res[key]
     summary["timing/eval"] = time.time() - t0  # rft stop sizes its wait from this and timing/step
     return summary
 

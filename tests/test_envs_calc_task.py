@@ -1,0 +1,131 @@
+"""calc-cpu's pieces (issue 40 item 6): the multiply task, its warm-start rows, the calculator's prompt shown
+once, greedy continuation from token ids, and the held-out eval played through an environment."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rftlib.data.multiply import multiply_task, sft_rows
+from rftlib.envs.calculator import SYSTEM_PROMPT, CalculatorEnv, evaluate, parse_tool_calls
+
+
+def test_the_multiply_task_is_split_and_its_answers_are_the_products():
+    t = multiply_task()
+    assert len(t.eval) == 100 and len(t.train) == 1900
+    assert not {e.prompt for e in t.eval} & {e.prompt for e in t.train}
+    for e in t.eval + t.train[:50]:
+        a, b = e.meta["a"], e.meta["b"]
+        assert 10 <= a <= 99 and 100 <= b <= 999 and e.answer == str(a * b) and e.prompt == f"Calculate {a} * {b}."
+    assert multiply_task().eval == t.eval  # a fixed draw: attempts compare
+    assert t.reward(f"so \\boxed{{{t.eval[0].answer}}}", t.eval[0], False)[0] == 1.0
+    assert t.system_prompt is None and multiply_task(tool_prompt=True).system_prompt == SYSTEM_PROMPT
+
+
+def test_the_warm_start_rows_are_training_problems_each_answered_by_its_call():
+    t = multiply_task()
+    train = {e.prompt: e for e in t.train}
+    rows = sft_rows(40)
+    assert len({r["input"] for r in rows}) == 40
+    for r in rows:
+        ex = train[r["input"]]  # a KeyError is a held-out problem (or none of the task's)
+        (call,) = parse_tool_calls(r["output"])
+        assert call.error is None and str(evaluate(call.expression)) == ex.answer
+
+
+def test_the_calculator_prompt_is_shown_once():
+    t = multiply_task(tool_prompt=True)
+    ex = t.eval[0]
+    assert CalculatorEnv(t).reset(ex, 0)[0] == {"role": "system", "content": SYSTEM_PROMPT}
+    plain = multiply_task()
+    assert CalculatorEnv(plain).reset(ex, 0)[0]["content"] == SYSTEM_PROMPT
+    from dataclasses import replace
+    own = replace(plain, system_prompt="Be brief.")
+    assert CalculatorEnv(own).reset(ex, 0)[0]["content"] == "Be brief.\n\n" + SYSTEM_PROMPT
+
+
+def test_greedy_continuation_from_ids_is_the_argmax_generate_gives(tiny_dir):
+    """generate_ids(greedy=True) continues each context by argmax, as generate(greedy=True) does from the same
+    prompt: the same tokens (an independent path: text prompts, right-padded batch of two lengths)."""
+    from rftlib.models.loading import load_model_and_tokenizer
+    from rftlib.rollout.hf import HFEngine
+
+    model, tok = load_model_and_tokenizer(str(tiny_dir))
+    eng = HFEngine(model, tok)
+    prompts = ["Calculate 12 * 345.", "Hi"]
+    ro = eng.generate(prompts, group_size=1, max_new_tokens=12, temperature=1.0, greedy=True)
+    ctx = [tok(p, add_special_tokens=False)["input_ids"] for p in prompts]
+    out = eng.generate_ids(ctx, max_new_tokens=[12, 12], temperature=1.0, greedy=True)
+    for i, (ids, lp, cut) in enumerate(out):
+        n = int(ro.completion_mask[i].sum())
+        assert ids == ro.completion_ids[i, :n].tolist() and lp == [0.0] * len(ids) and cut == bool(ro.truncated[i])
+    assert out == eng.generate_ids(ctx, max_new_tokens=[12, 12], temperature=1.0, greedy=True)
+
+
+class _OneCallEnv:
+    """Scripted: turn 1 gets a tool result; turn 2 ends, right (correctness 1) on even-indexed problems."""
+
+    def __init__(self, task):
+        self.turn, self.ex = 0, None
+
+    def reset(self, example, seed):
+        self.ex = example
+        return [{"role": "user", "content": example.prompt}]
+
+    def step(self, text, *, truncated=False):
+        from rftlib.envs.base import Step
+
+        self.turn += 1
+        if self.turn == 1 and not truncated:
+            return Step([{"role": "user", "content": "42"}], 0.0, False, {"tool_calls": 1.0, "tool_ok": 1.0})
+        right = float(int(self.ex.meta["a"]) % 2 == 0)
+        return Step([], right, True, {"correctness": right, "stop": "answer"})
+
+
+class _ScriptedEngine:
+    """An engine whose every turn is "ok" and its stop token, asked greedily (what the eval must ask for)."""
+
+    def __init__(self, tok):
+        self.tok, self.stop_ids, self.calls = tok, (tok.eos_token_id,), 0
+
+    def generate_ids(self, contexts, *, max_new_tokens, temperature, top_p=1.0, greedy=False):
+        assert greedy, "an eval through an environment samples greedily"
+        self.calls += 1
+        ids = self.tok("ok", add_special_tokens=False)["input_ids"] + [self.tok.eos_token_id]
+        return [(ids, [0.0] * len(ids), False) for _ in contexts]
+
+
+def test_a_held_out_eval_is_played_in_the_environment(tiny_dir, monkeypatch):
+    """greedy_eval with an EnvEval: one greedy episode per problem, scored by the environment (its correctness,
+    not the task's reward of the text: "ok" holds no number), the tool rates beside the accuracy, the transcript
+    as the completion; all rows of a batch advance together (one engine call a turn)."""
+    from rftlib.envs.base import ENVS
+    from rftlib.eval import EnvEval, greedy_eval
+    from rftlib.models.loading import load_model_and_tokenizer
+
+    monkeypatch.setattr(ENVS, "_table", dict(ENVS._table))
+    ENVS.register("one_call_test", _OneCallEnv)
+    _, tok = load_model_and_tokenizer(str(tiny_dir))
+    t = multiply_task()
+    exs = t.eval[:8]
+    want = sum(e.meta["a"] % 2 == 0 for e in exs) / len(exs)
+    assert 0 < want < 1
+    eng = _ScriptedEngine(tok)
+    env = EnvEval("one_call_test", {}, max_turns=3, max_trajectory_tokens=60)
+    res = greedy_eval(eng, tok, t, exs, max_new_tokens=60, env=env)
+    assert res["n_problems"] == 8 and res["env"] == "one_call_test" and eng.calls == 2
+    assert res["greedy_pass@1"] == pytest.approx(want)
+    assert res["tool_call_rate"] == 1.0 and res["tool_ok_rate"] == 1.0 and res["mean_turns"] == 2.0
+    for r in res["results"]:
+        assert r["turns"] == 2 and r["stop"] == "answer" and r["length"] == 2 * len(tok("ok", add_special_tokens=False)["input_ids"]) + 2
+        assert r["completion"].count("ok") == 2 and "42" in r["completion"]
+
+
+def test_a_sampled_eval_through_an_environment_is_refused(tiny_cfg):
+    from rftlib.train.evaluation import evaluate_probes
+
+    cfg = tiny_cfg(env="calculator", eval_n_samples={"heldout": 4}, eval_temperature={"heldout": 0.6})
+    D = type("D", (), {"rank": 0, "world_size": 1, "is_main": False, "distributed": False})()
+    task = multiply_task()
+    with pytest.raises(ValueError, match="sampled evals in an environment are not built yet"):
+        evaluate_probes(cfg, None, None, task, D, None, 0, None)
