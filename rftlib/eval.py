@@ -123,13 +123,15 @@ class EnvEval:
     env_args: dict
     max_turns: int
     max_trajectory_tokens: int
+    max_observation_tokens: int = 512
 
     @staticmethod
     def of(cfg) -> "EnvEval | None":
         """The eval environment of RunConfig ``cfg``; None for ``single_turn`` (the batched single-turn eval)."""
         if cfg.env == "single_turn":
             return None
-        return EnvEval(cfg.env, dict(cfg.env_args), cfg.max_turns, cfg.max_trajectory_tokens or cfg.max_new_tokens)
+        return EnvEval(cfg.env, dict(cfg.env_args), cfg.max_turns, cfg.max_trajectory_tokens or cfg.max_new_tokens,
+                       cfg.max_observation_tokens)
 
 
 @torch.no_grad()
@@ -173,7 +175,8 @@ def _env_greedy_batch(engine, tokenizer, task: Task, batch: list[Example], env: 
                      sampling=Sampling(max_new_tokens=env.max_trajectory_tokens, temperature=1.0, top_p=1.0,
                                        greedy=True),
                      group_size=1, device=device, task=task, env=env.env, env_args=env.env_args,
-                     max_turns=env.max_turns, max_trajectory_tokens=env.max_trajectory_tokens)
+                     max_turns=env.max_turns, max_trajectory_tokens=env.max_trajectory_tokens,
+                     max_observation_tokens=env.max_observation_tokens)
     results = []
     for i, ex in enumerate(batch):
         d, r = got.diags[i], got.rewards[i]

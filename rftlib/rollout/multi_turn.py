@@ -13,7 +13,9 @@ sec. 4-5). All G rows of a group are reset with the same example and seed: every
 state. The return is the sum of the environment's step rewards; the training reward composite is not applied
 (the environment scores, and only what it passes reaches the reward).
 
-Not yet (issue 40): vLLM engines, per-call and episode timeouts, the observation-token cap, the void-turn filter,
+An environment message longer than ``max_observation_tokens`` is cut in the middle and counted (``obs_cut``).
+
+Not yet (issue 40): vLLM engines, per-call and episode timeouts, the void-turn filter,
 per-row staleness versions, records of the turn boundaries.
 """
 
@@ -35,7 +37,7 @@ STOP_MAX_TURNS = "max_turns"
 
 def multi_turn(examples: list, *, engine, tok, system_prompt: str | None, reward, sampling: Sampling,
                group_size: int, device, spans: Spans = no_spans, task: Any, env: str, env_args: dict | None = None,
-               max_turns: int, max_trajectory_tokens: int) -> Produced:
+               max_turns: int, max_trajectory_tokens: int, max_observation_tokens: int = 512) -> Produced:
     """G episodes per example against environment ``env`` of ``task``; returns the batch as one Rollout
     (prompt-major, G rows per example) whose ``model_mask`` is 0 on the environment's tokens, each row's return,
     and its diagnostics: the environment's counts summed over turns, ``turns``, ``tokens/model``,
@@ -88,7 +90,9 @@ def multi_turn(examples: list, *, engine, tok, system_prompt: str | None, reward
                 if done or cut:
                     stop[r] = stop[r] or (STOP_LENGTH if cut else "done")
                     continue
-                msgs = check_messages(msgs, f"{env}.step")
+                msgs, cut_n = cap_observation(tok, check_messages(msgs, f"{env}.step"), max_observation_tokens)
+                if cut_n:
+                    infos[r]["obs_cut"] = infos[r].get("obs_cut", 0.0) + cut_n
                 span = env_span(tok, histories[r], msgs, stop_ids=stop_ids)
                 if len(trajs[r].ids) + len(span) >= budget:  # no room for the answer and a model token after it
                     stop[r] = STOP_LENGTH
@@ -104,6 +108,43 @@ def multi_turn(examples: list, *, engine, tok, system_prompt: str | None, reward
     diags = [{**infos[r], "turns": float(trajs[r].turns), "tokens/model": float(trajs[r].model_tokens),
               "tokens/env": float(trajs[r].env_tokens), f"stop/{stop[r]}": 1.0} for r in range(len(trajs))]
     return Produced(ro, returns, diags, t_generate, t_env)
+
+
+CUT_MARK = "\n[... {what} cut ...]\n"
+"""what stands in a capped observation where its middle was (:func:`cap_observation`)"""
+CHARS_PER_TOKEN_BOUND = 64
+"""a bound on the characters of one token, used to cut a huge observation's text before tokenizing it (encoding
+10 MB to keep 512 tokens of it would cost seconds): each end keeps ``cap * 64`` characters, more than ``cap``
+tokens of any vocabulary's pieces span"""
+
+
+def cap_observation(tok, messages: list[dict], cap: int) -> tuple[list[dict], int]:
+    """``messages`` with each content over ``cap`` tokens cut in the middle: its first ``cap // 2`` and last
+    ``cap - cap // 2`` tokens kept, decoded around :data:`CUT_MARK` (which says how much went); and how many
+    messages were cut. The model sees both ends of what the environment said (a traceback's cause is at its end)
+    and that something was cut. A content of at most ``cap`` UTF-8 bytes is never tokenized (a token holds at
+    least one byte)."""
+    out, cut = [], 0
+    head_n, tail_n = cap // 2, cap - cap // 2
+    side = cap * CHARS_PER_TOKEN_BOUND
+    for m in messages:
+        text = m["content"]
+        if len(text.encode("utf-8", "replace")) <= cap:
+            out.append(m)
+            continue
+        if len(text) <= 2 * side:  # tokenized whole: the count cut is exact
+            ids = tok(text, add_special_tokens=False)["input_ids"]
+            if len(ids) <= cap:
+                out.append(m)
+                continue
+            head, tail, what = ids[:head_n], ids[-tail_n:], f"{len(ids) - cap} tokens"
+        else:  # only its ends are tokenized
+            head = tok(text[:side], add_special_tokens=False)["input_ids"][:head_n]
+            tail = tok(text[-side:], add_special_tokens=False)["input_ids"][-tail_n:]
+            what = f"all but {cap} tokens of {len(text)} characters"
+        out.append({**m, "content": tok.decode(head) + CUT_MARK.format(what=what) + tok.decode(tail)})
+        cut += 1
+    return out, cut
 
 
 def _rollout(tok, trajs: list[Trajectory], truncated: list[bool], group_size: int, stop_ids) -> Rollout:

@@ -128,7 +128,8 @@ class Trainer:
             check_prefix_preserving(self.tok, stop_ids=self.engine.stop_ids)
             self.rollout_source = functools.partial(
                 self.rollout_source, task=self.task, env=cfg.env, env_args=dict(cfg.env_args), max_turns=cfg.max_turns,
-                max_trajectory_tokens=cfg.max_trajectory_tokens or cfg.max_new_tokens)
+                max_trajectory_tokens=cfg.max_trajectory_tokens or cfg.max_new_tokens,
+                max_observation_tokens=cfg.max_observation_tokens)
         self.step_num = 0
         self.eval_history: list[dict[str, Any]] = []
         self.skipped_steps = 0

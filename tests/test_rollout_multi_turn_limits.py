@@ -1,0 +1,92 @@
+"""The multi_turn source's limits on what an environment says (issue 40 item 2): one observation over
+max_observation_tokens is cut in the middle and counted, quickly, whatever its size."""
+
+from __future__ import annotations
+
+from rftlib.rollout.multi_turn import CUT_MARK, cap_observation
+
+
+def _tok(tiny_dir):
+    from rftlib.models.loading import load_model_and_tokenizer
+
+    return load_model_and_tokenizer(str(tiny_dir))[1]
+
+
+def test_an_observation_over_the_cap_keeps_both_ends_and_says_what_was_cut(tiny_dir):
+    tok = _tok(tiny_dir)
+    n = lambda s: len(tok(s, add_special_tokens=False)["input_ids"])  # noqa: E731
+    short = {"role": "tool", "content": "12345"}
+    assert cap_observation(tok, [short], 16) == ([short], 0)
+    body = " ".join(f"w{i}" for i in range(400))  # a few hundred tokens
+    head, tail = "HEAD-START ", " TAIL-END"
+    (msg,), cut = cap_observation(tok, [{"role": "tool", "name": "calc", "content": head + body + tail}], 40)
+    assert cut == 1 and msg["role"] == "tool" and msg["name"] == "calc"
+    kept = msg["content"]
+    assert kept.startswith("HEAD") and kept.endswith("END")
+    total = n(head + body + tail)
+    assert CUT_MARK.format(what=f"{total - 40} tokens") in kept
+    a, b = kept.split(CUT_MARK.format(what=f"{total - 40} tokens"))
+    assert n(a) <= 20 and n(b) <= 20 + 1  # cap // 2 each side (decode/encode of a cut piece may merge one more)
+
+
+class _Spy:
+    """The tokenizer, recording the longest text it was asked to encode."""
+
+    def __init__(self, tok):
+        self._tok, self.longest = tok, 0
+
+    def __getattr__(self, name):
+        return getattr(self._tok, name)
+
+    def __call__(self, text, **kw):
+        self.longest = max(self.longest, len(text))
+        return self._tok(text, **kw)
+
+
+def test_a_tool_that_prints_ten_megabytes_is_cut_and_flagged(tiny_dir):
+    """Through the multi_turn source: a scripted engine, an environment that answers with 10 MB; the trajectory
+    stays within its budget, the row counts obs_cut, and only the message's ends are ever tokenized (encoding
+    the 10 MB would take seconds a turn)."""
+    from rftlib.envs.base import ENVS, Step
+    from rftlib.rollout.multi_turn import multi_turn
+    from rftlib.rollout.sources import Sampling
+
+    tok = _Spy(_tok(tiny_dir))
+    flood = "A" * 5_000_000 + "B" * 5_000_000
+
+    class Flood:
+        def __init__(self, task):
+            self.turn = 0
+
+        def reset(self, example, seed):
+            return [{"role": "user", "content": "go"}]
+
+        def step(self, text, *, truncated=False):
+            self.turn += 1
+            if self.turn == 1:
+                return Step([{"role": "user", "content": flood}], 0.0, False, {})
+            return Step([], 1.0, True, {"stop": "answer"})
+
+    class Engine:
+        stop_ids = (tok.eos_token_id,)
+
+        def generate_ids(self, contexts, *, max_new_tokens, temperature, top_p=1.0, greedy=False):
+            ids = tok("ok", add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+            return [(ids, [0.0] * len(ids), False) for _ in contexts]
+
+    saved = dict(ENVS._table)
+    ENVS.register("flood_test", Flood)
+    try:
+        got = multi_turn([type("E", (), {"prompt": "go"})()], engine=Engine(), tok=tok, system_prompt=None,
+                         reward=None, sampling=Sampling(max_new_tokens=400, temperature=1.0, top_p=1.0),
+                         group_size=2, device="cpu", task=None, env="flood_test", max_turns=3,
+                         max_trajectory_tokens=400, max_observation_tokens=64)
+    finally:
+        ENVS._table.clear()
+        ENVS._table.update(saved)
+    assert [d.get("obs_cut") for d in got.diags] == [1.0, 1.0]
+    assert all(d["turns"] == 2 and d["stop/answer"] == 1.0 for d in got.diags)
+    text = got.rollout.texts[0]
+    assert "A" in text and "B" in text and "cut ..." in text
+    assert got.rollout.completion_ids.shape[1] <= 400
+    assert tok.longest <= 64 * 64 + 2000, tok.longest  # one end (cap x 64 chars), or a rendered conversation
