@@ -203,6 +203,11 @@ class RolloutSettings(Section):
     """the most tokens one environment message's content may have: a longer one (a tool that prints 10 MB) is cut
     in the middle, its first and last halves kept around a marker saying how much was cut, and counted
     (``obs_cut``); the trajectory budget still applies after it"""
+    filter_void_turns: bool = False
+    """trajectories with a void turn (neither a complete tool call nor a final answer: the environment's
+    ``void_turns`` count) leave the loss, their group's advantages unchanged (SimpleTIR, arXiv 2509.02479: such
+    turns drive the distribution shift that collapses multi-turn training); the share filtered is logged as
+    ``void_filtered_frac``, the void-turn rate (``void_turns``) always"""
 
 
 @dataclass

@@ -3,6 +3,9 @@ max_observation_tokens is cut in the middle and counted, quickly, whatever its s
 
 from __future__ import annotations
 
+import pytest
+import torch
+
 from rftlib.rollout.multi_turn import CUT_MARK, cap_observation
 
 
@@ -90,3 +93,59 @@ def test_a_tool_that_prints_ten_megabytes_is_cut_and_flagged(tiny_dir):
     assert "A" in text and "B" in text and "cut ..." in text
     assert got.rollout.completion_ids.shape[1] <= 400
     assert tok.longest <= 64 * 64 + 2000, tok.longest  # one end (cap x 64 chars), or a rendered conversation
+
+
+class _MaybeVoid:
+    """One turn, scored by the digit share of the text; the void flag on the problems whose first operand is
+    even (so whole groups: every row of a group plays the same problem)."""
+
+    def __init__(self, task):
+        self.ex = None
+
+    def reset(self, example, seed):
+        self.ex = example
+        return [{"role": "user", "content": example.prompt}]
+
+    def step(self, text, *, truncated=False):
+        from toy_rewards import isdigit_share
+
+        from rftlib.envs.base import Step
+
+        void = float(self.ex.meta["a"] % 2 == 0)
+        return Step([], isdigit_share(text, None, truncated)[0], True, {"void_turns": void, "stop": "answer"})
+
+
+@pytest.mark.parametrize("on", [False, True])
+def test_the_void_turn_filter_takes_those_trajectories_out_of_the_loss(tiny_cfg, monkeypatch, on):
+    """filter_void_turns: every row whose trajectory had a void turn has loss mask 0 (and the share is logged);
+    off, they train like the rest; the void-turn rate is in the row either way."""
+    from rftlib.envs.base import ENVS
+    from rftlib.train.loop import Trainer
+
+    monkeypatch.setattr(ENVS, "_table", dict(ENVS._table))
+    ENVS.register("maybe_void_test", _MaybeVoid)
+    cfg = tiny_cfg(env="maybe_void_test", max_turns=1, max_trajectory_tokens=12, save_steps=0, eval_steps=0,
+                   filter_void_turns=on, rollout_batch_size=4)
+    seen = {}
+    tr = Trainer(cfg, progress=False, hooks=[lambda name, s, res: seen.__setitem__(name, res)])
+    try:
+        row = tr.step()
+    finally:
+        tr.close()
+    adv = seen["advantages"]
+    void = torch.tensor([d["void_turns"] > 0 for d in adv.diags])  # (N,)
+    assert 0 < int(void.sum()) < len(void), "the batch needs void and non-void groups"
+    rows_in_loss = adv.loss_mask.sum(-1) > 0  # (N,)
+    assert bool(rows_in_loss[~void].all())
+    assert bool(rows_in_loss[void].any()) != on
+    assert row["void_turns"] == pytest.approx(float(void.float().mean()))
+    if on:
+        assert adv.metrics["void_filtered_frac"] == pytest.approx(float(void.float().mean()))
+        assert row["void_filtered_frac"] == pytest.approx(float(void.float().mean()))
+
+
+def test_the_void_filter_needs_turns_to_judge():
+    from rftlib.config import ConfigError, make_config
+
+    with pytest.raises(ConfigError, match="filter_void_turns .* env='single_turn' has no turns"):
+        make_config("tiny", {"filter_void_turns": True})

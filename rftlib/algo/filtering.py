@@ -1,4 +1,5 @@
-"""Which completions carry a learning signal: DAPO's dynamic-sampling test and overlong filtering.
+"""Which completions carry a learning signal: DAPO's dynamic-sampling test, overlong filtering, SimpleTIR's
+void-turn filter.
 
 Pure row selection; the refill loop that acts on it is rftlib/train/steps.py.
 Dimensions: B prompts, G completions each, N = B*G rows prompt-major; T completion tokens.
@@ -37,3 +38,12 @@ def untruncated_mask(completion_mask: torch.Tensor, truncated: torch.Tensor) -> 
     if truncated.shape != completion_mask.shape[:1]:
         raise ValueError(f"truncated {tuple(truncated.shape)} must be (N,) = ({completion_mask.shape[0]},)")
     return completion_mask * (~truncated.bool()).float().unsqueeze(-1)  # (N, T)
+
+
+def void_turn_row_mask(void_turns: torch.Tensor) -> torch.Tensor:
+    """SimpleTIR's trajectory filter (Xue et al. 2025, arXiv 2509.02479, sec. 3): a multi-turn trajectory with a void
+    turn (neither a complete tool call nor a final answer) leaves the loss. void_turns: (N,) counts per row;
+    returns the (N,) float {0, 1} row mask (1: kept)."""
+    if void_turns.dim() != 1:
+        raise ValueError(f"void_turns must be (N,), got {tuple(void_turns.shape)}")
+    return (void_turns <= 0).float()  # (N,)

@@ -30,7 +30,7 @@ import torch
 from tqdm.auto import tqdm
 
 from rftlib.algo.advantages import compute_advantages
-from rftlib.algo.filtering import constant_groups
+from rftlib.algo.filtering import constant_groups, void_turn_row_mask
 from rftlib.algo.logprobs import auto_chunk_size, recompute_needed
 from rftlib.algo.losses import grpo_loss
 from rftlib.algo.schedule import lr_at
@@ -372,6 +372,10 @@ class Trainer:
         lmask = steps.loss_mask(cfg, ro.model_mask, ro.truncated,
                                 None if cfg.dynamic_sampling == "off" or row_mask is None
                                 else row_mask.to(D.device))  # (N, T)
+        if cfg.filter_void_turns:  # SimpleTIR: trajectories with a void turn leave the loss
+            keep = void_turn_row_mask(torch.tensor([float(d.get("void_turns", 0.0)) for d in diags]))  # (N,)
+            lmask = lmask * keep.to(lmask.device).unsqueeze(-1)  # (N, T)
+            shaping["void_filtered_frac"] = float(1.0 - keep.mean())
         return Advantaged(ro, examples, indices, batch.rewards.tolist(), diags, advantages, lmask, ref_lp, old_lp,
                           shaping, t_reference)
 
