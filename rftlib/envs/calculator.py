@@ -34,8 +34,22 @@ capped before the work is done (``2 ** 10**9`` is refused, not computed). So the
 own; the per-call timeout and the observation-token cap of the issue are the rollout source's, for tools that
 can hang or flood.
 
+With ``python=True`` (``env_args: {python: true}``) a second tool runs Python in the sandbox the code reward uses
+(rftlib.rewards.sandbox: its own uid and namespaces, seccomp, Landlock, rlimits, a wall clock; the process-wide
+pool of rftlib.rewards.code.default_sandbox), never in the trainer's process:
+
+    <tool_call>
+    {"name": "python", "arguments": {"code": "print(123 * 456)"}}
+    </tool_call>
+
+Its result is what the program printed (stdout, then stderr), or ``error: <why>`` with the output so far; a program
+still running at ``python_timeout_s`` is killed with everything it started, and the model reads ``error: timed
+out``: the episode goes on. Each call is a job of its own: nothing one call writes is seen by the next (or by
+another row's). The sandbox caps what comes back; the rollout source's observation cap then applies.
+
 Info counts (per step; the source sums them over the episode): ``tool_calls``, ``tool_ok``,
-``tool_parse_errors``, ``tool_exec_errors``, ``void_turns``; the task reward's diagnostics on the last step.
+``tool_parse_errors``, ``tool_exec_errors``, ``tool_timeouts`` (a python call killed at its clock; also an exec
+error), ``void_turns``; the task reward's diagnostics on the last step.
 """
 
 from __future__ import annotations
@@ -170,45 +184,88 @@ def format_number(x: int | float) -> str:
     return str(x)
 
 
+PYTHON_TOOL = "python"
+PYTHON_TIMEOUT_S = 5.0  # a python call's wall clock in the sandbox
+
+
 @dataclass
 class ToolCall:
-    """One parsed call: the expression to evaluate, or the parse error to report."""
+    """One parsed call: the calculator's expression (or, with ``tool == "python"``, the program in ``code``), or
+    the parse error to report."""
 
     expression: str | None
     error: str | None = None
     complete: bool = True
     """False for a ``<tool_call>`` never closed (not a complete call: the turn may be void)"""
+    tool: str = TOOL_NAME
+    code: str | None = None
 
 
-def parse_tool_calls(text: str) -> list[ToolCall]:
+def parse_tool_calls(text: str, tools: tuple[str, ...] = (TOOL_NAME,)) -> list[ToolCall]:
     """Every ``<tool_call>...</tool_call>`` block of ``text`` in order, parsed (the module docstring gives the
-    format); a ``<tool_call>`` left unclosed after the last complete one is one more call, with a parse error.
-    [] when the text holds no ``<tool_call>`` at all."""
-    calls = [_parse_one(m.group(1)) for m in _CALL.finditer(text)]
+    format) against the ``tools`` offered; a ``<tool_call>`` left unclosed after the last complete one is one more
+    call, with a parse error. [] when the text holds no ``<tool_call>`` at all."""
+    calls = [_parse_one(m.group(1), tools) for m in _CALL.finditer(text)]
     tail = text[text.rfind("</tool_call>") + len("</tool_call>"):] if calls else text
     if "<tool_call>" in tail:
         calls.append(ToolCall(None, "<tool_call> is not closed by </tool_call>", complete=False))
     return calls
 
 
-def _parse_one(body: str) -> ToolCall:
+def _parse_one(body: str, tools: tuple[str, ...] = (TOOL_NAME,)) -> ToolCall:
     try:
         obj = json.loads(body)
     except (json.JSONDecodeError, RecursionError) as e:
         return ToolCall(None, f"the tool call is not valid JSON ({e.msg if hasattr(e, 'msg') else e})")
     if not isinstance(obj, dict):
         return ToolCall(None, 'the tool call must be a JSON object {"name": ..., "arguments": {...}}')
-    if obj.get("name") != TOOL_NAME:
-        return ToolCall(None, f"unknown tool {obj.get('name')!r}; the only tool is {TOOL_NAME!r}")
+    name = obj.get("name")
+    if name not in tools:
+        offered = " and ".join(repr(t) for t in tools)
+        return ToolCall(None, f"unknown tool {name!r}; the tools are {offered}" if len(tools) > 1
+                        else f"unknown tool {name!r}; the only tool is {offered}")
     args = obj.get("arguments")
     if isinstance(args, str):  # OpenAI's wire form: the arguments object as a JSON string
         try:
             args = json.loads(args)
         except json.JSONDecodeError:
             return ToolCall(None, "arguments is a string that is not a JSON object")
+    if name == PYTHON_TOOL:
+        if not isinstance(args, dict) or not isinstance(args.get("code"), str):
+            return ToolCall(None, 'arguments must be {"code": "<python>"}', tool=name)
+        return ToolCall(None, tool=name, code=args["code"])
     if not isinstance(args, dict) or not isinstance(args.get("expression"), str):
         return ToolCall(None, 'arguments must be {"expression": "<arithmetic>"}')
     return ToolCall(args["expression"])
+
+
+PYTHON_PROMPT = (
+    "\nYou can also run Python: write\n"
+    "<tool_call>\n"
+    '{"name": "python", "arguments": {"code": "print(123 * 456)"}}\n'
+    "</tool_call>\n"
+    "and what it prints comes back to you."
+)
+"""added to the tool's use in the system prompt when the python tool is offered"""
+
+
+def run_python(code: str, timeout_s: float, sandbox=None) -> tuple[str, dict[str, float]]:
+    """``code`` run as one sandboxed job (rftlib.rewards.sandbox; the process-wide pool unless ``sandbox``):
+    (what the model reads, counts). Printed output on success; ``error: <why>`` and the output so far otherwise
+    (a program still running at ``timeout_s`` is killed with its descendants: ``tool_timeouts``)."""
+    from rftlib.rewards.code import default_sandbox
+    from rftlib.rewards.sandbox import Job
+
+    run = (sandbox or default_sandbox()).run(Job(code, timeout_s=timeout_s))
+    out = run.stdout + (("\n" if run.stdout and not run.stdout.endswith("\n") else "") + run.stderr
+                        if run.stderr else "")
+    if run.stdout_truncated or run.stderr_truncated:
+        out += "\n[output truncated by the sandbox]"
+    if run.status == "ok":
+        return (out if out.strip() else "(no output)"), {"tool_ok": 1.0}
+    why = "timed out" if run.timed_out else (run.error or run.status)
+    counts = {"tool_exec_errors": 1.0, **({"tool_timeouts": 1.0} if run.timed_out else {})}
+    return f"error: {why}" + (f"\n{out}" if out.strip() else ""), counts
 
 
 class CalculatorEnv:
@@ -219,14 +276,20 @@ class CalculatorEnv:
     ``bounds``: the calculator's limits."""
 
     def __init__(self, task: Any, reward: Any = None, *, system_prompt: str = SYSTEM_PROMPT,
-                 max_calls_per_turn: int = 4, bounds: Bounds = Bounds()):
+                 max_calls_per_turn: int = 4, bounds: Bounds = Bounds(), python: bool = False,
+                 python_timeout_s: float = PYTHON_TIMEOUT_S, sandbox: Any = None):
         if max_calls_per_turn < 1:
             raise ValueError(f"calculator: max_calls_per_turn={max_calls_per_turn}; it must be at least 1")
+        if python_timeout_s <= 0:
+            raise ValueError(f"calculator: python_timeout_s={python_timeout_s}; it must be positive")
         self.task = task
         self.reward = as_reward(reward if reward is not None else task.reward)
-        self.system_prompt = system_prompt
+        self.system_prompt = system_prompt + (PYTHON_PROMPT if python else "")
         self.max_calls_per_turn = max_calls_per_turn
         self.bounds = bounds
+        self.tools = (TOOL_NAME, PYTHON_TOOL) if python else (TOOL_NAME,)
+        self.python_timeout_s = python_timeout_s
+        self.sandbox = sandbox
         self.example = None
 
     def reset(self, example: Any, seed: int) -> list[Message]:
@@ -241,7 +304,7 @@ class CalculatorEnv:
     def step(self, assistant_text: str, *, truncated: bool = False) -> Step:
         if self.example is None:
             raise RuntimeError("calculator: step() before reset()")
-        calls = [] if truncated else parse_tool_calls(assistant_text)
+        calls = [] if truncated else parse_tool_calls(assistant_text, self.tools)
         if not any(c.complete for c in calls):  # no complete call: the final turn (a lone open tag is void)
             return self._final(assistant_text, truncated, parse_errors=float(bool(calls)))
         counts = {"tool_calls": 0.0, "tool_ok": 0.0, "tool_parse_errors": 0.0, "tool_exec_errors": 0.0}
@@ -253,7 +316,12 @@ class CalculatorEnv:
                 out.append(_tool(f"error: at most {self.max_calls_per_turn} calls per turn; this one was not run"))
             elif call.error is not None:
                 counts["tool_parse_errors"] += 1
-                out.append(_tool(f"error: {call.error}"))
+                out.append(_tool(f"error: {call.error}", call.tool))
+            elif call.tool == PYTHON_TOOL:
+                text, got = run_python(call.code, self.python_timeout_s, self.sandbox)
+                for k, v in got.items():
+                    counts[k] = counts.get(k, 0.0) + v
+                out.append(_tool(text, PYTHON_TOOL))
             else:
                 try:
                     result = format_number(evaluate(call.expression, self.bounds))
@@ -274,5 +342,5 @@ class CalculatorEnv:
         return Step([], float(reward), True, info)
 
 
-def _tool(content: str) -> Message:
-    return {"role": "tool", "name": TOOL_NAME, "content": content}
+def _tool(content: str, name: str = TOOL_NAME) -> Message:
+    return {"role": "tool", "name": name, "content": content}
