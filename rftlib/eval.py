@@ -124,6 +124,7 @@ class EnvEval:
     max_turns: int
     max_trajectory_tokens: int
     max_observation_tokens: int = 512
+    max_episode_seconds: float | None = None
 
     @staticmethod
     def of(cfg) -> "EnvEval | None":
@@ -131,7 +132,7 @@ class EnvEval:
         if cfg.env == "single_turn":
             return None
         return EnvEval(cfg.env, dict(cfg.env_args), cfg.max_turns, cfg.max_trajectory_tokens or cfg.max_new_tokens,
-                       cfg.max_observation_tokens)
+                       cfg.max_observation_tokens, cfg.max_episode_seconds)
 
 
 @torch.no_grad()
@@ -176,7 +177,7 @@ def _env_greedy_batch(engine, tokenizer, task: Task, batch: list[Example], env: 
                                        greedy=True),
                      group_size=1, device=device, task=task, env=env.env, env_args=env.env_args,
                      max_turns=env.max_turns, max_trajectory_tokens=env.max_trajectory_tokens,
-                     max_observation_tokens=env.max_observation_tokens)
+                     max_observation_tokens=env.max_observation_tokens, max_episode_seconds=env.max_episode_seconds)
     results = []
     for i, ex in enumerate(batch):
         d, r = got.diags[i], got.rewards[i]

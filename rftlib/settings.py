@@ -203,6 +203,10 @@ class RolloutSettings(Section):
     """the most tokens one environment message's content may have: a longer one (a tool that prints 10 MB) is cut
     in the middle, its first and last halves kept around a marker saying how much was cut, and counted
     (``obs_cut``); the trajectory budget still applies after it"""
+    max_episode_seconds: float | None = None
+    """an episode's clock (None: none): a multi-turn batch whose episodes have run this long starts no further turn;
+    the rows still going end with stop reason ``clock`` (a turn under way is not cut: the engine's call and the
+    environment's step finish; a tool bounds its own calls, e.g. the python tool's ``python_timeout_s``)"""
     filter_void_turns: bool = False
     """trajectories with a void turn (neither a complete tool call nor a final answer: the environment's
     ``void_turns`` count) leave the loss, their group's advantages unchanged (SimpleTIR, arXiv 2509.02479: such

@@ -149,3 +149,44 @@ def test_the_void_filter_needs_turns_to_judge():
 
     with pytest.raises(ConfigError, match="filter_void_turns .* env='single_turn' has no turns"):
         make_config("tiny", {"filter_void_turns": True})
+
+
+def test_the_episode_clock_starts_no_turn_after_it(tiny_dir, monkeypatch):
+    """max_episode_seconds: each environment step takes 10 s of a fake clock; with a 25 s clock the episode ends
+    after its third turn (no turn starts at 30 s) with stop reason clock, not at max_turns 6."""
+    import rftlib.rollout.multi_turn as mt
+    from rftlib.envs.base import ENVS, Step
+    from rftlib.rollout.sources import Sampling
+
+    tok = _tok(tiny_dir)
+    now = [1000.0]
+    monkeypatch.setattr(mt.time, "time", lambda: now[0])
+
+    class Slow:
+        def __init__(self, task):
+            pass
+
+        def reset(self, example, seed):
+            return [{"role": "user", "content": "go"}]
+
+        def step(self, text, *, truncated=False):
+            now[0] += 10.0
+            return Step([{"role": "user", "content": "again"}], 0.0, False, {})
+
+    class Engine:
+        stop_ids = (tok.eos_token_id,)
+
+        def generate_ids(self, contexts, *, max_new_tokens, temperature, top_p=1.0, greedy=False):
+            ids = tok("ok", add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+            return [(ids, [0.0] * len(ids), False) for _ in contexts]
+
+    monkeypatch.setattr(ENVS, "_table", dict(ENVS._table))
+    ENVS.register("slow_test", Slow)
+    kw = dict(engine=Engine(), tok=tok, system_prompt=None, reward=None, group_size=1, device="cpu", task=None,
+              env="slow_test", max_turns=6, max_trajectory_tokens=400,
+              sampling=Sampling(max_new_tokens=400, temperature=1.0, top_p=1.0))
+    ex = [type("E", (), {"prompt": "go"})()]
+    got = mt.multi_turn(ex, max_episode_seconds=25.0, **kw)
+    assert [(d["turns"], d.get("stop/clock")) for d in got.diags] == [(3.0, 1.0)]
+    got = mt.multi_turn(ex, max_episode_seconds=None, **kw)  # no clock: to max_turns
+    assert [(d["turns"], d.get("stop/max_turns")) for d in got.diags] == [(6.0, 1.0)]

@@ -481,6 +481,8 @@ def _validate_scale(cfg: RunConfig, bad) -> None:
         bad(f"env='{cfg.env}' (a multi-turn rollout) needs an engine that continues from token ids: "
             f"rollout_engine {', '.join(able)} (the vLLM engines do not yet: issue 40 item 3); "
             f"got rollout_engine='{cfg.rollout_engine}'")
+    if cfg.max_episode_seconds is not None and cfg.max_episode_seconds <= 0:
+        bad(f"max_episode_seconds={cfg.max_episode_seconds} must be positive (None: no clock)")
     if cfg.filter_void_turns and cfg.env == "single_turn":
         bad("filter_void_turns drops multi-turn trajectories with a void turn; env='single_turn' has no turns to "
             "judge (set env, e.g. calculator, or leave filter_void_turns false)")

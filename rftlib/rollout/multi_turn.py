@@ -15,7 +15,9 @@ state. The return is the sum of the environment's step rewards; the training rew
 
 An environment message longer than ``max_observation_tokens`` is cut in the middle and counted (``obs_cut``).
 
-Not yet (issue 40): vLLM engines, per-call and episode timeouts, the void-turn filter,
+``max_episode_seconds`` is the episodes' clock: no turn starts after it (stop reason ``clock``).
+
+Not yet (issue 40): vLLM engines,
 per-row staleness versions, records of the turn boundaries.
 """
 
@@ -33,11 +35,13 @@ from rftlib.rollout.base import Rollout, decode_completions
 from rftlib.rollout.sources import Produced, Sampling, Spans, no_spans
 
 STOP_MAX_TURNS = "max_turns"
+STOP_CLOCK = "clock"  # max_episode_seconds ran out before the episode ended
 
 
 def multi_turn(examples: list, *, engine, tok, system_prompt: str | None, reward, sampling: Sampling,
                group_size: int, device, spans: Spans = no_spans, task: Any, env: str, env_args: dict | None = None,
-               max_turns: int, max_trajectory_tokens: int, max_observation_tokens: int = 512) -> Produced:
+               max_turns: int, max_trajectory_tokens: int, max_observation_tokens: int = 512,
+               max_episode_seconds: float | None = None) -> Produced:
     """G episodes per example against environment ``env`` of ``task``; returns the batch as one Rollout
     (prompt-major, G rows per example) whose ``model_mask`` is 0 on the environment's tokens, each row's return,
     and its diagnostics: the environment's counts summed over turns, ``turns``, ``tokens/model``,
@@ -62,8 +66,14 @@ def multi_turn(examples: list, *, engine, tok, system_prompt: str | None, reward
     stop: list[str | None] = [None] * len(envs)
     t_generate = t_env = 0.0
     active = list(range(len(envs)))
+    started = time.time()
     for turn in range(max_turns):
         if not active:
+            break
+        if max_episode_seconds is not None and time.time() - started >= max_episode_seconds:
+            for r in active:  # the episode clock ran out: no further turn
+                stop[r] = STOP_CLOCK
+            active = []
             break
         t = time.time()
         with spans("generate"):

@@ -129,7 +129,7 @@ class Trainer:
             self.rollout_source = functools.partial(
                 self.rollout_source, task=self.task, env=cfg.env, env_args=dict(cfg.env_args), max_turns=cfg.max_turns,
                 max_trajectory_tokens=cfg.max_trajectory_tokens or cfg.max_new_tokens,
-                max_observation_tokens=cfg.max_observation_tokens)
+                max_observation_tokens=cfg.max_observation_tokens, max_episode_seconds=cfg.max_episode_seconds)
         self.step_num = 0
         self.eval_history: list[dict[str, Any]] = []
         self.skipped_steps = 0
