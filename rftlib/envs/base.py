@@ -112,3 +112,4 @@ def make_env(name: str, task: Any, **env_args: Any) -> Environment:
 # ---- the built-in environments, declared once: their factories' "module:attr" (imported on first use) ------
 ENVS.declare("single_turn", "rftlib.envs.single_turn:SingleTurnEnv")
 ENVS.declare("calculator", "rftlib.envs.calculator:CalculatorEnv")
+ENVS.declare("code_feedback", "rftlib.envs.code_feedback:CodeFeedbackEnv")
