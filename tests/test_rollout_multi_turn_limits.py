@@ -190,3 +190,14 @@ def test_the_episode_clock_starts_no_turn_after_it(tiny_dir, monkeypatch):
     assert [(d["turns"], d.get("stop/clock")) for d in got.diags] == [(3.0, 1.0)]
     got = mt.multi_turn(ex, max_episode_seconds=None, **kw)  # no clock: to max_turns
     assert [(d["turns"], d.get("stop/max_turns")) for d in got.diags] == [(6.0, 1.0)]
+
+
+def test_each_turn_samples_fresh_seeds_and_keeps_the_batch_adapter():
+    from rftlib.rollout.multi_turn import TURN_SEED_STRIDE, turn_kwargs
+    from rftlib.rollout.sources import Sampling
+
+    s = Sampling(max_new_tokens=8, temperature=1.0, top_p=1.0, seed=50, adapter="policy-3")
+    assert turn_kwargs(s, 0) == {"seed": 50, "adapter": "policy-3"}
+    assert turn_kwargs(s, 2) == {"seed": 50 + 2 * TURN_SEED_STRIDE, "adapter": "policy-3"}
+    assert turn_kwargs(Sampling(8, 1.0, 1.0), 1) == {}  # HF: its own torch stream, no adapters
+    assert turn_kwargs(Sampling(8, 1.0, 1.0, greedy=True), 0) == {"greedy": True}

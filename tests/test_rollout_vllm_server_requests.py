@@ -182,3 +182,33 @@ def test_the_trainer_rank_reaches_the_engine_settings(monkeypatch):
     assert seen["rank"] == 3
     factory.vllm_engine(inputs, None, None, "run", None)  # one process, no backend: rank 0
     assert seen["rank"] == 0
+
+
+def test_generate_ids_continues_each_context_as_ids_with_its_own_budget_seed_and_adapter():
+    """_VLLMBase.generate_ids (a multi-turn turn on vLLM): each context goes to the engine as its ids with one
+    completion (n 1), its own max_tokens and seed base + i, under the adapter named (held for the call); a row
+    that reached a stop token keeps it and is not truncated, one cut at its budget is, and a greedy call (no
+    logprobs asked for) gets zeros."""
+    from rftlib.rollout.vllm import _VLLMBase
+
+    s = VLLMSettings(model_dir="stub", dtype="float32", lora_rank=0, max_model_len=512, kv_cache_gib=0.0,
+                     gpu_memory_utilization=0.0, enforce_eager=True, tensor_parallel_size=1, num_engines=1,
+                     sleep_mode=False, probe_tol=0.05, seed=7, on_gpu=False, rank=0)
+    sent = []
+    stop = TOK.eos_token_id
+
+    class Engine(_VLLMBase):
+        def _sample(self, prompt_id_lists, params, adapter):
+            sent.append((prompt_id_lists, params, adapter, dict(self.inflight)))
+            rows = [[5, 6, stop, 9], [5, 6, 7, 8, 9]]  # row 0 stops at its third token; row 1 never stops
+            return [(rows[i], [] if p["logprobs"] is None else [-0.5] * len(rows[i])) for i, p in enumerate(params)]
+
+    eng = Engine(s, TOK, "unused")
+    out = eng.generate_ids([[1, 2, 3], [4]], max_new_tokens=[10, 4], temperature=0.7, seed=100)
+    ((ids_sent, params, adapter, held),) = sent
+    assert ids_sent == [[1, 2, 3], [4]] and [p["n"] for p in params] == [1, 1]
+    assert [p["max_tokens"] for p in params] == [10, 4] and [p["seed"] for p in params] == [100, 101]
+    assert adapter == "base" and held == {"base": 1} and eng.inflight.get("base", 0) == 0  # held for the call
+    assert out == [([5, 6, stop], [-0.5] * 3, False), ([5, 6, 7, 8], [-0.5] * 4, True)]
+    greedy = eng.generate_ids([[1]], max_new_tokens=[3], temperature=1.0, greedy=True)
+    assert sent[-1][1][0]["temperature"] == 0.0 and greedy == [([5, 6, stop], [0.0] * 3, False)]

@@ -80,7 +80,7 @@ def multi_turn(examples: list, *, engine, tok, system_prompt: str | None, reward
             outs = engine.generate_ids([trajs[r].context() for r in active],
                                        max_new_tokens=[budget - len(trajs[r].ids) for r in active],
                                        temperature=sampling.temperature, top_p=sampling.top_p,
-                                       **({"greedy": True} if sampling.greedy else {}))
+                                       **turn_kwargs(sampling, turn))
         t_generate += time.time() - t
         t = time.time()
         still = []
@@ -126,6 +126,23 @@ CHARS_PER_TOKEN_BOUND = 64
 """a bound on the characters of one token, used to cut a huge observation's text before tokenizing it (encoding
 10 MB to keep 512 tokens of it would cost seconds): each end keeps ``cap * 64`` characters, more than ``cap``
 tokens of any vocabulary's pieces span"""
+
+
+TURN_SEED_STRIDE = 1_000_003
+"""turn t of a batch samples from base seed + t x this (row i of the call from + i): each turn's rows draw fresh
+streams, never the previous turn's (an engine that takes seeds: vLLM)"""
+
+
+def turn_kwargs(sampling: Sampling, turn: int) -> dict:
+    """The engine keywords of a turn's generate_ids beyond the budget and temperature: greedy when asked, and
+    the seed and adapter (policy version) only when the batch has them (an engine that draws its own seed, or
+    holds no adapters, is called without)."""
+    kw: dict = {"greedy": True} if sampling.greedy else {}
+    if sampling.seed is not None:
+        kw["seed"] = int(sampling.seed) + turn * TURN_SEED_STRIDE
+    if sampling.adapter is not None:
+        kw["adapter"] = sampling.adapter
+    return kw
 
 
 def cap_observation(tok, messages: list[dict], cap: int) -> tuple[list[dict], int]:

@@ -494,6 +494,30 @@ class _VLLMBase:
             self.release(name)
         return assemble_rollout(self.tok, ids, mask, samples, group_size=group_size, stop_ids=self.stop_ids)
 
+    def generate_ids(self, contexts: list[list[int]], *, max_new_tokens: list[int], temperature: float,
+                     top_p: float = 1.0, greedy: bool = False, seed: int | None = None,
+                     adapter: str | None = None) -> list[tuple[list[int], list[float], bool]]:
+        """One continuation of each token-id context (a multi-turn episode's next model turn, token in, token out:
+        the ids go to the engine as ids, ``return_token_ids`` brings the sampled ids back), at most
+        ``max_new_tokens[i]`` tokens for row i: per row (ids up to and including the first stop token, their
+        sampled-token logprobs under the sampling distribution, truncated: no stop token within the budget), as
+        HFEngine.generate_ids. Row i samples with seed ``seed + i``; ``adapter`` as :meth:`generate`."""
+        if seed is None:
+            seed = self.rng.randrange(2**40)
+        params = [sampling_args(n=1, max_new_tokens=m, temperature=temperature, top_p=top_p, greedy=greedy,
+                                seed=seed + i, stop_ids=self.stop_ids) for i, m in enumerate(max_new_tokens)]
+        name = self._acquire(adapter)
+        try:
+            samples = self._sample([list(c) for c in contexts], params, name)
+        finally:
+            self.release(name)
+        stops, out = set(self.stop_ids), []
+        for (ids, lps), m in zip(samples, max_new_tokens):
+            ids, lps = list(ids)[:m], (list(lps) or [0.0] * len(ids))[:m]  # greedy: no logprobs asked for
+            end = next((j + 1 for j, t in enumerate(ids) if t in stops), None)
+            out.append((ids, lps, True) if end is None else (ids[:end], lps[:end], False))
+        return out
+
     wire_dtype: torch.dtype | None = None  # the dtype full weights are sent in (None: as the trainer holds them)
 
     @property
