@@ -117,3 +117,10 @@ def test_a_zero3_record_replays_faithful_on_two_ranks(tmp_path):
     res = replay(run, 2, save=False)
     assert res.weights.startswith("record snapshot") and res.environment_differences == []
     assert res.faithful, res.first_mismatch
+    # the table's gradient is DeepSpeed's, gathered from its partitions (p.grad is empty under ZeRO: the row read
+    # 0.0 and cos nan before): its norm is the trainer's own grad_norm of the step, up to float32 summation order
+    # (DeepSpeed's norm over partitions in float32 vs the gathered tensors' in float64: ~sqrt(n) eps32 relative)
+    rec = {ch["what"]: ch["recorded"] for ch in res.checks}
+    for row in (r for r in res.table if r["config"] == "recorded"):
+        want = rec[f"optimizer step {row['opt_step']}: grad_norm"]
+        assert want > 0 and row["grad_norm"] == pytest.approx(want, rel=1e-3), (row, want)

@@ -203,6 +203,12 @@ class Backend:
 
         tdist.init_process_group(backend=pg_backend, device_id=device if device.type == "cuda" else None)
 
+    def full_grads(self) -> list:
+        """The whole gradient of each of ``self.params`` (None where it has none), after an optimizer step's
+        backward and before it steps: what rft replay's table reads. A backend that partitions gradients gathers
+        them here, a collective: every rank calls it. Whole-model backends: ``p.grad`` (DDP has reduced it)."""
+        return [p.grad for p in self.params]
+
     @staticmethod
     def checkpoint_holds_optimizer(d: Path) -> bool:
         """Whether the checkpoint directory ``d`` holds the optimizer state this backend's ``save`` writes (what

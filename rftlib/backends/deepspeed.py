@@ -264,6 +264,13 @@ class DeepSpeedBackend(Backend):
             torch.save(state, tmp / "trainable.pt")
             torch.save(self.scheduler.state_dict(), tmp / "scheduler.pt")
 
+    def full_grads(self) -> list:
+        """DeepSpeed keeps the gradients in its own partitions, not in ``p.grad`` (the replay's table read 0 there):
+        ``deepspeed.utils.safe_get_full_grad`` gathers each parameter's (ZeRO-3: an all-gather per parameter,
+        every rank in the same order)."""
+        get = import_deepspeed("rft replay's gradient table").utils.safe_get_full_grad
+        return [get(p) for p in self.params]
+
     @staticmethod
     def checkpoint_holds_optimizer(d: Path) -> bool:
         """DeepSpeed's own checkpoint (weights, optimizer partitions) is written under ``d / 'deepspeed'``."""

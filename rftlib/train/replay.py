@@ -461,7 +461,7 @@ class ReplayTrace(UpdateTrace):
                             loss_kw=loss_kw, loss=loss)
         k = len(self.opt) - 1
         params = trainer.backend.params
-        recorded = [None if p.grad is None else p.grad.detach().clone() for p in params]
+        recorded = [None if g is None else g.detach().clone() for g in trainer.backend.full_grads()]
         g_rec = _flat(recorded, params)  # (P,) this optimizer batch's gradient (all ranks': DDP reduced it)
         sides = ClipSides()
         for mb in (m for m in self.micro if m["k"] == k):
