@@ -461,6 +461,7 @@ class ReplayTrace(UpdateTrace):
                             loss_kw=loss_kw, loss=loss)
         k = len(self.opt) - 1
         params = trainer.backend.params
+        saved = [p.grad for p in params]  # what the step goes on with, put back after the counterfactuals
         recorded = [None if g is None else g.detach().clone() for g in trainer.backend.full_grads()]
         g_rec = _flat(recorded, params)  # (P,) this optimizer batch's gradient (all ranks': DDP reduced it)
         sides = ClipSides()
@@ -507,7 +508,7 @@ class ReplayTrace(UpdateTrace):
                 trainer.cfg = cfg0
             g_cf = _flat([p.grad for p in params], params)
             self.rows.append(_table_row(k, name, cf_loss, g_cf, g_rec, _all_ranks(D, sides, mets)))
-        for p, g in zip(params, recorded):
+        for p, g in zip(params, saved):  # the recorded gradient as the backend holds it (DeepSpeed: in its partitions)
             p.grad = g
 
 
