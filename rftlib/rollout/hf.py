@@ -92,6 +92,22 @@ def sample_categorical(probs: torch.Tensor) -> torch.Tensor:
     return torch.searchsorted(cdf, u, right=True).clamp_(max=probs.shape[-1] - 1)  # (N, 1)
 
 
+def sampling_processors(temperature: float, top_p: float, greedy: bool) -> tuple[LogitsProcessorList, "SampleAndRecord | None"]:
+    """The processors a rollout's generate runs in its greedy mode (:func:`sampling_config`): temperature and top-p
+    warpers, then :class:`SampleAndRecord` last (it samples from what the others left and records the logprob);
+    ``greedy``: none (argmax, no recorder)."""
+    processors = LogitsProcessorList()
+    if greedy:
+        return processors, None
+    if temperature != 1.0:
+        processors.append(TemperatureLogitsWarper(temperature))
+    if top_p < 1.0:
+        processors.append(TopPLogitsWarper(top_p))
+    recorder = SampleAndRecord()
+    processors.append(recorder)
+    return processors, recorder
+
+
 class SampleAndRecord(LogitsProcessor):
     """Draws each step's token itself and records log pi_behaviour(token), holding one (N, V) at a time.
 
@@ -212,15 +228,7 @@ class HFEngine:
         # sampling runs in generate's greedy mode: SampleAndRecord draws the token, argmax takes it
         config = sampling_config(max_new_tokens=max_new_tokens, eos_token_id=list(self.stop_ids),
                                  pad_token_id=tok.pad_token_id)
-        processors = LogitsProcessorList()
-        recorder = None
-        if not greedy:
-            if temperature != 1.0:
-                processors.append(TemperatureLogitsWarper(temperature))
-            if top_p < 1.0:
-                processors.append(TopPLogitsWarper(top_p))
-            recorder = SampleAndRecord()
-            processors.append(recorder)  # last: it samples from what the others left
+        processors, recorder = sampling_processors(temperature, top_p, greedy)
         was_training = model.training
         model.eval()
         gathered = self.gather is not None
@@ -279,15 +287,7 @@ class HFEngine:
         ids, mask = ids.to(device), mask.to(device)
         config = sampling_config(max_new_tokens=max(max_new_tokens), eos_token_id=list(self.stop_ids),
                                  pad_token_id=tok.pad_token_id)
-        processors = LogitsProcessorList()
-        recorder = None
-        if not greedy:
-            if temperature != 1.0:
-                processors.append(TemperatureLogitsWarper(temperature))
-            if top_p < 1.0:
-                processors.append(TopPLogitsWarper(top_p))
-            recorder = SampleAndRecord()
-            processors.append(recorder)
+        processors, recorder = sampling_processors(temperature, top_p, greedy)
         was_training = model.training
         model.eval()
         try:
