@@ -92,7 +92,8 @@ def sample_categorical(probs: torch.Tensor) -> torch.Tensor:
     return torch.searchsorted(cdf, u, right=True).clamp_(max=probs.shape[-1] - 1)  # (N, 1)
 
 
-def sampling_processors(temperature: float, top_p: float, greedy: bool) -> tuple[LogitsProcessorList, "SampleAndRecord | None"]:
+def sampling_processors(temperature: float, top_p: float,
+                        greedy: bool) -> tuple[LogitsProcessorList, "SampleAndRecord | None"]:
     """The processors a rollout's generate runs in its greedy mode (:func:`sampling_config`): temperature and top-p
     warpers, then :class:`SampleAndRecord` last (it samples from what the others left and records the logprob);
     ``greedy``: none (argmax, no recorder)."""
