@@ -116,8 +116,9 @@ def test_a_held_out_eval_is_played_in_the_environment(tiny_dir, monkeypatch):
     assert res["n_problems"] == 8 and res["env"] == "one_call_test" and eng.calls == 2
     assert res["greedy_pass@1"] == pytest.approx(want)
     assert res["tool_call_rate"] == 1.0 and res["tool_ok_rate"] == 1.0 and res["mean_turns"] == 2.0
+    ok = len(tok("ok", add_special_tokens=False)["input_ids"])
     for r in res["results"]:
-        assert r["turns"] == 2 and r["stop"] == "answer" and r["length"] == 2 * len(tok("ok", add_special_tokens=False)["input_ids"]) + 2
+        assert r["turns"] == 2 and r["stop"] == "answer" and r["length"] == 2 * (ok + 1)  # two turns, each + stop
         assert r["completion"].count("ok") == 2 and "42" in r["completion"]
 
 
