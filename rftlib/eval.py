@@ -114,6 +114,11 @@ def vote_key(completion: str) -> str | None:
     return key or None
 
 
+FIRST_ATTEMPT_KEY = "correctness_first_attempt"
+"""the info key an environment with retries sets on its last step: whether its first answer was right (the eval's
+greedy_pass@1; rftlib.envs.code_feedback)"""
+
+
 @dataclass(frozen=True)
 class EnvEval:
     """An eval through an environment (issue 40): the attempt's ``env`` and its episode limits, so held-out
@@ -124,15 +129,15 @@ class EnvEval:
     max_turns: int
     max_trajectory_tokens: int
     max_observation_tokens: int = 512
-    max_episode_seconds: float | None = None
 
     @staticmethod
     def of(cfg) -> "EnvEval | None":
         """The eval environment of RunConfig ``cfg``; None for ``single_turn`` (the batched single-turn eval)."""
         if cfg.env == "single_turn":
             return None
+        # no episode clock: a greedy eval's score must not depend on how busy the machine is
         return EnvEval(cfg.env, dict(cfg.env_args), cfg.max_turns, cfg.max_trajectory_tokens or cfg.max_new_tokens,
-                       cfg.max_observation_tokens, cfg.max_episode_seconds)
+                       cfg.max_observation_tokens)
 
 
 @torch.no_grad()
@@ -161,7 +166,8 @@ def greedy_eval(engine, tokenizer, task: Task, examples: list[Example], *, max_n
         out.update(env=env.env, max_turns=env.max_turns, max_trajectory_tokens=env.max_trajectory_tokens,
                    tool_call_rate=sum(r["tool_calls"] > 0 for r in results) / max(n, 1),
                    tool_ok_rate=sum(r["tool_ok"] for r in results) / calls if calls else 0.0,
-                   mean_turns=sum(r["turns"] for r in results) / max(n, 1))
+                   mean_turns=sum(r["turns"] for r in results) / max(n, 1),
+                   correct_final=sum(r["correct_final"] for r in results) / max(n, 1))
     return out
 
 
@@ -177,13 +183,17 @@ def _env_greedy_batch(engine, tokenizer, task: Task, batch: list[Example], env: 
                                        greedy=True),
                      group_size=1, device=device, task=task, env=env.env, env_args=env.env_args,
                      max_turns=env.max_turns, max_trajectory_tokens=env.max_trajectory_tokens,
-                     max_observation_tokens=env.max_observation_tokens, max_episode_seconds=env.max_episode_seconds)
+                     max_observation_tokens=env.max_observation_tokens)
     results = []
     for i, ex in enumerate(batch):
         d, r = got.diags[i], got.rewards[i]
         stop = next((k.split("/", 1)[1] for k in d if k.startswith("stop/")), None)
+        # pass@1 is the first answer's: an environment that gives feedback and retries (code_feedback) reports the
+        # first attempt's correctness (FIRST_ATTEMPT_KEY) beside the final one's, kept as correct_after_feedback
+        first = d.get(FIRST_ATTEMPT_KEY, d.get("correctness", r))
         results.append({"id": ex.id, "prompt": ex.prompt, "answer": ex.answer, "completion": got.rollout.texts[i],
-                        "reward": r, "correct": float(d.get("correctness", r)), "length": int(d["tokens/model"]),
+                        "reward": r, "correct": float(first), "correct_final": float(d.get("correctness", r)),
+                        "length": int(d["tokens/model"]),
                         "has_boxed": float(d.get("has_boxed", 0.0)), "turns": int(d["turns"]),
                         "tool_calls": int(d.get("tool_calls", 0)), "tool_ok": int(d.get("tool_ok", 0)),
                         "stop": stop})

@@ -32,7 +32,7 @@ import torch
 
 from rftlib.attempts import read_attempt, run_dir_path, write_json
 from rftlib.config import RunConfig, make_config
-from rftlib.eval import eval_dtypes, examples_digest, greedy_eval, scored_on
+from rftlib.eval import EnvEval, eval_dtypes, examples_digest, greedy_eval, scored_on
 from rftlib.models.loading import apply_lora, load_model_and_tokenizer, load_trainable_state
 from rftlib.monitor.quiet import quiet_libraries
 from rftlib.rollout.hf import HFEngine
@@ -55,11 +55,16 @@ def _final_step(run_dir: Path, cfg: dict[str, Any]) -> int:
         return int(cfg["num_steps"])
 
 
-def _same_settings(doc: dict[str, Any], *, max_new_tokens: int, digest: str, precision: str) -> bool:
+def _same_settings(doc: dict[str, Any], *, max_new_tokens: int, digest: str, precision: str,
+                   env: EnvEval | None = None) -> bool:
     """Whether an eval file scored what this eval would: greedy, the same max_new_tokens, the same examples
-    (their digest: the same task, task_args, eval_size and limit) in the same precision."""
+    (their digest: the same task, task_args, eval_size and limit) in the same precision, played the same way (a
+    multi-turn attempt's evals through its environment, turns and trajectory budget: never mixed with single-turn
+    scores in one curve)."""
+    played = (None if env is None else [env.env, env.max_turns, env.max_trajectory_tokens])
+    got = (None if doc.get("env") is None else [doc.get("env"), doc.get("max_turns"), doc.get("max_trajectory_tokens")])
     return (doc.get("mode") == "greedy_pass@1" and doc.get("max_new_tokens") == max_new_tokens
-            and doc.get("examples_digest") == digest and doc.get("precision") == precision)
+            and doc.get("examples_digest") == digest and doc.get("precision") == precision and played == got)
 
 
 def attempt_config(run_dir: Path) -> RunConfig:
@@ -92,7 +97,8 @@ def _eval_checkpoints(run_dir: Path, *, limit: int | None = None, max_new_tokens
     digest = examples_digest(examples)
     device = resolve_device(cfg.device)
     weights_dtype, precision = eval_dtypes(cfg.dtype, cfg.eval_dtype, device)
-    same = {"max_new_tokens": mnt, "digest": digest, "precision": precision}
+    env = EnvEval.of(cfg)  # a multi-turn attempt is scored in its environment, as the trainer scored it
+    same = {"max_new_tokens": mnt, "digest": digest, "precision": precision, "env": env}
     results: dict[int, dict[str, Any]] = {}
     todo: list[int] = []
     for s in steps:
@@ -120,7 +126,8 @@ def _eval_checkpoints(run_dir: Path, *, limit: int | None = None, max_new_tokens
     if todo:
         results.update(_evaluate(run_dir, cfg, todo, task=task, examples=examples, limit=limit, max_new_tokens=mnt,
                                  final_step=final_step, batch_size=int(batch_size or cfg.eval_batch_size),
-                                 device=device, weights_dtype=weights_dtype, precision=precision, log=log))
+                                 device=device, weights_dtype=weights_dtype, precision=precision, env=env,
+                                 log=log))
     if not steps:
         log(f"[eval] no checkpoints under {run_dir / 'training_state'}")
     return dict(sorted(results.items()))
@@ -128,7 +135,7 @@ def _eval_checkpoints(run_dir: Path, *, limit: int | None = None, max_new_tokens
 
 def _evaluate(run_dir: Path, cfg: RunConfig, steps: list[int], *, task, examples, limit: int | None,
               max_new_tokens: int, final_step: int, batch_size: int, device: torch.device, weights_dtype: str,
-              precision: str, log: Callable[[str], None]) -> dict[int, dict[str, Any]]:
+              precision: str, log: Callable[[str], None], env: EnvEval | None = None) -> dict[int, dict[str, Any]]:
     """Load the base model once (in the trainer's weights dtype, on its device), then each checkpoint's
     trained parameters in turn."""
     t = time.time()
@@ -145,7 +152,7 @@ def _evaluate(run_dir: Path, cfg: RunConfig, steps: list[int], *, task, examples
         state = torch.load(run_dir / STATE / f"step_{s}" / "trainable.pt", weights_only=True, map_location=device)
         load_trainable_state(model, state)
         res = greedy_eval(engine, tok, task, examples, max_new_tokens=max_new_tokens, batch_size=batch_size,
-                          precision=precision)
+                          precision=precision, env=env)
         res.update(scored_on(cfg))
         res.update(step=s, limit=limit, final=s == final_step, checkpoint=f"training_state/step_{s}",
                    source="rftlib.eval_checkpoints (checkpoint reloaded)", seconds=round(time.time() - t, 2))

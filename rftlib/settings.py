@@ -199,7 +199,7 @@ class RolloutSettings(Section):
     """one token budget for a multi-turn trajectory's completion side, model and environment tokens together
     (None: max_new_tokens). Each turn may sample what is left of it; an environment answer that would pass it is
     not appended and the episode ends (stop reason length), so a trajectory ends with a model turn"""
-    max_observation_tokens: int = ranged(512, ge=8, msg="must be at least 8 tokens")
+    max_observation_tokens: int = ranged(512, ge=32, msg="must be at least 32 tokens (the cut marker takes ~15)")
     """the most tokens one environment message's content may have: a longer one (a tool that prints 10 MB) is cut
     in the middle, its first and last halves kept around a marker saying how much was cut, and counted
     (``obs_cut``); the trajectory budget still applies after it"""

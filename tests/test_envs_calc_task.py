@@ -122,11 +122,71 @@ def test_a_held_out_eval_is_played_in_the_environment(tiny_dir, monkeypatch):
         assert r["completion"].count("ok") == 2 and "42" in r["completion"]
 
 
-def test_a_sampled_eval_through_an_environment_is_refused(tiny_cfg):
+def test_a_sampled_eval_through_an_environment_is_refused_by_the_config(tiny_cfg):
+    """At config time, not when the first eval runs (after eval_steps of training); the eval refuses it too."""
+    from rftlib.config import ConfigError
     from rftlib.train.evaluation import evaluate_probes
 
-    cfg = tiny_cfg(env="calculator", eval_n_samples={"heldout": 4}, eval_temperature={"heldout": 0.6})
+    with pytest.raises(ConfigError, match=r"probe\(s\) \['heldout'\] with env='calculator': evals through an "
+                                          r"environment are greedy"):
+        tiny_cfg(env="calculator", eval_n_samples={"heldout": 4}, eval_temperature={"heldout": 0.6})
+    cfg = tiny_cfg(env="calculator")
+    cfg.eval_n_samples, cfg.eval_temperature = {"heldout": 4}, {"heldout": 0.6}  # past the config's check
     D = type("D", (), {"rank": 0, "world_size": 1, "is_main": False, "distributed": False})()
-    task = multiply_task()
     with pytest.raises(ValueError, match="sampled evals in an environment are not built yet"):
-        evaluate_probes(cfg, None, None, task, D, None, 0, None)
+        evaluate_probes(cfg, None, None, multiply_task(), D, None, 0, None)
+
+
+def test_the_config_refuses_what_multi_turn_cannot_do_yet(tiny_cfg):
+    from rftlib.config import ConfigError
+
+    with pytest.raises(ConfigError, match="multi-turn\) with zero_stage 3"):
+        tiny_cfg(env="calculator", backend="deepspeed", zero_stage=3)
+    with pytest.raises(ConfigError, match="filter_void_turns with dynamic_sampling='mask'"):
+        tiny_cfg(env="calculator", filter_void_turns=True, dynamic_sampling="mask")
+    with pytest.raises(ConfigError, match="max_attempts 5 > max_turns 4"):
+        tiny_cfg(env="code_feedback", env_args={"max_attempts": 5}, max_turns=4)
+    assert tiny_cfg(env="code_feedback", env_args={"max_attempts": 4}, max_turns=4).max_turns == 4
+
+
+def test_with_the_python_tool_the_prompt_still_shows_once():
+    t = multiply_task(tool_prompt=True)
+    (system, _) = CalculatorEnv(t, python=True).reset(t.eval[0], 0)
+    assert system["content"].count(SYSTEM_PROMPT) == 1 and system["content"].count('"name": "python"') == 1
+
+
+class _RetryEnv:
+    """Scripted retries: wrong first, right second (correctness 1 at the end, 0 at the first attempt)."""
+
+    def __init__(self, task):
+        self.turn = 0
+
+    def reset(self, example, seed):
+        return [{"role": "user", "content": example.prompt}]
+
+    def step(self, text, *, truncated=False):
+        from rftlib.envs.base import Step
+
+        self.turn += 1
+        if self.turn == 1:
+            return Step([{"role": "user", "content": "test 1 failed"}], 0.0, False, {"feedback_turns": 1.0})
+        return Step([], 0.8, True, {"correctness": 1.0, "correctness_first_attempt": 0.0, "stop": "answer"})
+
+
+def test_an_eval_with_retries_scores_the_first_attempt_as_pass_at_1(tiny_dir, monkeypatch):
+    from rftlib.envs.base import ENVS
+    from rftlib.eval import EnvEval, greedy_eval
+    from rftlib.eval_checkpoints import _same_settings
+    from rftlib.models.loading import load_model_and_tokenizer
+
+    monkeypatch.setattr(ENVS, "_table", dict(ENVS._table))
+    ENVS.register("retry_test", _RetryEnv)
+    _, tok = load_model_and_tokenizer(str(tiny_dir))
+    env = EnvEval("retry_test", {}, max_turns=3, max_trajectory_tokens=60)
+    res = greedy_eval(_ScriptedEngine(tok), tok, multiply_task(), multiply_task().eval[:4], max_new_tokens=60, env=env)
+    assert res["greedy_pass@1"] == 0.0 and res["correct_final"] == 1.0
+    # a checkpoint re-eval reuses only an eval played the same way (never a single-turn score in a multi-turn curve)
+    same = dict(max_new_tokens=60, digest=res["examples_digest"], precision=res["precision"])
+    assert _same_settings(res, **same, env=env) and not _same_settings(res, **same, env=None)
+    single = {k: v for k, v in res.items() if k not in ("env", "max_turns", "max_trajectory_tokens")}
+    assert _same_settings(single, **same) and not _same_settings(single, **same, env=env)

@@ -166,7 +166,7 @@ def test_environments_are_declared_by_name_and_loaded_lazily(task):
     assert {"single_turn", "calculator"} <= set(ENVS.names())
     assert isinstance(make_env("calculator", task), CalculatorEnv)
     assert isinstance(make_env("single_turn", task), SingleTurnEnv)
-    with pytest.raises(ValueError, match="unknown environment 'calculater'; valid: calculator, single_turn"):
+    with pytest.raises(ValueError, match="unknown environment 'calculater'; valid: calculator, code_feedback, single_turn"):
         make_env("calculater", task)
     # importing the package and naming an environment imports no environment module, nor torch
     code = ("import sys, rftlib.envs as e; e.ENVS.decl('calculator'); "

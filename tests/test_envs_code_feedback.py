@@ -32,6 +32,7 @@ def test_a_first_time_pass_ends_with_the_full_reward(box):
     assert env.reset(EX, 0) == [{"role": "user", "content": "Write double(x)."}]
     step = env.step(RIGHT)
     assert step.done and step.reward == 1.0 and step.info["correctness"] == 1.0 and step.info["attempts"] == 1.0
+    assert step.info["correctness_first_attempt"] == 1.0
 
 
 def test_a_failure_gets_its_failing_test_back_and_a_fix_is_discounted(box):
@@ -46,6 +47,8 @@ def test_a_failure_gets_its_failing_test_back_and_a_fix_is_discounted(box):
     assert "2 attempts left" in msg["content"]
     second = env.step(RIGHT)
     assert second.done and second.reward == 0.5 and second.info["attempts"] == 2.0
+    # right in the end, not at first: an eval's pass@1 reads the first attempt (rftlib.eval.FIRST_ATTEMPT_KEY)
+    assert second.info["correctness"] == 1.0 and second.info["correctness_first_attempt"] == 0.0
 
 
 def test_an_error_shows_its_stderr_and_the_last_attempt_ends_with_its_partial_reward(box):

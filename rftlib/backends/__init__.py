@@ -120,6 +120,11 @@ def zero_rules(inputs: BackendInputs) -> list[str]:
         problems.append("offload_params needs zero_stage 3 (ZeRO-2 partitions no parameters to offload)")
     if scale.zero_stage == 3 and inputs.model.lora_rank == 0:
         problems += zero3_full_weight_rules(inputs)
+    if scale.zero_stage == 3 and inputs.rollout.env != "single_turn":
+        problems.append(f"env='{inputs.rollout.env}' (multi-turn) with zero_stage 3: generating on ZeRO-3 partitions "
+                        "is a collective every rank must join call for call, and each rank's episodes end at "
+                        "their own turn (rftlib.rollout.multi_turn has no lock-step across ranks yet): use zero_stage "
+                        "2, ddp, or a vLLM engine once it is declared able")
     return problems
 
 

@@ -483,6 +483,20 @@ def _validate_scale(cfg: RunConfig, bad) -> None:
             f"got rollout_engine='{cfg.rollout_engine}'")
     if cfg.max_episode_seconds is not None and cfg.max_episode_seconds <= 0:
         bad(f"max_episode_seconds={cfg.max_episode_seconds} must be positive (None: no clock)")
+    if cfg.env != "single_turn":
+        sampled = sorted(p for p in cfg.eval_probes
+                         if cfg.eval_n_samples.get(p, 1) > 1 or cfg.eval_temperature.get(p, 0.0) > 0)
+        if sampled:
+            bad(f"eval_n_samples / eval_temperature of probe(s) {sampled} with env='{cfg.env}': evals through an "
+                "environment are greedy for now (issue 40); set eval_n_samples 1 and eval_temperature 0 for them")
+        if cfg.filter_void_turns and cfg.dynamic_sampling != "off":
+            bad(f"filter_void_turns with dynamic_sampling='{cfg.dynamic_sampling}': dynamic sampling keeps groups by "
+                "all their rewards, void rows included, and the filter drops rows after it, so a kept group can "
+                "leave no signal; use one of the two")
+        if cfg.env == "code_feedback" and int(cfg.env_args.get("max_attempts", 3)) > cfg.max_turns:
+            bad(f"env code_feedback's max_attempts {cfg.env_args.get('max_attempts', 3)} > max_turns {cfg.max_turns}: "
+                "an attempt after max_turns is never scored (its episode would end with return 0); raise "
+                "max_turns or lower max_attempts")
     if cfg.filter_void_turns and cfg.env == "single_turn":
         bad("filter_void_turns drops multi-turn trajectories with a void turn; env='single_turn' has no turns to "
             "judge (set env, e.g. calculator, or leave filter_void_turns false)")

@@ -31,8 +31,9 @@ mode: parsing runs no code) and the tree walked, allowing only numbers (int, flo
 with unary ``+ -`` and parentheses. Bounds keep every call small whatever the model writes: the expression's
 length (``max_chars``), its node count, an exponent's size and the digits of every intermediate result are
 capped before the work is done (``2 ** 10**9`` is refused, not computed). So the tool needs no timeout of its
-own; the per-call timeout and the observation-token cap of the issue are the rollout source's, for tools that
-can hang or flood.
+own. A tool that can hang bounds its own calls (the python tool below: ``python_timeout_s``); the rollout source
+caps each observation's tokens (``max_observation_tokens``) and keeps the episodes' clock between turns
+(``max_episode_seconds``).
 
 With ``python=True`` (``env_args: {python: true}``) a second tool runs Python in the sandbox the code reward uses
 (rftlib.rewards.sandbox: its own uid and namespaces, seccomp, Landlock, rlimits, a wall clock; the process-wide
@@ -298,7 +299,11 @@ class CalculatorEnv:
         randomness."""
         self.example = example
         own = getattr(self.task, "system_prompt", None)
-        system = own if own and self.system_prompt in own else "\n\n".join(p for p in (own, self.system_prompt) if p)
+        base, extra = SYSTEM_PROMPT, self.system_prompt[len(SYSTEM_PROMPT):]
+        if own and self.system_prompt.startswith(base) and base in own:  # the task's prompt is the calculator's
+            system = own if extra in own else own + extra  # (python: its part appended once)
+        else:
+            system = "\n\n".join(p for p in (own, self.system_prompt) if p)
         return [{"role": "system", "content": system}, {"role": "user", "content": example.prompt}]
 
     def step(self, assistant_text: str, *, truncated: bool = False) -> Step:

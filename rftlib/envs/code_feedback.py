@@ -11,8 +11,11 @@ its code extracted, run on the problem's tests in the sandbox, rftlib.rewards.co
 
 Examples must carry their problem as ``example.meta["problem"]`` (a rftlib.rewards.code.CodeProblem: the
 ``code_basics`` and ``code_problems`` tasks do). Only the model's programs are scored; the feedback never reaches
-the reward. Info counts: ``attempts`` (on the last step), ``feedback_turns``, and the code reward's diagnostics of
-the final attempt (``correctness``, ``pass_frac``, ...).
+the reward. Info counts: ``attempts`` (on the last step), ``feedback_turns``, the code reward's diagnostics of
+the final attempt (``correctness``, ``pass_frac``, ...), and ``correctness_first_attempt``: a held-out eval's
+greedy_pass@1 is the first answer's (rftlib.eval), the final one's is ``correct_final`` beside it (the feedback
+shows a failing test's expected value: a later pass is not pass@1). ``max_turns`` must allow ``max_attempts``
+(the config checks it).
 """
 
 from __future__ import annotations
@@ -30,13 +33,14 @@ class CodeFeedbackEnv:
     """Retries with test feedback for a code ``task`` (the module docstring gives the rules). ``sandbox``: the
     pool to run in (default the code reward's process-wide one)."""
 
-    def __init__(self, task: Any, *, max_attempts: int = MAX_ATTEMPTS, discount: float = DISCOUNT, sandbox: Any = None):
+    def __init__(self, task: Any, *, max_attempts: int = MAX_ATTEMPTS, discount: float = DISCOUNT,
+                 sandbox: Any = None):
         if max_attempts < 1:
             raise ValueError(f"code_feedback: max_attempts={max_attempts}; it must be at least 1")
         if not 0 < discount <= 1:
             raise ValueError(f"code_feedback: discount={discount}; it must be in (0, 1]")
         self.task, self.max_attempts, self.discount, self.sandbox = task, max_attempts, discount, sandbox
-        self.example, self.attempt = None, 0
+        self.example, self.attempt, self.first_right = None, 0, 0.0
 
     def reset(self, example: Any, seed: int) -> list[Message]:
         problem = getattr(example, "meta", {}).get("problem")
@@ -55,9 +59,12 @@ class CodeFeedbackEnv:
         self.attempt += 1
         res = code_reward(assistant_text, self.example.meta["problem"], sandbox=self.sandbox)
         solved = res.total > 0 and res.passed == res.total
-        if solved or truncated or self.attempt >= self.max_attempts:
+        if self.attempt == 1:
+            self.first_right = float(solved)
+        if solved or truncated or self.attempt >= self.max_attempts:  # the episode's last step
             diags = {k: v for k, v in res.diagnostics().items() if not k.startswith("test_")}
-            info = {**diags, "attempts": float(self.attempt), "stop": STOP_LENGTH if truncated else STOP_ANSWER}
+            info = {**diags, "attempts": float(self.attempt), "correctness_first_attempt": self.first_right,
+                    "stop": STOP_LENGTH if truncated else STOP_ANSWER}
             return Step([], res.reward * self.discount ** (self.attempt - 1), True, info)
         return Step([{"role": "user", "content": feedback(res, self.example.meta["problem"], self.attempt,
                                                           self.max_attempts)}], 0.0, False, {"feedback_turns": 1.0})

@@ -23,6 +23,7 @@ per-row staleness versions, records of the turn boundaries.
 
 from __future__ import annotations
 
+import hashlib
 import time
 from typing import Any
 
@@ -52,12 +53,12 @@ def multi_turn(examples: list, *, engine, tok, system_prompt: str | None, reward
         raise ValueError(f"env={env!r}: the rollout engine {type(engine).__name__} cannot continue from token ids "
                          "(generate_ids); multi-turn rollouts run on rollout_engine hf for now")
     stop_ids = tuple(engine.stop_ids)
-    base_seed = 0 if sampling.seed is None else int(sampling.seed)
+    base_seed = 0 if sampling.seed is None else int(sampling.seed)  # an example's reset seed: episode_seed()
     envs, trajs, histories, returns, infos = [], [], [], [], []
     for g, ex in enumerate(examples):
         for _ in range(G):  # the same (example, seed) for the whole group: one starting state
             e = make_env(env, task, **(env_args or {}))
-            msgs = check_messages(e.reset(ex, base_seed + g), f"{env}.reset")
+            msgs = check_messages(e.reset(ex, episode_seed(base_seed, ex, g)), f"{env}.reset")
             envs.append(e)
             trajs.append(Trajectory(render_ids(tok, msgs, add_generation_prompt=True)))
             histories.append(list(msgs))
@@ -100,7 +101,8 @@ def multi_turn(examples: list, *, engine, tok, system_prompt: str | None, reward
                 if done or cut:
                     stop[r] = stop[r] or (STOP_LENGTH if cut else "done")
                     continue
-                msgs, cut_n = cap_observation(tok, check_messages(msgs, f"{env}.step"), max_observation_tokens)
+                msgs, cut_n = cap_observation(tok, neutralise_special_tokens(tok, check_messages(msgs, f"{env}.step")),
+                                              max_observation_tokens)
                 if cut_n:
                     infos[r]["obs_cut"] = infos[r].get("obs_cut", 0.0) + cut_n
                 span = env_span(tok, histories[r], msgs, stop_ids=stop_ids)
@@ -120,12 +122,39 @@ def multi_turn(examples: list, *, engine, tok, system_prompt: str | None, reward
     return Produced(ro, returns, diags, t_generate, t_env)
 
 
-CUT_MARK = "\n[... {what} cut ...]\n"
+CUT_MARK = "\n[... of {what} cut ...]\n"
 """what stands in a capped observation where its middle was (:func:`cap_observation`)"""
 CHARS_PER_TOKEN_BOUND = 64
 """a bound on the characters of one token, used to cut a huge observation's text before tokenizing it (encoding
 10 MB to keep 512 tokens of it would cost seconds): each end keeps ``cap * 64`` characters, more than ``cap``
 tokens of any vocabulary's pieces span"""
+
+
+def episode_seed(base: int, example: Any, index: int) -> int:
+    """The seed an example's episodes are reset with: the batch's base plus a stable hash of the example's id (its
+    index in the call when it has none), so a held-out problem starts from the same state whatever the batch size
+    or the number of ranks (every row of its group gets the same seed: one starting state)."""
+    key = getattr(example, "id", None)
+    if key is None:
+        return base + index
+    return base + int.from_bytes(hashlib.sha256(str(key).encode()).digest()[:4], "big")
+
+
+def neutralise_special_tokens(tok, messages: list[dict]) -> list[dict]:
+    """``messages`` with every special token's text in their contents broken by a zero-width space: the template's
+    rendering is encoded with special tokens recognised, so a tool that prints ``<|im_end|>\n<|im_start|>assistant``
+    (model-written code can) would forge turn boundaries and stop tokens inside the environment's span. The
+    content reads the same to a person."""
+    specials = [t for t in getattr(tok, "all_special_tokens", []) if len(t) > 1]
+    specials += [t for t in getattr(tok, "get_added_vocab", dict)() if len(t) > 1 and t not in specials]
+    out = []
+    for m in messages:
+        text = m["content"]
+        hit = [t for t in specials if t in text]
+        for t in hit:
+            text = text.replace(t, t[0] + "\u200b" + t[1:])
+        out.append({**m, "content": text} if hit else m)
+    return out
 
 
 TURN_SEED_STRIDE = 1_000_003
@@ -146,30 +175,35 @@ def turn_kwargs(sampling: Sampling, turn: int) -> dict:
 
 
 def cap_observation(tok, messages: list[dict], cap: int) -> tuple[list[dict], int]:
-    """``messages`` with each content over ``cap`` tokens cut in the middle: its first ``cap // 2`` and last
-    ``cap - cap // 2`` tokens kept, decoded around :data:`CUT_MARK` (which says how much went); and how many
-    messages were cut. The model sees both ends of what the environment said (a traceback's cause is at its end)
+    """``messages`` with each content over ``cap`` tokens cut in the middle to at most ``cap`` tokens, the marker
+    :data:`CUT_MARK` (which says how long the content was) counted in: its first and last tokens kept around the
+    marker; and how many messages were cut. The cap is per message (several tool results of one turn are capped
+    each). The model sees both ends of what the environment said (a traceback's cause is at its end)
     and that something was cut. A content of at most ``cap`` UTF-8 bytes is never tokenized (a token holds at
     least one byte)."""
     out, cut = [], 0
-    head_n, tail_n = cap // 2, cap - cap // 2
     side = cap * CHARS_PER_TOKEN_BOUND
+    n_tokens = lambda s: len(tok(s, add_special_tokens=False)["input_ids"])  # noqa: E731
     for m in messages:
         text = m["content"]
         if len(text.encode("utf-8", "replace")) <= cap:
             out.append(m)
             continue
-        if len(text) <= 2 * side:  # tokenized whole: the count cut is exact
-            ids = tok(text, add_special_tokens=False)["input_ids"]
-            if len(ids) <= cap:
-                out.append(m)
-                continue
-            head, tail, what = ids[:head_n], ids[-tail_n:], f"{len(ids) - cap} tokens"
-        else:  # only its ends are tokenized
-            head = tok(text[:side], add_special_tokens=False)["input_ids"][:head_n]
-            tail = tok(text[-side:], add_special_tokens=False)["input_ids"][-tail_n:]
-            what = f"all but {cap} tokens of {len(text)} characters"
-        out.append({**m, "content": tok.decode(head) + CUT_MARK.format(what=what) + tok.decode(tail)})
+        whole = len(text) <= 2 * side  # tokenized whole (the count cut is exact), else only its ends
+        ids = tok(text, add_special_tokens=False)["input_ids"] if whole else None
+        if whole and len(ids) <= cap:
+            out.append(m)
+            continue
+        mark = CUT_MARK.format(what=f"{len(ids)} tokens, some" if whole else f"{len(text)} characters, most")
+        keep = max(0, cap - n_tokens(mark) - 2)  # the marker counts in the cap, and 1 token each side for re-encoding
+        head_ids = (ids if whole else tok(text[:side], add_special_tokens=False)["input_ids"])[:keep // 2]
+        tail_ids = (ids if whole else tok(text[-side:], add_special_tokens=False)["input_ids"])
+        tail_ids = tail_ids[len(tail_ids) - (keep - keep // 2):] if keep - keep // 2 else []
+        content = tok.decode(head_ids) + mark + tok.decode(tail_ids)
+        while n_tokens(content) > cap and (head_ids or tail_ids):  # a re-encoding that merged differently
+            head_ids, tail_ids = (head_ids[:-1], tail_ids) if len(head_ids) >= len(tail_ids) else (head_ids, tail_ids[1:])
+            content = tok.decode(head_ids) + mark + tok.decode(tail_ids)
+        out.append({**m, "content": content})
         cut += 1
     return out, cut
 
