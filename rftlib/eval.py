@@ -28,6 +28,8 @@ from rftlib.evalmath import EVAL_MODES, _base_mode, check_eval_mode, majority_co
 from rftlib.models.loading import resolve_dtype
 from rftlib.rewards.math import extract_answer, normalize_answer
 from rftlib.rollout.base import format_prompts  # noqa: F401  (moved to the rollout layer; importers of eval keep it)
+from rftlib.rollout.multi_turn import multi_turn
+from rftlib.rollout.sources import Sampling
 
 
 EVAL_DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -174,9 +176,6 @@ def greedy_eval(engine, tokenizer, task: Task, examples: list[Example], *, max_n
 def _env_greedy_batch(engine, tokenizer, task: Task, batch: list[Example], env: EnvEval) -> list[dict[str, Any]]:
     """One greedy episode per example in ``env`` (the multi-turn rollout source, group size 1): per-example results
     as :func:`_greedy_batch` gives them, the transcript as the completion, ``length`` its model tokens."""
-    from rftlib.rollout.multi_turn import multi_turn
-    from rftlib.rollout.sources import Sampling
-
     device = next(engine.model.parameters()).device if hasattr(engine, "model") else torch.device("cpu")
     got = multi_turn(batch, engine=engine, tok=tokenizer, system_prompt=None, reward=None,
                      sampling=Sampling(max_new_tokens=env.max_trajectory_tokens, temperature=1.0, top_p=1.0,

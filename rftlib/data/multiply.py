@@ -25,6 +25,7 @@ import random
 from pathlib import Path
 
 from rftlib.data.base import Example, Task
+from rftlib.envs.calculator import SYSTEM_PROMPT, TOOL_NAME
 from rftlib.rewards.math import math_task_reward
 
 POOL = 2000  # problems drawn: the training pool is what is left after the held-out set
@@ -54,19 +55,13 @@ def multiply_task(eval_size: int = 100, reward_mode: str = "exact", tool_prompt:
         raise ValueError(f"eval_size={eval_size}: the multiply task draws {len(probs)} problems; "
                          f"choose 1..{len(probs) - 1}")
     held, train = probs[:eval_size], probs[eval_size:]
-    system = None
-    if tool_prompt:
-        from rftlib.envs.calculator import SYSTEM_PROMPT
-
-        system = SYSTEM_PROMPT
+    system = SYSTEM_PROMPT if tool_prompt else None
     return Task(name="multiply", train=train, eval=held, reward=math_task_reward(reward_mode), system_prompt=system,
                 probes={"id": random.Random(42).sample(train, 100)}, health_skip=("has_boxed",))
 
 
 def tool_call_text(expression: str) -> str:
     """The one call that answers a problem, in the calculator's format (rftlib.envs.calculator)."""
-    from rftlib.envs.calculator import TOOL_NAME
-
     body = json.dumps({"name": TOOL_NAME, "arguments": {"expression": expression}})
     return f"<tool_call>\n{body}\n</tool_call>"
 

@@ -64,8 +64,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from rftlib.envs.base import STOP_ANSWER, STOP_LENGTH, STOP_VOID, Message, Step
+from rftlib.rewards.code import default_sandbox
 from rftlib.rewards.math import extract_answer
 from rftlib.rewards.registry import as_reward
+from rftlib.rewards.sandbox import Job
 
 TOOL_NAME = "calculator"
 BOXED = 2  # rftlib.rewards.math.extract_answer's parse_method for a \boxed{} answer
@@ -254,9 +256,6 @@ def run_python(code: str, timeout_s: float, sandbox=None) -> tuple[str, dict[str
     """``code`` run as one sandboxed job (rftlib.rewards.sandbox; the process-wide pool unless ``sandbox``):
     (what the model reads, counts). Printed output on success; ``error: <why>`` and the output so far otherwise
     (a program still running at ``timeout_s`` is killed with its descendants: ``tool_timeouts``)."""
-    from rftlib.rewards.code import default_sandbox
-    from rftlib.rewards.sandbox import Job
-
     run = (sandbox or default_sandbox()).run(Job(code, timeout_s=timeout_s))
     out = run.stdout + (("\n" if run.stdout and not run.stdout.endswith("\n") else "") + run.stderr
                         if run.stderr else "")

@@ -23,6 +23,7 @@ from __future__ import annotations
 from typing import Any
 
 from rftlib.envs.base import STOP_ANSWER, STOP_LENGTH, Message, Step
+from rftlib.rewards.code import code_reward
 
 MAX_ATTEMPTS = 3
 DISCOUNT = 0.8
@@ -52,8 +53,6 @@ class CodeFeedbackEnv:
         return ([{"role": "system", "content": own}] if own else []) + [{"role": "user", "content": example.prompt}]
 
     def step(self, assistant_text: str, *, truncated: bool = False) -> Step:
-        from rftlib.rewards.code import code_reward
-
         if self.example is None:
             raise RuntimeError("code_feedback: step() before reset()")
         self.attempt += 1
