@@ -108,7 +108,7 @@ def test_replay_from_the_checkpoint_of_the_step_before(recorded, tmp_path):
 
 def test_a_wrong_checkpoint_is_caught_by_the_logprobs(recorded):
     with pytest.raises(ReplayMismatch, match=r"max \|dlogp\| = .*not the weights step 2 started from"):
-        replay(recorded, 2, weights="ckpt:2", save=False)  # the state after step 2: one update too late
+        replay(other_env, 2, weights="ckpt:2", save=False)  # the state after step 2: one update too late
 
 
 def test_no_weights_close_enough_is_refused(recorded, tmp_path):
@@ -247,24 +247,29 @@ def test_a_start_state_over_the_cap_is_not_copied_and_replays_from_the_checkpoin
 
 
 # ---- another environment: the control (issue 43) ------------------------------------------------------------
+OTHER_THREADS = 999  # a thread count no process of the suite runs with
+
+
 @pytest.fixture
-def other_threads(recorded):
-    """This process with another intra-op thread count than the recording's: an environment that differs. Chosen
-    against the count the record holds, not this process's present one: an earlier test of the suite may have
-    left the process at another count than the recording saw (both control tests then replayed in the recorded
-    environment, in the whole suite only)."""
-    n = torch.get_num_threads()
-    was = records.read_record(recorded, 3).manifest["env"]["threads_per_rank"][0]
-    torch.set_num_threads(2 if was == 1 else 1)
-    yield
-    torch.set_num_threads(n)
+def other_env(recorded, tmp_path):
+    """The recorded attempt as another environment recorded it: a copy whose records say the ranks ran
+    OTHER_THREADS intra-op threads. The replay compares the manifest's environment with its own, so this is a
+    differing environment whatever the suite left this process at (setting torch's thread count here failed in
+    the whole suite twice: something set it back before the replay looked)."""
+    run = tmp_path / recorded.name
+    shutil.copytree(recorded, run, symlinks=True)
+    for m in (run / "records").glob("step_*/manifest.json"):
+        doc = json.loads(m.read_text())
+        doc["env"]["threads_per_rank"] = [OTHER_THREADS] * len(doc["env"]["threads_per_rank"])
+        m.write_text(json.dumps(doc, indent=1))
+    return run
 
 
-def test_in_another_environment_the_control_accepts_the_right_weights(recorded, other_threads):
-    """Threads 1 vs 2: the recorded config on the snapshot runs first as the control; its logprobs are within this
-    precision's measured noise of the record, and every counterfactual row is its difference from the control."""
-    res = replay(recorded, 3, [{"eps_clip": 0.05}], save=False)
-    assert [d for d in res.environment_differences if d.startswith("threads on rank 0")]
+def test_in_another_environment_the_control_accepts_the_right_weights(other_env):
+    """Another thread count: the recorded config on the snapshot runs first as the control; its logprobs are within
+    this precision's measured noise of the record, and every counterfactual row is its difference from the control."""
+    res = replay(other_env, 3, [{"eps_clip": 0.05}], save=False)
+    assert [d for d in res.environment_differences if d.startswith(f"threads on rank 0: recorded {OTHER_THREADS}")]
     assert res.faithful is None and res.verdict.startswith("CONTROLLED")
     c = res.control
     # float32 against float64 on the tiny model: rounding of O(10) logits, 2^-24 relative per operation, over
@@ -286,11 +291,11 @@ def test_in_another_environment_the_control_accepts_the_right_weights(recorded, 
     assert rows[(1, "eps_clip=0.05")]["d_clip_low_frac"] + rows[(1, "eps_clip=0.05")]["d_clip_high_frac"] > 0
 
 
-def test_in_another_environment_a_wrong_checkpoint_is_refused(recorded, other_threads):
+def test_in_another_environment_a_wrong_checkpoint_is_refused(other_env):
     """The state after step 2 offered as step 2's start: the control's logprobs are an update away, far over
     the noise, so the replay refuses it here too (before, another environment checked nothing)."""
     with pytest.raises(ReplayMismatch, match=r"max \|dlogp\| = .* over .*not the weights step 2 started from"):
-        replay(recorded, 2, weights="ckpt:2", save=False)
+        replay(other_env, 2, weights="ckpt:2", save=False)
 
 
 # ---- what a replay shows, and what it refuses (issue 43, defects 2-8) ----------------------------------------
