@@ -108,7 +108,7 @@ def test_replay_from_the_checkpoint_of_the_step_before(recorded, tmp_path):
 
 def test_a_wrong_checkpoint_is_caught_by_the_logprobs(recorded):
     with pytest.raises(ReplayMismatch, match=r"max \|dlogp\| = .*not the weights step 2 started from"):
-        replay(other_env, 2, weights="ckpt:2", save=False)  # the state after step 2: one update too late
+        replay(recorded, 2, weights="ckpt:2", save=False)  # the state after step 2: one update too late
 
 
 def test_no_weights_close_enough_is_refused(recorded, tmp_path):
