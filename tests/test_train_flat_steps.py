@@ -108,6 +108,7 @@ def test_rss_after_the_step_follows_what_the_process_holds(tiny_cfg, task_with):
             held.append(m)
         elif row["step"] == 3:
             held.pop().close()  # munmap: the pages leave the process at once
+
     _train(cfg, task_with(cfg, varied_reward), hold)
     assert rss[3] - rss[2] > 0.8 * mib, rss
     assert rss[3] - rss[4] > 0.8 * mib, rss
