@@ -121,8 +121,8 @@ class AttemptLockedError(RuntimeError):
         elif pid == os.getpid():
             who += " (this process: close() the Trainer that holds it first)"
         super().__init__(f"{self.run_dir.name} is being trained by {who}: a second trainer would write the same "
-                         f"checkpoints and metrics. Wait for it to end or stop it (its Stop button, `rft stop` if "
-                         f"launched, or `kill {pid or 'PID'}`), then resume ({self.run_dir / LOCK_FILE})")
+                         f"checkpoints and metrics. Wait for it to end or stop it (its Stop button, `rft stop "
+                         f"{self.run_dir}`, or `kill {pid or 'PID'}`), then resume ({self.run_dir / LOCK_FILE})")
 
     def __reduce__(self):  # picklable with its fields (a rank or a worker may pass it on)
         return type(self), (self.run_dir, self.pid, self.host)

@@ -137,3 +137,55 @@ def test_every_rank_is_refused_on_a_held_attempt(tiny_cfg):
         assert f"[rank{rank}]: rftlib.attempts.AttemptLockedError: {run_dir.name} is being trained by pid " \
                f"{os.getpid()}" in out, out[-3000:]
     assert trained_steps(run_dir) == []
+
+
+HOLDER = textwrap.dedent("""
+    import sys, time
+    from rftlib.attempts import lock_attempt
+    f = lock_attempt(sys.argv[1])
+    print("holding", flush=True)
+    time.sleep(600)
+""")
+
+
+def test_rft_stop_stops_a_trainer_it_did_not_launch_and_kills_nothing(tiny_cfg):
+    """``rft stop`` of an attempt ``rft train`` or a notebook kernel trains (no rft launch, no control/status.json):
+    it writes the Stop button's control/stop, the trainer checkpoints the step it is in and lets go of the attempt;
+    one that does not let go within --timeout is named and left running (it may be a kernel holding more)."""
+    cfg = tiny_cfg(num_steps=10000, save_steps=1)
+    run_dir = create_attempt(cfg)
+    stop = [sys.executable, "-m", "rftlib.cli", "stop", str(run_dir)]
+    idle = subprocess.run(stop, env=ENV, cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert idle.returncode == 1 and "is not running" in idle.stdout, idle.stdout + idle.stderr
+    assert not (run_dir / "control" / "stop").exists()
+
+    log = run_dir / "holder.log"
+    holder = subprocess.Popen([sys.executable, "-c", TRAINER, str(run_dir), cfg.runs_root], env=ENV, cwd=REPO,
+                              stdout=open(log, "w"), stderr=subprocess.STDOUT)
+    try:
+        wait_for(lambda: ckpt.list_steps(run_dir) or holder.poll() is not None, "the trainer's first checkpoint")
+        assert holder.poll() is None, log.read_text()
+        got = subprocess.run(stop, env=ENV, cwd=REPO, capture_output=True, text=True, timeout=300)
+        assert got.returncode == 0 and f"pid {holder.pid}" in got.stdout and "stopped" in got.stdout, got.stdout
+        assert holder.wait(60) == 0, log.read_text()  # it ended by itself, after its checkpoint
+    finally:
+        if holder.poll() is None:
+            holder.kill()
+            holder.wait(60)
+    steps = trained_steps(run_dir)
+    assert ckpt.list_steps(run_dir)[-1] == steps[-1] < 10000  # the stop's checkpoint is of the last step trained
+    assert json.loads((run_dir / "summary.json").read_text())["stop_reason"] == "stopped by user"
+
+    other = create_attempt(cfg)
+    log = other / "holder.log"
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(other)], env=ENV, cwd=REPO,
+                              stdout=open(log, "w"), stderr=subprocess.STDOUT)
+    try:
+        wait_for(lambda: "holding" in log.read_text() or holder.poll() is not None, "the holder to take the lock")
+        got = subprocess.run(stop[:-1] + [str(other), "--timeout", "1"], env=ENV, cwd=REPO, capture_output=True,
+                             text=True, timeout=120)
+        assert got.returncode == 1 and "nothing was killed" in got.stdout and f"kill {holder.pid}" in got.stdout
+        assert holder.poll() is None  # still running
+    finally:
+        holder.kill()
+        holder.wait(60)

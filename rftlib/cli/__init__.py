@@ -56,7 +56,7 @@ VERBS: dict[str, tuple[str, str]] = {
     "note": ("rftlib.cli.note", "append a dated conclusion (lessons learned, next step) to an attempt"),
     "launch": ("rftlib.cli.launch", "start an attempt detached: trainer ranks and vLLM engines (plan.json)"),
     "attach": ("rftlib.cli.attach", "stream a launched attempt's progress; Ctrl-C detaches, never stops"),
-    "stop": ("rftlib.cli.stop", "stop a launched attempt cleanly (checkpoint first)"),
+    "stop": ("rftlib.cli.stop", "stop an attempt cleanly (checkpoint first): launched, rft train or a notebook"),
     "status": ("rftlib.cli.status", "running and finished attempts at a glance, and the GPUs"),
     "replay": ("rftlib.cli.replay", "replay a recorded step's update, and under other losses (records/step_N)"),
     "smoke": ("rftlib.cli.smoke", "one step per set-up (GPU forms, else CPU forms) and a pass/fail table: run it first"),

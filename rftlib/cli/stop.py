@@ -1,4 +1,5 @@
-"""``rft stop RUN_DIR [--timeout S]``: checkpoint and stop a launched attempt (terminates what is left after S)."""
+"""``rft stop RUN_DIR [--timeout S]``: checkpoint and stop an attempt: a launched one (terminates what is left after
+S), or one a trainer holds (``rft train``, a notebook kernel: asks it to stop and waits, kills nothing)."""
 
 from __future__ import annotations
 

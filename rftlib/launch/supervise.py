@@ -38,8 +38,8 @@ from typing import Any
 import psutil
 import yaml
 
-from rftlib.attempts import (claim_attempt_dir, create_attempt, ensure_unlocked, next_attempt_id, read_attempt,
-                             run_dir_path, runs_root, write_json)
+from rftlib.attempts import (AttemptLockedError, claim_attempt_dir, create_attempt, ensure_unlocked, next_attempt_id,
+                             read_attempt, run_dir_path, runs_root, write_json)
 from rftlib.config import make_config
 from rftlib.monitor.metrics import read_metrics
 
@@ -319,7 +319,7 @@ def stop(run_dir: str | Path, timeout: float | None = None, write=print) -> dict
         timeout = stop_wait_seconds(run_dir)
     st = read_status(run_dir)
     if not st:
-        raise FileNotFoundError(f"{run_dir}/control/status.json: {run_dir} was not launched with rft launch")
+        return _stop_held(run_dir, timeout, write)
     if st.get("state") not in (RUNNING, "starting") or not _supervisor_alive(run_dir):
         write(f"[rft] {run_dir.name} is not running (state {st.get('state')})")
         return st
@@ -338,6 +338,41 @@ def stop(run_dir: str | Path, timeout: float | None = None, write=print) -> dict
     st = read_status(run_dir)
     write(f"[rft] {run_dir.name}: {st.get('state')} - {st.get('reason')}")
     return st
+
+
+def _trainer_pid(run_dir: Path) -> int | None:
+    """The pid of the live trainer that holds the attempt (its control/trainer.lock), None when none holds it."""
+    try:
+        ensure_unlocked(run_dir)
+    except AttemptLockedError as e:
+        return e.pid or -1
+    return None
+
+
+def _stop_held(run_dir: Path, timeout: float, write=print) -> dict[str, Any]:
+    """``rft stop`` of an attempt trained without ``rft launch`` (``rft train``, a notebook kernel, papermill): the
+    same control/stop its live view's Stop button writes, then a wait for its trainer to let go of the attempt's
+    lock (it checkpoints at the end of the step it is in). Nothing is killed after ``timeout``: the holder may be a
+    notebook kernel with more in it than this attempt; the message names its pid."""
+    if not (run_dir / "control").is_dir() and not (run_dir / "config.yaml").exists():
+        raise FileNotFoundError(f"{run_dir}: no attempt there (no control/ or config.yaml)")
+    pid = _trainer_pid(run_dir)
+    if pid is None:
+        write(f"[rft] {run_dir.name} is not running (no trainer holds {run_dir / 'control' / 'trainer.lock'})")
+        return {"state": "not running"}
+    (run_dir / "control").mkdir(exist_ok=True)
+    (run_dir / "control" / "stop").write_text(time.strftime("%Y-%m-%dT%H:%M:%S") + " rft stop\n")
+    write(f"[rft] asked {run_dir.name} to stop (control/stop): its trainer (pid {pid}) checkpoints at the end of its "
+          f"step (waiting up to {timeout:.0f} s)")
+    deadline = time.time() + timeout
+    while time.time() < deadline and _trainer_pid(run_dir) is not None:
+        time.sleep(0.5)
+    if _trainer_pid(run_dir) is not None:
+        write(f"[rft] {run_dir.name} still running after {timeout:.0f} s; nothing was killed (its trainer may be a "
+              f"notebook kernel): wait longer, or `kill {pid}` (its last checkpoint is what a resume continues from)")
+        return {"state": "running", "pid": pid}
+    write(f"[rft] {run_dir.name}: stopped (its trainer let go of the attempt)")
+    return {"state": "stopped", "pid": pid}
 
 
 def main(argv: list[str] | None = None) -> int:
