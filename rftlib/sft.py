@@ -53,7 +53,7 @@ from rftlib.config import ConfigError, RunConfig, make_config
 from rftlib.data.base import Example, Task, build_task, held_out_leaks, normalise_text
 from rftlib.data.benchmarks import import_datasets
 from rftlib.data.jsonl import read_jsonl
-from rftlib.eval import eval_dtypes, greedy_eval, scored_on
+from rftlib.eval import EnvEval, eval_dtypes, greedy_eval, scored_on
 from rftlib.models.loading import apply_lora, compute_dtype, load_model_and_tokenizer
 from rftlib.monitor.metrics import MetricsLogger, read_metrics
 from rftlib.notebooks import preset_overrides
@@ -244,15 +244,22 @@ def format_eval(engine, tok, task: Task, examples: list[Example], cfg: RunConfig
                 run_dir: Path, precision: str | None = None) -> dict[str, Any]:
     """Greedy held-out eval (the trainer's greedy_pass@1) plus the \\boxed{} rate, computed in ``precision``
     (rftlib.eval.eval_dtypes: the rule every eval follows) and written as eval/step_N.json; returns the
-    metrics row."""
+    metrics row. With an ``env`` (a tool-using warm start: sft-calc-cpu) each problem is played greedily in that
+    environment as the RL attempt's evals play it, so the row also says how often the model calls its tool
+    (``eval/heldout/tool_call_rate``) and how often a call runs: what the warm start is for; a single-turn eval
+    would score a transcript that stops at its tool call as wrong."""
     res = greedy_eval(engine, tok, task, examples, max_new_tokens=cfg.max_new_tokens, batch_size=cfg.eval_batch_size,
-                      precision=precision)
+                      precision=precision, env=EnvEval.of(cfg))
     res.update(scored_on(cfg))
     n = max(len(res["results"]), 1)
     res["format_compliance"] = sum(r["has_boxed"] for r in res["results"]) / n
     write_json(run_dir / "eval" / f"step_{step}.json", res)
-    return {"step": step, ACC_KEY: res["greedy_pass@1"], FORMAT_KEY: res["format_compliance"],
-            "eval/heldout/mean_length": res["mean_length"]}
+    row = {"step": step, ACC_KEY: res["greedy_pass@1"], FORMAT_KEY: res["format_compliance"],
+           "eval/heldout/mean_length": res["mean_length"]}
+    for k in ("tool_call_rate", "tool_ok_rate", "mean_turns"):
+        if k in res:
+            row[f"eval/heldout/{k}"] = res[k]
+    return row
 
 
 def _log_callback(logger: MetricsLogger, total: int, write):
@@ -361,7 +368,8 @@ def run_sft(cfg: RunConfig, run_dir: str | Path | None = None, *, write=print) -
         before = format_eval(engine, tok, task, task.eval, cfg, 0, run_dir, precision)
         logger.log(before)
         write(f"[sft] before: held-out {before[ACC_KEY]:.2f} ({precision}), format compliance "
-              f"{before[FORMAT_KEY]:.0%} on {len(task.eval)} problems; {len(rows)} SFT rows from {cfg.sft_data}")
+              f"{before[FORMAT_KEY]:.0%}{_tool_text(before)} on {len(task.eval)} problems; {len(rows)} SFT rows "
+              f"from {cfg.sft_data}")
         t1 = time.time()
         with _one_process_env():
             args = sft_config(cfg, run_dir, amp == torch.bfloat16, max_length, fp16=amp == torch.float16,
@@ -386,6 +394,8 @@ def run_sft(cfg: RunConfig, run_dir: str | Path | None = None, *, write=print) -
                    "best": max(before[ACC_KEY], after[ACC_KEY]),
                    "best_step": cfg.num_steps if after[ACC_KEY] >= before[ACC_KEY] else 0,
                    "format_before": before[FORMAT_KEY], "format_after": after[FORMAT_KEY],
+                   **{f"{k}_{when}": row[f"eval/heldout/{k}"] for when, row in (("before", before), ("after", after))
+                      for k in ("tool_call_rate", "tool_ok_rate") if f"eval/heldout/{k}" in row},
                    "format_threshold": FORMAT_THRESHOLD, "eval_mode": "greedy_pass@1", "eval_dataset": "heldout",
                    "eval_n": len(task.eval), "eval_precision": precision, "sft_rows": len(rows),
                    "sft_rows_too_long": len(dropped), "sft_max_length": max_length, "sft_data_sha256": file_sha256(path),
@@ -403,6 +413,14 @@ def run_sft(cfg: RunConfig, run_dir: str | Path | None = None, *, write=print) -
     return summary
 
 
+def _tool_text(row: dict[str, Any]) -> str:
+    """The eval row's tool figures as a clause of the before line (empty for a single-turn eval)."""
+    if "eval/heldout/tool_call_rate" not in row:
+        return ""
+    return (f", tool calls in {row['eval/heldout/tool_call_rate']:.0%} of episodes "
+            f"({row['eval/heldout/tool_ok_rate']:.0%} of calls ran)")
+
+
 def sft_result_text(summary: dict[str, Any]) -> str:
     """Before/after format compliance and held-out accuracy in words, against the 95% threshold."""
     fb, fa, th = summary["format_before"], summary["format_after"], summary["format_threshold"]
@@ -410,7 +428,10 @@ def sft_result_text(summary: dict[str, Any]) -> str:
     return (f"[sft] {summary['attempt_id']}: format compliance {fb:.0%} -> {fa:.0%} ({verdict} the {th:.0%} of seed 003 "
             f"section 12); held-out {summary['eval_mode']} ({summary.get('eval_precision', 'precision unrecorded')}) "
             f"{summary['baseline']:.2f} -> {summary['final']:.2f} on "
-            f"{summary['eval_n']} problems; {summary['steps']} steps in {summary['train_seconds']:.0f} s.\n"
+            f"{summary['eval_n']} problems"
+            + (f"; tool calls in {summary['tool_call_rate_before']:.0%} -> {summary['tool_call_rate_after']:.0%} of "
+               "episodes" if "tool_call_rate_after" in summary else "")
+            + f"; {summary['steps']} steps in {summary['train_seconds']:.0f} s.\n"
             f"[sft] next: {summary['next']}")
 
 

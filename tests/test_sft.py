@@ -315,3 +315,25 @@ def test_rft_sft_runs_the_notebook_and_writes_the_report(tmp_path, capsys, monke
     html = (tmp_path / "reports" / f"{run_dir.name}.html").read_text()
     assert run_dir.name in html and "format compliance" in html
     assert json.loads((run_dir / "summary.json").read_text())["steps"] == 2
+
+
+def test_a_tool_warm_starts_evals_play_the_environment(tmp_path):
+    """An SFT attempt that names an environment (sft-calc-cpu's warm start for calc-cpu) evaluates before and after
+    by playing each held-out problem in it, greedily, as the RL attempt's evals do: the eval files say which
+    environment and carry each episode's tool calls, and the tool-call rate in the summary and the metrics row is
+    the share of episodes with a call, recounted here from the per-problem results."""
+    cfg = make_config("sft-tiny", {"runs_root": str(tmp_path / "runs"), "num_steps": 1, "task": "multiply",
+                                   "task_args": {"tool_prompt": True}, "env": "calculator", "max_turns": 2,
+                                   "max_trajectory_tokens": 24,
+                                   "sft_data": "data/sft/calc_tool_calls.jsonl", "max_new_tokens": 96})
+    summary = sft.run_sft(cfg, write=lambda s: None)
+    run_dir = load_attempt(summary["run_dir"]).run_dir
+    rows = {r["step"]: r for r in read_metrics(run_dir) if sft.FORMAT_KEY in r}
+    for step, when in ((0, "before"), (1, "after")):
+        res = json.loads((run_dir / "eval" / f"step_{step}.json").read_text())
+        assert res["env"] == "calculator" and res["max_turns"] == 2
+        got = [r for r in res["results"]]
+        assert len(got) == 16 and all("tool_calls" in r and 1 <= r["turns"] <= 2 for r in got)
+        rate = sum(r["tool_calls"] > 0 for r in got) / 16
+        assert summary[f"tool_call_rate_{when}"] == rate == rows[step]["eval/heldout/tool_call_rate"]
+    assert "tool calls in" in sft.sft_result_text(summary)
