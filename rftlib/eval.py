@@ -27,7 +27,7 @@ from rftlib.data.tasks import Example, Task
 from rftlib.evalmath import EVAL_MODES, _base_mode, check_eval_mode, majority_correct, pass_at_k
 from rftlib.models.loading import resolve_dtype
 from rftlib.rewards.math import extract_answer, normalize_answer
-from rftlib.rollout.base import format_prompts  # noqa: F401  (moved to the rollout layer; importers of eval keep it)
+from rftlib.rollout.base import format_prompts, transcript_spans  # noqa: F401  (moved to the rollout layer; importers of eval keep it)
 from rftlib.rollout.multi_turn import multi_turn
 from rftlib.rollout.sources import Sampling
 
@@ -183,6 +183,9 @@ def _env_greedy_batch(engine, tokenizer, task: Task, batch: list[Example], env: 
                      group_size=1, device=device, task=task, env=env.env, env_args=env.env_args,
                      max_turns=env.max_turns, max_trajectory_tokens=env.max_trajectory_tokens,
                      max_observation_tokens=env.max_observation_tokens)
+    ro = got.rollout
+    spans = transcript_spans(tokenizer, ro.completion_ids, ro.completion_mask, ro.model_mask,
+                             getattr(engine, "stop_ids", ()))
     results = []
     for i, ex in enumerate(batch):
         d, r = got.diags[i], got.rewards[i]
@@ -195,7 +198,7 @@ def _env_greedy_batch(engine, tokenizer, task: Task, batch: list[Example], env: 
                         "length": int(d["tokens/model"]),
                         "has_boxed": float(d.get("has_boxed", 0.0)), "turns": int(d["turns"]),
                         "tool_calls": int(d.get("tool_calls", 0)), "tool_ok": int(d.get("tool_ok", 0)),
-                        "stop": stop})
+                        "stop": stop, "transcript": spans[i]})
     return results
 
 

@@ -120,6 +120,11 @@ def test_a_held_out_eval_is_played_in_the_environment(tiny_dir, monkeypatch):
     for r in res["results"]:
         assert r["turns"] == 2 and r["stop"] == "answer" and r["length"] == 2 * (ok + 1)  # two turns, each + stop
         assert r["completion"].count("ok") == 2 and "42" in r["completion"]
+        # the transcript the report shows: the model's two turns as written (their stop token dropped, as in the
+        # completion text), the environment's span between them as the template renders it
+        assert r["transcript"] == [{"who": "model", "text": "ok"},
+                                   {"who": "env", "text": "\n<|im_start|>user\n42<|im_end|>\n<|im_start|>assistant\n"},
+                                   {"who": "model", "text": "ok"}], r["transcript"]
 
 
 def test_a_sampled_eval_through_an_environment_is_refused_by_the_config(tiny_cfg):
@@ -140,7 +145,7 @@ def test_a_sampled_eval_through_an_environment_is_refused_by_the_config(tiny_cfg
 def test_the_config_refuses_what_multi_turn_cannot_do_yet(tiny_cfg):
     from rftlib.config import ConfigError
 
-    with pytest.raises(ConfigError, match="multi-turn\) with zero_stage 3"):
+    with pytest.raises(ConfigError, match=r"multi-turn\) with zero_stage 3"):
         tiny_cfg(env="calculator", backend="deepspeed", zero_stage=3)
     with pytest.raises(ConfigError, match="filter_void_turns with dynamic_sampling='mask'"):
         tiny_cfg(env="calculator", filter_void_turns=True, dynamic_sampling="mask")
@@ -190,3 +195,21 @@ def test_an_eval_with_retries_scores_the_first_attempt_as_pass_at_1(tiny_dir, mo
     assert _same_settings(res, **same, env=env) and not _same_settings(res, **same, env=None)
     single = {k: v for k, v in res.items() if k not in ("env", "max_turns", "max_trajectory_tokens")}
     assert _same_settings(single, **same) and not _same_settings(single, **same, env=env)
+
+
+def test_the_report_shows_a_transcript_with_the_environment_greyed():
+    """A samples or eval row with a ``transcript``: the model's runs as written, the environment's greyed and
+    labelled, escaped; the cut at max_chars counts every run; a row without one is the plain completion."""
+    from rftlib.report.analysis import ENV_STYLE, completion_cell
+
+    row = {"completion": "call<x>", "transcript": [{"who": "model", "text": "call <calc>12*3</calc>"},
+                                                   {"who": "env", "text": "\n<|im_start|>tool\n36<|im_end|>\n"},
+                                                   {"who": "model", "text": "The answer is 36"}]}
+    html = completion_cell(row, 1000)
+    assert "2 model turns" in html
+    assert f'<span style="{ENV_STYLE}" title="environment tokens (mask 0: not in the loss)">\n&lt;|im_start|&gt;tool' \
+           "\n36&lt;|im_end|&gt;\n</span>" in html
+    assert '<span title="model tokens">call &lt;calc&gt;12*3&lt;/calc&gt;</span>' in html
+    cut = completion_cell(row, 25)  # 22 model characters, 3 of the environment's 31, not the 16 after: 69 - 25 left
+    assert "[44 more chars]" in cut and "The answer" not in cut
+    assert completion_cell({"completion": "plain <b>"}, 100).count("plain &lt;b&gt;") == 1

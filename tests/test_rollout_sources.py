@@ -140,7 +140,7 @@ def test_a_multi_turn_step_trains_and_the_environment_tokens_are_masked(tiny_dir
         return real(self, input_ids, scores)
 
     cfg = tiny_cfg(env="two_turn_test", max_turns=2, max_trajectory_tokens=48, lr=5e-2, warmup_ratio=0.0,
-                   save_steps=0, lora_rank=0, record_batches=[1])
+                   save_steps=1, log_samples=64, lora_rank=0, record_batches=[1])
     seen = {}
     tr = Trainer(cfg, progress=False, hooks=[lambda name, s, res: seen.__setitem__(name, res)])
     self_eos = tr.tok.eos_token_id
@@ -170,6 +170,14 @@ def test_a_multi_turn_step_trains_and_the_environment_tokens_are_masked(tiny_dir
         span = tr.tok.decode(ids[start:end])
         assert ids[start:start + len(nl)] == nl  # the boundary newline the engine never generates is the env's
         assert span == f"\n<|im_start|>user\n{_TwoTurnEnv.ANSWER}<|im_end|>\n<|im_start|>assistant\n", span
+    # the samples file (save_steps 1) keeps each logged row's transcript: the environment's run is that span
+    rows = [json.loads(x) for x in (tr.run_dir / "logs" / "samples" / "samples_step1.jsonl").read_text().splitlines()]
+    want = f"\n<|im_start|>user\n{_TwoTurnEnv.ANSWER}<|im_end|>\n<|im_start|>assistant\n"
+    for i, r in enumerate(rows):
+        env_runs = [sp["text"] for sp in r.get("transcript", []) if sp["who"] == "env"]
+        assert env_runs[:1] == ([want] if bool(two_turn[i]) else []), (i, r.get("transcript"))
+        assert [sp["who"] for sp in r.get("transcript", [])][:1] in ([], ["model"])  # a model turn comes first
+    assert any(r.get("transcript") for r in rows), "no logged row reached turn 2"
     assert adv.advantages.abs().max() > 0
     assert moved > 0
     # the step's record keeps the model mask, and replay rebuilds the rollout with it (rftlib.train.replay)

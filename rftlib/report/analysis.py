@@ -71,12 +71,42 @@ def verdict_table(a: Attempt) -> Html:
                  row_status=[v.status for v in vs], raw=(0, 1, 2, 3, 4), cls="rft-verdicts")
 
 
+ENV_STYLE = "background:#f3f4f6;color:#6b7280;font-style:italic"  # environment tokens: greyed, as the inspector does
+
+
+def completion_cell(row: dict[str, Any], max_chars: int) -> str:
+    """A completion as HTML: a multi-turn row's transcript (its ``transcript`` runs: the model's words as written,
+    the environment's greyed and labelled, cut at ``max_chars`` characters in all), else the text as it is."""
+    spans = row.get("transcript")
+    if not spans:
+        return pre(str(row.get("completion", "")), max_chars)
+    parts, left = [], max_chars
+    for sp in spans:
+        text = str(sp.get("text", ""))
+        cut = len(text) > left
+        text = text[:max(left, 0)] + ("\u2026" if cut else "")
+        left -= len(text)
+        if sp.get("who") == "env":
+            parts.append(f'<span style="{ENV_STYLE}" title="environment tokens (mask 0: not in the loss)">{esc(text)}'
+                         "</span>")
+        else:
+            parts.append(f'<span title="model tokens">{esc(text)}</span>')
+        if cut:
+            rest = sum(len(str(s.get("text", ""))) for s in spans) - max_chars
+            parts.append(f" [{rest} more chars]")
+            break
+    turns = sum(sp.get("who") == "model" for sp in spans)
+    return (f'<div style="font-size:11px;color:#6b7280">{turns} model turn{"s" if turns != 1 else ""}; '
+            f'<span style="{ENV_STYLE}">environment</span></div>'
+            '<pre style="white-space:pre-wrap;margin:0;max-width:640px;font-size:12px">' + "".join(parts) + "</pre>")
+
+
 def samples_table(a: Attempt, n: int = 4, max_chars: int = 600) -> Html:
     """The latest logged training completions (logs/samples) with reward and advantage."""
     step, rows = a.samples()
     if not rows:
         return Html("<p><i>No samples logged (samples are written every save_steps).</i></p>")
-    body = [(esc(r.get("prompt", "")), esc(r.get("answer", "")), pre(str(r.get("completion", "")), max_chars),
+    body = [(esc(r.get("prompt", "")), esc(r.get("answer", "")), completion_cell(r, max_chars),
              esc(fmt(r.get("reward"))), esc(fmt(r.get("advantage"))), esc(r.get("truncated", "")))
             for r in rows[:n]]
     return join(f"<p>Training rollouts at step {step} (first {min(n, len(rows))} of {len(rows)} logged).</p>",
@@ -94,7 +124,7 @@ def eval_samples_table(a: Attempt, n: int = 4, max_chars: int = 400) -> Html:
     wrong = [r for r in res if not r.get("correct")]
     pick = (right[: n // 2] + wrong)[:n] if right else wrong[:n]
     body = [(esc(r.get("id")), esc(r.get("prompt", ""))[:300], esc(r.get("answer", ""))[:200],
-             pre(str(r.get("completion", "")), max_chars),
+             completion_cell(r, max_chars),
              status_badge("pass", "yes") if r.get("correct") else status_badge("fail", "no"))
             for r in pick]
     return join(f"<p>Held-out completions at step {step} ({doc.get('mode')}, {len(right)}/{len(res)} correct).</p>",

@@ -117,6 +117,30 @@ def decode_completions(tok, completion_ids: torch.Tensor, completion_mask: torch
     return tok.batch_decode(rows, skip_special_tokens=False)
 
 
+def transcript_spans(tok, completion_ids: torch.Tensor, completion_mask: torch.Tensor, model_mask: torch.Tensor,
+                     stop_ids: Iterable[int] = ()) -> list[list[dict[str, str]]]:
+    """N transcripts of a multi-turn rollout: each row's completion side as the runs of tokens the model sampled
+    (``who`` "model") and the environment put there (``who`` "env": tool output and the turn-boundary tokens of
+    the chat template), each run decoded with special tokens kept, as :func:`decode_completions` decodes; a model
+    run drops the stop token that ended its turn. What the report and the eval files show, so a reader sees which
+    words the model wrote and which it was given (the loss reads only the first)."""
+    drop = {t for t in (tok.eos_token_id, tok.pad_token_id, *stop_ids) if t is not None}
+    out = []
+    # (N, T) each: ids, real-token mask, model-token mask
+    for ids, real, mine in zip(completion_ids.tolist(), completion_mask.tolist(), model_mask.tolist()):
+        runs: list[tuple[bool, list[int]]] = []
+        for t, r, m in zip(ids, real, mine):
+            if r <= 0:
+                continue
+            if not runs or runs[-1][0] != (m > 0):
+                runs.append((m > 0, []))
+            runs[-1][1].append(t)
+        out.append([{"who": "model" if model else "env",
+                     "text": tok.decode([t for t in run if t not in drop] if model else run, skip_special_tokens=False)}
+                    for model, run in runs])
+    return out
+
+
 def format_prompts(tokenizer, examples, system_prompt: str | None = None) -> list[str]:
     """Chat-formatted prompt text (generation prompt appended) for each example (anything with ``.prompt``: a
     rftlib.data.tasks.Example). In the rollout layer, where the single-turn source renders its prompts;

@@ -46,6 +46,7 @@ from rftlib.monitor import records
 from rftlib.monitor.metrics import read_metrics
 from rftlib.monitor.timeline import Timeline, TimelineLog, shares
 from rftlib.rewards.registry import Reward, as_reward
+from rftlib.rollout.base import transcript_spans
 from rftlib.rollout.sources import SOURCES, Sampling, source_name
 from rftlib.train import checkpoint as ckpt
 from rftlib.train import steps
@@ -626,6 +627,10 @@ class Trainer:
                  "tok": upd.tokens, "metrics": upd.micro_metrics, "entropy": upd.entropy,
                  "behaviour_diff": upd.behaviour_diff, "seq_log_ratio": upd.seq_log_ratio, "gns": upd.gns,
                  "versions": versions, "indices": adv.indices}
+        # a multi-turn batch's transcripts (model and environment runs) for the samples file; single-turn: None each
+        local["transcripts"] = (transcript_spans(self.tok, ro.completion_ids, ro.completion_mask, ro.model_mask,
+                                                 getattr(self.engine, "stop_ids", ()))
+                                if not torch.equal(ro.model_mask, ro.completion_mask) else [None] * ro.num_rows)
         parts = D.gather_objects(local)
         allr = {k: [x for p in parts for x in p[k]] for k in local}
         row = step_metrics(allr, upd, timing, step=self.step_num, world_size=D.world_size,

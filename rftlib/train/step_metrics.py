@@ -142,5 +142,6 @@ def write_step_logs(logger, cfg, step: int, row: dict[str, Any], allr: dict[str,
         logger.samples(step, [
             {"prompt": exs[i // G][0], "answer": exs[i // G][1], "completion": allr["texts"][i],
              "reward": allr["rewards"][i], "advantage": allr["advantages"][i],
-             "truncated": bool(allr["truncated"][i])}
+             "truncated": bool(allr["truncated"][i]),
+             **({"transcript": allr["transcripts"][i]} if allr.get("transcripts", [None] * (i + 1))[i] else {})}
             for i in range(min(cfg.log_samples, len(allr["texts"])))])
