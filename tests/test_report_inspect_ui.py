@@ -25,6 +25,7 @@ from test_report_inspect import EXPECTED_CHIPS, HOSTILE, make_row, make_view
 FRAGMENT = "#sort=spread&color=c&cf=gspo&open=0,1&pin=0.2.17"
 REWARDS = [[1, 1, 1, 1], [1, 0, 1, 0], [1, 0, 0, 0], [0.5, 0.5, 0.5, 0.6], [1, 1, 0, 0]]
 N = 4096
+ENV_TOKENS = (5, 6, 7)
 
 
 class _Dom(HTMLParser):
@@ -101,6 +102,7 @@ def page(tmp_path_factory):
             else:
                 rows.append(make_row(i, 20 + r, rng, reward=rew, advantage=rew - statistics.mean(rewards)))
         groups.append(rows)
+    groups[0][1]["env"] = list(ENV_TOKENS)  # a multi-turn row: tokens 5-7 are the environment's
     table = [{"config": "recorded", "loss": -0.0123, "grad_norm": 0.8123, "cos_rec": 1.0},
              {"config": "gspo", "loss": -0.0110, "grad_norm": 0.734, "cos_rec": 0.912}]
     view = make_view(groups, table=table, verdict={"faithful": True, "text": "FAITHFUL (bitwise; cpu float32)"})
@@ -254,3 +256,18 @@ def test_inspector_colours_tokens_by_the_chosen_quantity(dom, page):
         # serialises it with 3 decimals again (5e-4)
         assert abs(float(m[4]) - alpha) <= 5e-4 + 1 / 510 + 5e-4, (m[4], alpha)
     assert coloured >= len(spans) // 2
+
+
+@needs_chrome
+def test_inspector_greys_the_environments_tokens(dom):
+    """A multi-turn row's environment tokens (its ``env`` positions: model mask 0) are greyed (rft-env), carry no
+    quantity's colour and say why on hover; every other token of the row is the model's, coloured as before."""
+    d, _, _ = dom
+    box = d.find("rft-toks", **{"data-group": "0", "data-row": "1"})[0]
+    spans = d.find("rft-tok", within=box)
+    assert len(spans) == 21
+    env = [e for e in spans if "rft-env" in e["attrs"]["class"].split()]
+    assert [int(e["attrs"]["data-t"]) for e in env] == list(ENV_TOKENS)
+    for e in env:
+        assert "background-color" not in (e["attrs"].get("style") or "") and "not in the loss" in e["attrs"]["title"]
+    assert any("background-color" in (e["attrs"].get("style") or "") for e in spans if e not in env)

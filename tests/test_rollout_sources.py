@@ -187,6 +187,15 @@ def test_a_multi_turn_step_trains_and_the_environment_tokens_are_masked(tiny_dir
     again = advantaged(read_record(tr.run_dir, 1), 0, torch.device("cpu")).rollout
     assert torch.equal(again.model_mask, ro.model_mask.cpu()) and torch.equal(again.completion_mask,
                                                                               ro.completion_mask.cpu())
+    # the token inspector's view of the record names each row's environment tokens, which its page greys
+    from rftlib.report.record_view import build_view
+
+    view_rows = [r for g in build_view(tr.run_dir, 1, tok=tr.tok)["groups"] for r in g["rows"]]
+    assert len(view_rows) == ro.num_rows
+    for r in view_rows:
+        n = r["length"]
+        assert r["env"] == [j for j in range(n) if ro.model_mask[r["row"], j] == 0], r["row"]
+        assert bool(r["env"]) == bool(two_turn[r["row"]])
 
 
 def test_a_multi_turn_env_on_an_engine_that_cannot_continue_from_ids_is_refused():

@@ -222,6 +222,9 @@ def check_view(view: Any) -> None:
                  f"must be a list of {n} strings (the row's length), got "
                  f"{len(pieces) if isinstance(pieces, list) else type(pieces).__name__}")
             need(all(isinstance(p, str) for p in pieces), f'{rw}["pieces"]', "every piece must be a str")
+            env = r.get("env") or []
+            need(isinstance(env, list) and all(isinstance(j, int) and 0 <= j < n for j in env), f'{rw}["env"]',
+                 f"must be a list of token positions in [0, {n}) (the environment's tokens), got {env!r:.80}")
             for k, vals in (r.get("values") or {}).items():
                 need(k in known, f'{rw}["values"]["{k}"]',
                      f"not a declared quantity/config (declared: {', '.join(sorted(known))})")
@@ -270,7 +273,7 @@ def page_data(view: dict[str, Any], dtype: str = "float16", tau: float = TAU) ->
                 "components": [[k, _finite_or_text(v)] for k, v in (r.get("components") or {}).items()],
                 "advantage": _finite_or_text(r.get("advantage")), "length": n,
                 "truncated": bool(r.get("truncated")), "skipped": bool(r.get("skipped")),
-                "off": o, "pieces": list(r["pieces"]),
+                "off": o, "pieces": list(r["pieces"]), "env": [int(j) for j in r.get("env") or []],
                 "totals": [[k, _finite_or_text(v)] for k, v in (r.get("totals") or {}).items()],
                 "plan": plan})
         groups.append({"group": g.get("group", len(groups)), "prompt": str(g.get("prompt", "")),

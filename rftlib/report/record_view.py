@@ -190,7 +190,9 @@ def build_view(run_dir: str | Path, step: int, replay_result: dict[str, Any] | N
                     totals[f"clip_frac/{name}"] = float((clip[valid] != 0).float().mean()) if valid.any() else 0.0
                     totals[f"max ratio/{name}"] = float(ratio[valid].max()) if valid.any() else 1.0
                 diag = texts["diags"][i] if i < len(texts["diags"]) else {}
-                rows.append({"row": i, "rank": r, "reward": float(t["rewards"][i]),
+                # a multi-turn record's environment tokens (model mask 0): the page greys them, the loss never read them
+                env = ((t["model_mask"][i, :n] == 0).nonzero().flatten().tolist() if "model_mask" in t else [])
+                rows.append({"row": i, "rank": r, "reward": float(t["rewards"][i]), "env": env,
                              "components": {k: v for k, v in diag.items() if isinstance(v, (int, float))},
                              "advantage": float(t["advantages"][i]), "length": n, "truncated": bool(t["truncated"][i]),
                              "skipped": not bool(q["ran"][i]), "pieces": pieces[r][i], "values": vals,

@@ -498,16 +498,22 @@
     if (scale === "diverging") txt += " \u00b7 \u03a3" + q + " " + fmt1(sum);
     return txt + " \u22ef";
   }
+  function envSet(r) {  // a multi-turn row's environment token positions, as a lookup
+    if (!r._env) { r._env = {}; (r.env || []).forEach(function (j) { r._env[j] = true; }); }
+    return r._env;
+  }
   function fillTokens(box, g, ri, r) {
     while (box.firstChild) box.removeChild(box.firstChild);
     var a = colourArray(S), nm = norm(S), scale = colourScale(S);
     var runs = planFor(r, S).filter(function (x) { return !EXPANDED[g.group + "." + ri + "." + x[0]]; });
     var k = 0, t = 0;
+    var envAt = envSet(r);
     function tok(t) {
-      var s = el("span", "rft-tok");
+      var s = el("span", envAt[t] ? "rft-tok rft-env" : "rft-tok");
       s.dataset.t = t;
       appendPiece(s, r.pieces[t]);
-      if (a) { var bg = colour(a[r.off + t], nm); if (bg) s.style.backgroundColor = bg; }
+      if (envAt[t]) s.title = "environment token (tool output or turn boundary): not sampled, not in the loss";
+      else if (a) { var bg = colour(a[r.off + t], nm); if (bg) s.style.backgroundColor = bg; }
       for (var j = 0; j < CLIPS.length; j++) if (CLIPS[j][r.off + t] !== 0 && CLIPS[j][r.off + t] === CLIPS[j][r.off + t]) { s.classList.add("rft-clipped"); break; }
       if (S.pin && S.pin[0] === g.group && S.pin[1] === ri && S.pin[2] === t) s.classList.add("rft-pinned");
       return s;
@@ -532,8 +538,9 @@
     cv.title = "where the mass is (one column per token): click to go there";
     var ctx = cv.getContext && cv.getContext("2d");
     if (ctx && a && nm && nm.top > 0) {
-      var img = ctx.createImageData(r.length, 1);
+      var img = ctx.createImageData(r.length, 1), envAt = envSet(r);
       for (var t = 0; t < r.length; t++) {
+        if (envAt[t]) { img.data[4 * t] = 156; img.data[4 * t + 1] = 163; img.data[4 * t + 2] = 175; img.data[4 * t + 3] = 90; continue; }
         var v = a[r.off + t], x = Math.min(1, interest(v, scale) / nm.top), neg = scale !== "categorical" && scale !== "sequential" && (scale === "log1" ? v < 1 : v < 0);
         img.data[4 * t] = neg ? 31 : 214; img.data[4 * t + 1] = neg ? 119 : 39; img.data[4 * t + 2] = neg ? 180 : 40;
         img.data[4 * t + 3] = Math.round(255 * Math.sqrt(x));
@@ -559,6 +566,7 @@
     p.appendChild(el("span", "rft-muted", "\u201c")); p.appendChild(ps); p.appendChild(el("span", "rft-muted", "\u201d"));
     tip.appendChild(p);
     tip.appendChild(el("div", "rft-muted", "group " + g.group + " \u00b7 row " + (r.row === null ? ri : r.row) + " \u00b7 token " + t + " of " + r.length));
+    if (envSet(r)[t]) tip.appendChild(el("div", "rft-muted", "environment token: the model did not sample it; no loss term reads it"));
     var tb = el("table"), hr = el("tr");
     hr.appendChild(el("th"));
     D.configs.forEach(function (cf) { hr.appendChild(el("th", null, cf)); });
