@@ -27,7 +27,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
 from rftlib.attempts import create_attempt, read_attempt, run_dir_path, write_json
-from rftlib.config import ConfigError, RunConfig, config_fields, diff, make_config
+from rftlib.config import ConfigError, RunConfig, config_fields, diff, make_config, to_dict
 from rftlib.monitor.metrics import read_metrics
 from rftlib.monitor.quiet import quiet_libraries
 from rftlib.preflight.lr import lr_preflight_for_steps
@@ -65,6 +65,8 @@ class Run:
     resume: bool
     nb: dict[str, Any] = field(default_factory=dict)
     summary: dict[str, Any] | None = None
+    changed: dict[str, tuple[Any, Any]] = field(default_factory=dict)
+    """a resume's changes to the attempt's config: {field: (before, now)}"""
 
 
 def start(ns: dict[str, Any]) -> Run:
@@ -79,13 +81,21 @@ def start(ns: dict[str, Any]) -> Run:
             overrides["num_steps"] = done + int(nb["additional_steps"])
         overrides.setdefault("stop_after_steps", None)
         cfg = resume_config(run_dir, **{k: v for k, v in overrides.items() if saved.get(k) != v or k == "num_steps"})
-        if cfg.num_steps != saved.get("num_steps"):  # the attempt was extended: its record says so
+        now = to_dict(cfg)
+        changed = {k: (saved.get(k), now[k]) for k in overrides if k in now and saved.get(k) != now[k]}
+        if changed:
+            # the attempt's record follows the resume: config.yaml holds what the steps from here run with (a later
+            # resume without overrides keeps it: a k = 3 attempt resumed at k = 1 stays at 1), and ``resumes`` says
+            # from which step what changed, so the report and the log tell both halves apart
             doc = read_attempt(run_dir)
-            doc.setdefault("resumes", []).append({"from_num_steps": saved.get("num_steps"),
-                                                  "to_num_steps": cfg.num_steps})
-            doc["config"]["num_steps"] = cfg.num_steps
+            entry: dict[str, Any] = {"at_step": _checkpoint_step(run_dir),
+                                     "changed": {k: [a, b] for k, (a, b) in changed.items()}}
+            if "num_steps" in changed:
+                entry.update(from_num_steps=saved.get("num_steps"), to_num_steps=cfg.num_steps)
+            doc.setdefault("resumes", []).append(entry)
+            doc["config"].update({k: b for k, (_, b) in changed.items()})
             (run_dir / "config.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
-        return Run(cfg, run_dir, True, nb)
+        return Run(cfg, run_dir, True, nb, changed=changed)
     cfg = make_config(nb["preset"], overrides)
     pre = lr_preflight(cfg)
     if pre.verdict == "refuse" and not nb["skip_preflight"]:
@@ -103,11 +113,22 @@ def lr_preflight(cfg: RunConfig):
                                   min_lr_ratio=cfg.min_lr_ratio, steps_per_rollout=cfg.optimizer_steps_per_rollout)
 
 
+def _checkpoint_step(run_dir: Path) -> int | None:
+    """The step of the attempt's latest checkpoint (its trainer_state.json), None where it cannot be read."""
+    try:
+        return int(json.loads((latest_dir(run_dir) / "trainer_state.json").read_text())["step"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 def describe(run: Run) -> str:
     """The attempt's id and how its config differs from the defaults."""
     d = diff(RunConfig(), run.cfg)
     rows = [f"attempt {run.run_dir.name}" + (" (resumed)" if run.resume else ""), f"run dir: {run.run_dir}"]
     rows += [f"  {k}: {a!r} -> {b!r}" for k, (a, b) in d.items()] or ["  (all defaults)"]
+    if run.changed:
+        rows.append("changed at this resume (the attempt's earlier steps ran with the first value):")
+        rows += [f"  {k}: {a!r} -> {b!r}" for k, (a, b) in run.changed.items()]
     rows.append(f"LR preflight: {lr_preflight(run.cfg).message}")
     return "\n".join(rows)
 

@@ -277,7 +277,7 @@ def test_the_dry_run_promises_no_wait_that_no_code_does():
 
 
 def test_a_k3_checkpoint_resumes_at_k1_and_a_session_generates_only_what_it_trains(tiny_cfg, task_with,
-                                                                                     monkeypatch):
+                                                                                     monkeypatch, capsys):
     """Three sessions of one attempt on an engine off the module (5 steps). (1) max_staleness 3, one step, a
     checkpoint: batches 2-4 pending. (2) Resumed at max_staleness 1 with stop_after_steps 3: steps 2-4 (it died at
     step 4 with "staleness 2 > max_staleness 1": the three pending batches were generated at once by version 1),
@@ -302,7 +302,11 @@ def test_a_k3_checkpoint_resumes_at_k1_and_a_session_generates_only_what_it_trai
     assert state["sync_probe"]["noises"] == noises == [0.001, 0.002]  # the first sync's and step 1's
 
     cfg = resume_config(run_dir, max_staleness=1, stop_after_steps=3)
+    capsys.readouterr()
     tr = Trainer(cfg, run_dir, resume=True, task=task_with(cfg, isdigit_share), progress=False)
+    said = capsys.readouterr().out
+    assert "[rft] resume: 3 batch(es) the checkpoint had permitted but not trained (step 2, 3, 4)" in said, said
+    assert "when max_staleness 1 allows" in said
     try:
         assert list(tr.engine.probe_noises) == noises + [0.001]  # restored, then the resume's first sync
         tr.train()

@@ -42,6 +42,12 @@ def header(a: Attempt) -> Html:
         rows.append(("format compliance", format_html(a)))
     if a.config.get("init_adapter"):
         rows.append(("started from", parent_html(a)))
+    changes = [r for r in a.resumes if r.get("changed")]
+    if changes:  # the config shown is the last resume's: what the earlier steps ran with is here
+        rows.append(("resumed with changes", "<br>".join(
+            esc(f"from step {r.get('at_step', '?')}: " + ", ".join(f"{k} {v[0]!r} \u2192 {v[1]!r}"
+                                                                  for k, v in r["changed"].items()))
+            for r in changes)))
     if a.summary and a.summary.get("precision"):  # what trainer and engines computed in; why, when not the GPU's
         p = a.summary["precision"]
         rows.append(("precision", esc(f"trainer: {p.get('trainer')}; rollouts: {p.get('engine')}") +

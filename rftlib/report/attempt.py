@@ -53,6 +53,8 @@ class Attempt:
     provenance: dict[str, Any]
     summary: dict[str, Any] | None
     metrics: list[dict[str, Any]] = field(repr=False)
+    resumes: list[dict[str, Any]] = field(default_factory=list)
+    """config.yaml's record of each resume that changed the config: {at_step, changed: {field: [before, now]}}"""
 
     # ---- the metrics, split -------------------------------------------------------------------
     @property
@@ -247,7 +249,7 @@ def load_attempt(run_dir: str | Path) -> Attempt:
     summary = _read_json(run_dir / "summary.json")
     return Attempt(run_dir=run_dir, attempt_id=doc.get("attempt_id", run_dir.name), config=doc.get("config", {}),
                    provenance=doc.get("provenance", {}), summary=summary if isinstance(summary, dict) else None,
-                   metrics=read_metrics(run_dir))
+                   metrics=read_metrics(run_dir), resumes=list(doc.get("resumes") or []))
 
 
 def list_attempts(runs_root: str | Path) -> list[Attempt]:

@@ -165,6 +165,11 @@ class Trainer:
                                   next_seed=self._next_seed, produce=self.produce, engine=self.engine,
                                   version=self.step_num, adapter=getattr(self.engine, "adapter", None))
         self.source.load_pending(self._pending)
+        if self._pending and D.is_main:
+            b = sorted(int(p["batch"]) for p in self._pending)
+            print(f"[rft] resume: {len(b)} batch(es) the checkpoint had permitted but not trained (step "
+                  f"{', '.join(map(str, b))}) are generated first, from the resumed weights, each when max_staleness "
+                  f"{cfg.max_staleness} allows: their prompts are trained once, none skipped", flush=True)
 
     @property
     def optimizer(self):
