@@ -212,3 +212,20 @@ def test_validation_controls_on_fizzbuzz_run_in_the_sandbox():
     assert r == 1.0 and d["tests_passed"] == d["tests_total"] == 5  # the seed's 5 test cases
     r, d = task.reward(wrong, ex, False)
     assert r < 1.0 and d["tests_passed"] < 5
+
+
+def test_the_step_line_shows_turns_and_tool_success_for_a_multi_turn_run():
+    """The live view's and the text view's line (status_line): a multi-turn row's mean turns, tool calls per
+    trajectory and the share of calls that ran (tool_ok / tool_calls: 0.9 of 1.2 -> 75%); a single-turn row has
+    neither."""
+    from rftlib.config import make_config
+    from rftlib.report.live import status_line
+
+    cfg = make_config("tiny")
+    base = {"step": 3, "reward_mean": 0.5, "loss": 0.1, "grad_norm": 0.2, "ppo_clip_ratio": 0.0,
+            "response_length_mean": 20.0, "truncated": 0.0}
+    line = status_line({**base, "turns": 2.25, "tool_calls": 1.2, "tool_ok": 0.9}, cfg)
+    assert "turns 2.2" in line and "tools 1.20/traj (75% ran)" in line, line
+    assert "tools 0.00/traj" in status_line({**base, "turns": 1.0, "tool_calls": 0.0, "tool_ok": 0.0}, cfg)
+    plain = status_line(base, cfg)
+    assert "turns" not in plain and "tools" not in plain

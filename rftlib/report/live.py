@@ -109,6 +109,13 @@ def status_line(row: dict[str, Any], cfg: RunConfig, last_eval: float | None = N
         parts.append(f"kl {_num(row, 'kl')}")
     parts += [f"grad {_num(row, 'grad_norm')}", f"clip {_num(row, 'ppo_clip_ratio', '.2f')}",
               f"len {_num(row, 'response_length_mean', '.0f')}", f"trunc {_num(row, 'truncated', '.2f')}"]
+    if isinstance(row.get("turns"), (int, float)):  # a multi-turn environment (rftlib.rollout.multi_turn)
+        parts.append(f"turns {row['turns']:.1f}")
+        calls = row.get("tool_calls")
+        if isinstance(calls, (int, float)):  # means over rows: calls per trajectory, and the share that ran
+            ok = row.get("tool_ok")
+            parts.append(f"tools {calls:.2f}/traj" + (f" ({ok / calls:.0%} ran)" if calls > 0 and isinstance(
+                ok, (int, float)) else ""))
     if last_eval is not None:
         parts.append(f"held-out {last_eval:.3f}")
     if isinstance(row.get("timing/step"), (int, float)):
