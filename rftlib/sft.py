@@ -119,6 +119,8 @@ def load_sft_rows(path: Path, task: Task) -> list[dict[str, str]]:
       format): the format taught would not be the one RL and the eval show the model.
     """
     rows = read_jsonl(path, required=["input", "output"])
+    for i, r in enumerate(rows):
+        check_context(r.get("context"), f"{path} line {i + 1}")
     leaks = held_out_leaks(task, [r["input"] for r in rows])
     if leaks:
         sets = ", ".join(f"{n} in '{k}'" for k, n in Counter(lk.eval_set for lk in leaks).items())
@@ -145,12 +147,36 @@ def load_sft_rows(path: Path, task: Task) -> list[dict[str, str]]:
     return [{**r, "prompt": task.prompt_for(r["input"])} for r in rows]
 
 
+CONTEXT_ROLES = ("assistant", "tool", "user")
+"""roles a row's ``context`` may hold: the model's earlier turns and what the environment answered"""
+
+
+def check_context(context, where: str) -> None:
+    """A row's optional ``context`` (a later turn of a multi-turn transcript: ReTool's cold start trains the answer
+    after the tool's result too): a list of {"role", "content"} messages between the user turn and the trained
+    assistant turn. ConfigError naming the row otherwise."""
+    if context is None:
+        return
+    ok = isinstance(context, list) and all(
+        isinstance(m, dict) and m.get("role") in CONTEXT_ROLES and isinstance(m.get("content"), str) for m in context)
+    if not ok:
+        raise ConfigError(f"sft_data {where}: 'context' must be a list of messages {{\"role\": one of "
+                          f"{list(CONTEXT_ROLES)}, \"content\": text}} (the turns between the user's and the trained "
+                          f"answer), got {context!r:.160}")
+
+
+def row_messages(r: dict, system_prompt: str | None) -> list[dict]:
+    """A row's prompt as chat messages: the system prompt, the user turn (its ``prompt``), then its ``context``
+    (earlier model turns and the environment's answers, for a later turn of a transcript)."""
+    sys_msg = [{"role": "system", "content": system_prompt}] if system_prompt else []
+    return sys_msg + [{"role": "user", "content": r.get("prompt", r["input"])}] + list(r.get("context") or [])
+
+
 def to_dataset(rows: list[dict[str, str]], system_prompt: str | None):
     """Conversational prompt-completion rows: SFTTrainer renders them with the chat template and,
-    with completion_only_loss, masks the prompt (system + user turn) out of the loss."""
+    with completion_only_loss, masks the prompt (system + user turn, and a later turn's context) out of the loss."""
     _, _, Dataset = _trl()
-    sys_msg = [{"role": "system", "content": system_prompt}] if system_prompt else []
-    return Dataset.from_list([{"prompt": sys_msg + [{"role": "user", "content": r.get("prompt", r["input"])}],
+    return Dataset.from_list([{"prompt": row_messages(r, system_prompt),
                                "completion": [{"role": "assistant", "content": r["output"]}]} for r in rows])
 
 
@@ -165,10 +191,9 @@ def row_lengths(tok, rows: list[dict[str, str]], system_prompt: str | None) -> l
     diverge): ``prompt``, ``completion`` (every token after the prompt, the template's turn end included),
     ``generated`` (the completion up to and including the first end-of-sequence token: what a rollout of the same
     answer generates, the number ``max_new_tokens`` caps) and ``total``."""
-    sys_msg = [{"role": "system", "content": system_prompt}] if system_prompt else []
     out = []
     for r in rows:
-        prompt = sys_msg + [{"role": "user", "content": r.get("prompt", r["input"])}]
+        prompt = row_messages(r, system_prompt)
         p_ids = _ids(tok.apply_chat_template(prompt, tokenize=True, add_generation_prompt=True))
         full = _ids(tok.apply_chat_template(prompt + [{"role": "assistant", "content": r["output"]}], tokenize=True))
         n = next((i for i, (a, b) in enumerate(zip(p_ids, full)) if a != b), min(len(p_ids), len(full)))

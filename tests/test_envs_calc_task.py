@@ -23,14 +23,28 @@ def test_the_multiply_task_is_split_and_its_answers_are_the_products():
 
 
 def test_the_warm_start_rows_are_training_problems_each_answered_by_its_call():
+    """Two rows per training problem, the episode the environment plays: the call (its expression evaluates to
+    the answer), then, after that call and the calculator's result as the environment renders it, the boxed
+    answer the task's reward scores 1 and the environment ends the episode on."""
+    from rftlib.envs.calculator import CalculatorEnv
+
     t = multiply_task()
     train = {e.prompt: e for e in t.train}
     rows = sft_rows(40)
-    assert len({r["input"] for r in rows}) == 40
-    for r in rows:
-        ex = train[r["input"]]  # a KeyError is a held-out problem (or none of the task's)
-        (call,) = parse_tool_calls(r["output"])
+    assert len(rows) == 80 and len({r["input"] for r in rows}) == 40
+    for first, second in zip(rows[::2], rows[1::2]):
+        ex = train[first["input"]]  # a KeyError is a held-out problem (or none of the task's)
+        assert second["input"] == first["input"] and "context" not in first
+        (call,) = parse_tool_calls(first["output"])
         assert call.error is None and str(evaluate(call.expression)) == ex.answer
+        env = CalculatorEnv(t)
+        env.reset(ex, 0)
+        got = env.step(first["output"])  # what the environment answers the call with
+        (result,) = got.messages
+        assert second["context"] == [{"role": "assistant", "content": first["output"]},
+                                     {"role": result["role"], "content": result["content"]}]
+        end = env.step(second["output"])
+        assert end.done and end.reward == 1.0 and end.info["stop"] == "answer"
 
 
 def test_the_calculator_prompt_is_shown_once():

@@ -64,6 +64,37 @@ def test_sft_loss_is_on_the_completion_only(sft_run, tmp_path):
     assert kept.startswith("The answer is \\boxed{3}.") and "Calculate" not in kept and "user" not in kept
 
 
+def test_a_later_turns_row_trains_only_its_answer_after_the_context(sft_run, tmp_path):
+    """A row with ``context`` (the call and the tool's result before the trained answer: the warm start's second
+    row per problem): the context is prompt, rendered as the chat template renders those turns, and the labels
+    keep exactly the answer; a context that is not a list of role/content messages is refused naming the line."""
+    from rftlib.models.loading import load_model_and_tokenizer
+
+    cfg, _ = sft_run
+    _, SFTTrainer, _ = sft._trl()
+    model, tok = load_model_and_tokenizer("tiny")
+    row = {"input": "Calculate 12 * 345.", "output": "The product is \\boxed{4140}.",
+           "context": [{"role": "assistant", "content": "<tool_call>12 * 345</tool_call>"},
+                       {"role": "tool", "content": "4140"}]}
+    tr = SFTTrainer(model=model, args=sft.sft_config(cfg, tmp_path, False), train_dataset=sft.to_dataset([row], None),
+                    processing_class=tok)
+    batch = tr.data_collator([tr.train_dataset[0]])
+    labels, ids = batch["labels"][0], batch["input_ids"][0]
+    kept = tok.decode(labels[labels != -100])
+    assert kept.startswith("The product is \\boxed{4140}.") and "tool_call" not in kept and "4140}" in kept
+    assert "<|im_start|>tool\n4140<|im_end|>" in tok.decode(ids)  # the context is in the sequence, as prompt
+    n = sft.row_lengths(tok, [row], None)[0]
+    assert n["prompt"] == len(sft._ids(tok.apply_chat_template(sft.row_messages(row, None), tokenize=True,
+                                                               add_generation_prompt=True)))
+    path = tmp_path / "bad.jsonl"
+    path.write_text(json.dumps({"input": "Calculate 1 * 2.", "output": "2"}) + "\n"
+                    + json.dumps({"input": "Calculate 1 * 3.", "output": "3", "context": "4140"}) + "\n")
+    from rftlib.data.multiply import multiply_task
+
+    with pytest.raises(ConfigError, match=r"bad.jsonl line 2: 'context' must be a list of messages"):
+        sft.load_sft_rows(path, multiply_task())
+
+
 def test_sft_refuses_a_split_that_holds_held_out_prompts(tmp_path):
     from rftlib.data.base import build_task
 

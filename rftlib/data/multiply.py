@@ -14,7 +14,7 @@ Problems are drawn with a fixed seed from the 90 x 900 products, a training pool
 shows (CalculatorEnv does not repeat it); off for the no-tool arm.
 
 ``python -m rftlib.data.multiply --sft PATH [--rows N]`` writes the warm start's rows: training-pool problems,
-each with the one tool call that answers it.
+each as two rows: its tool call, and the boxed answer after the tool's result.
 """
 
 from __future__ import annotations
@@ -66,11 +66,27 @@ def tool_call_text(expression: str) -> str:
     return f"<tool_call>\n{body}\n</tool_call>"
 
 
-def sft_rows(n: int, seed: int = 0) -> list[dict[str, str]]:
-    """``n`` warm-start rows from the training pool: {"input": the problem, "output": its tool call}."""
+def answer_text(product: int) -> str:
+    """The final answer after the tool's result, boxed as the task's reward reads it."""
+    return f"The product is \\boxed{{{product}}}."
+
+
+def sft_rows(n: int, seed: int = 0) -> list[dict]:
+    """Warm-start rows for ``n`` training-pool problems, two per problem, the whole episode as ReTool's cold start
+    has it: the call ({"input": the problem, "output": its tool call}) and the answer after the tool's result
+    ({"input", "context": [the call, the tool's result], "output": the boxed product}). With the call alone the
+    model learned to call and never to answer (100% calls, 0% correct after SFT: it called again every turn)."""
     train = multiply_task().train
     picked = random.Random(seed).sample(train, n)
-    return [{"input": e.prompt, "output": tool_call_text(f"{e.meta['a']} * {e.meta['b']}")} for e in picked]
+    rows: list[dict] = []
+    for e in picked:
+        a, b = e.meta["a"], e.meta["b"]
+        call = tool_call_text(f"{a} * {b}")
+        rows.append({"input": e.prompt, "output": call})
+        rows.append({"input": e.prompt, "context": [{"role": "assistant", "content": call},
+                                                    {"role": "tool", "content": str(a * b)}],
+                     "output": answer_text(a * b)})
+    return rows
 
 
 def main(argv: list[str] | None = None) -> int:
