@@ -190,7 +190,7 @@ class RolloutSettings(Section):
     single_turn (default): today's rollout, one prompt and one scored completion (the single_turn rollout source,
     bit for bit). Any other: the multi_turn rollout source (rftlib.rollout.multi_turn), token-in/token-out over
     up to max_turns model turns, the environment's tokens in the completion with model mask 0 (issue 40);
-    HF generate only for now"""
+    engines hf and vllm (a server engine keeps each group on one server across its turns)"""
     env_args: dict = field(default_factory=dict)
     """extra arguments of the environment's factory (``make_env(env, task, **env_args)``)"""
     max_turns: int = ranged(4, ge=1, msg="must be at least 1 model turn")

@@ -198,12 +198,19 @@ def test_a_multi_turn_step_trains_and_the_environment_tokens_are_masked(tiny_dir
         assert bool(r["env"]) == bool(two_turn[r["row"]])
 
 
-def test_a_multi_turn_env_on_an_engine_that_cannot_continue_from_ids_is_refused():
+def test_a_multi_turn_env_on_an_engine_that_cannot_continue_from_ids_is_refused(monkeypatch):
     """The multi-turn source continues from token ids (the engine kind's continues_from_ids): an engine that
-    declares none is refused at config time, naming the engines that can."""
+    declares none (one registered here) is refused at config time, naming the engines that can; hf and vllm
+    (server placement, as max_staleness 1 needs) are accepted."""
     from rftlib.config import ConfigError, make_config
+    from rftlib.rollout.kinds import ENGINES
 
+    monkeypatch.setattr(ENGINES, "_table", dict(ENGINES._table))
+    ENGINES.declare("no_ids_test", "rftlib.rollout.factory:hf_engine", on_trainer_module=True)
     with pytest.raises(ConfigError, match=r"env='calculator'.* needs an engine that continues from token ids: "
-                                          r"rollout_engine hf\b"):
-        make_config("tiny", {"env": "calculator", "rollout_engine": "vllm"})
+                                          r"rollout_engine hf, vllm; got rollout_engine='no_ids_test'"):
+        make_config("tiny", {"env": "calculator", "rollout_engine": "no_ids_test"})
     assert make_config("tiny", {"env": "calculator"}).env == "calculator"  # hf: accepted
+    cfg = make_config("tiny", {"env": "calculator", "rollout_engine": "vllm", "vllm_placement": "server",
+                               "max_staleness": 1})
+    assert cfg.rollout_engine == "vllm" and cfg.max_staleness == 1

@@ -220,12 +220,15 @@ def test_server_command_max_loras():
     """--max-loras 1 (and no --max-cpu-loras) when synchronous, as before issue 32; k+1 and k+2 at k > 0 (one
     slot fewer would make vLLM's scheduler hold version v+1's requests until v's finish). Full weights: no
     LoRA flags. The flag names are vllm 0.32's (engine/arg_utils.py: --max-loras, --max-cpu-loras)."""
-    tail = ["--enable-lora", "--max-lora-rank", "16", "--max-loras", "1", "--kv-cache-memory-bytes", "268435456"]
+    # a CPU engine's scheduler flags last (rftlib.rollout.vllm.cpu_scheduler_args: no chunked prefill, a token
+    # budget of at least one context and 4,096)
+    cpu = ["--kv-cache-memory-bytes", "268435456", "--no-enable-chunked-prefill", "--max-num-batched-tokens", "4096"]
+    tail = ["--enable-lora", "--max-lora-rank", "16", "--max-loras", "1", *cpu]
     cmd0 = vs.server_command(settings(0), 0, 8000)
     assert cmd0[-len(tail):] == tail and "--max-cpu-loras" not in cmd0
     cmd1 = vs.server_command(settings(1), 0, 8000)
     assert cmd1 == cmd0[:-len(tail)] + ["--enable-lora", "--max-lora-rank", "16", "--max-loras", "2",
-                                        "--max-cpu-loras", "3", "--kv-cache-memory-bytes", "268435456"]
+                                        "--max-cpu-loras", "3", *cpu]
     assert " --max-loras 4 --max-cpu-loras 5 " in " ".join(vs.server_command(settings(3), 0, 8000)) + " "
     full = " ".join(vs.server_command(settings(2, lora_rank=0), 0, 8000))
     assert "--max-loras" not in full and "--max-cpu-loras" not in full

