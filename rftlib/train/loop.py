@@ -632,10 +632,13 @@ class Trainer:
                  "tok": upd.tokens, "metrics": upd.micro_metrics, "entropy": upd.entropy,
                  "behaviour_diff": upd.behaviour_diff, "seq_log_ratio": upd.seq_log_ratio, "gns": upd.gns,
                  "versions": versions, "indices": adv.indices}
-        # a multi-turn batch's transcripts (model and environment runs) for the samples file; single-turn: None each
+        # a multi-turn batch's transcripts (model and environment runs) for the samples file, decoded only on the
+        # steps that write it (every save_steps); single-turn, or another step: None each
+        dumps = bool(self.cfg.save_steps) and self.step_num % self.cfg.save_steps == 0
         local["transcripts"] = (transcript_spans(self.tok, ro.completion_ids, ro.completion_mask, ro.model_mask,
                                                  getattr(self.engine, "stop_ids", ()))
-                                if not torch.equal(ro.model_mask, ro.completion_mask) else [None] * ro.num_rows)
+                                if dumps and ro.model_mask is not ro.completion_mask
+                                and not torch.equal(ro.model_mask, ro.completion_mask) else [None] * ro.num_rows)
         parts = D.gather_objects(local)
         allr = {k: [x for p in parts for x in p[k]] for k in local}
         row = step_metrics(allr, upd, timing, step=self.step_num, world_size=D.world_size,
