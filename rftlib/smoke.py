@@ -42,6 +42,7 @@ from rftlib.attempts import runs_root as default_runs_root
 from rftlib.config import make_config
 from rftlib.models.tiny import tiny_model_dir
 from rftlib.backends import ZERO_BACKEND
+from rftlib.launch.procs import processes_with_token
 from rftlib.train.dist import init_dist, shutdown_dist, without_group_env
 from rftlib.train.loop import Trainer
 
@@ -205,26 +206,10 @@ def run_line_process(cmd: list[str], log, timeout: float, env: dict[str, str]) -
 
 
 def _processes_with_token(token: str, var: str = LINE_TOKEN_ENV) -> list[int]:
-    """The pids whose environment carries ``var=token`` (``LINE_TOKEN_ENV``; Linux /proc; [] elsewhere): the line
-    and everything it started, in whatever session or process group, reparented orphans included (the way
-    Jenkins' ProcessTreeKiller finds a build's processes). scripts/gpu_check.py finds its stages' with its own
-    ``var``: a smoke line inside a stage carries both."""
-    needle = f"{var}={token}".encode()
-    pids = []
-    try:
-        entries = os.listdir("/proc")
-    except OSError:
-        return pids
-    for name in entries:
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/environ", "rb") as f:
-                if needle in f.read().split(b"\0"):
-                    pids.append(int(name))
-        except OSError:  # gone, or another user's
-            continue
-    return pids
+    """The pids whose environment carries ``var=token`` (``LINE_TOKEN_ENV``): the line and everything it started
+    (:func:`rftlib.launch.procs.processes_with_token`). scripts/gpu_check.py finds its stages' with its own ``var``:
+    a smoke line inside a stage carries both."""
+    return processes_with_token(token, var)
 
 
 def stop_line_processes(proc: subprocess.Popen, token: str, grace: float = STOP_GRACE_S) -> None:

@@ -768,10 +768,10 @@ def stage_flex_mix(cpu: bool) -> dict:
 # ---------------------------------------------------------------------------------------------- runner
 
 def _stage_pids(token: str) -> list[int]:
-    """Every process that inherited this stage's token (rftlib.smoke's /proc scan): whatever session it made."""
-    from rftlib.smoke import _processes_with_token
+    """Every process that inherited this stage's token (a /proc scan): whatever session it made."""
+    from rftlib.launch.procs import processes_with_token  # os only: no torch import to count a stage's leftovers
 
-    return _processes_with_token(token, var=STAGE_TOKEN_ENV)
+    return processes_with_token(token, var=STAGE_TOKEN_ENV)
 
 
 def _kill_stage(pid: int, token: str, *, alive: bool) -> int:

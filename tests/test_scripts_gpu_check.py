@@ -84,33 +84,44 @@ def test_memory_verdict_is_two_sided():
     assert gpu_check.memory_verdict(1.0, None)["memory"] == "pass"
 
 
-def test_a_killed_stage_takes_its_other_sessions_along(tmp_path, monkeypatch):
+def _run_stage_in_a_fresh_interpreter(tmp_path: Path, stage_body: str, limit: float) -> dict:
+    """``gpu_check.run_stage("versions", limit, ...)`` with ``stage_versions`` replaced by ``stage_body``, run in a
+    new interpreter: run_stage forks the process that calls it, and a fork of a pytest-xdist worker (its execnet
+    channel and threads included) took the worker down ("node down: Not properly terminated", make
+    test-parallel on aa9df2f). The fork, the kill at the limit and the leftover scan are run_stage's own."""
+    script = (
+        "import json, subprocess, sys, time\n"
+        f"sys.path.insert(0, {str(REPO / 'scripts')!r})\n"
+        "import gpu_check\n"
+        f"def stage(cpu):\n{stage_body}\n"
+        "gpu_check.stage_versions = stage\n"
+        f"print(json.dumps(gpu_check.run_stage('versions', {limit}, True, __import__('pathlib').Path({str(tmp_path)!r}))))\n")
+    p = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                       env=dict(os.environ, PYTHONPATH=str(REPO)))
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def test_a_killed_stage_takes_its_other_sessions_along(tmp_path):
     """A stage that starts a process in a session of its own (as run_smoke starts a line) and hangs: at the limit
     both are killed. Killing the stage's process group alone left the other session's process running."""
     marker = f"gpu-check-hang-{tmp_path.name}"  # in the grandchild's argv, for pgrep
-
-    def hang(cpu):
-        subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)", marker], start_new_session=True)
-        time.sleep(300)
-
-    monkeypatch.setattr(gpu_check, "stage_versions", hang)
-    row = gpu_check.run_stage("versions", 2, True, tmp_path)
+    body = (f"    subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)', {marker!r}], "
+            "start_new_session=True)\n    time.sleep(300)")
+    row = _run_stage_in_a_fresh_interpreter(tmp_path, body, 2)
     assert row["status"] == "fail" and "timed out after 2 s" in row["error"]
     time.sleep(0.3)
     out = subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True).stdout
     assert not out.strip(), f"a stage's child outlived its time limit: {out}"
 
 
-def test_a_stage_that_leaves_a_process_behind_fails(tmp_path, monkeypatch):
+def test_a_stage_that_leaves_a_process_behind_fails(tmp_path):
     marker = f"gpu-check-leak-{tmp_path.name}"
-
-    def leak(cpu):
-        subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)", marker], start_new_session=True)
-        time.sleep(0.5)  # the child has exec'd, so its environment carries the stage's token
-        return {"status": "pass"}
-
-    monkeypatch.setattr(gpu_check, "stage_versions", leak)
-    row = gpu_check.run_stage("versions", 30, True, tmp_path)
+    body = (f"    subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)', {marker!r}], "
+            "start_new_session=True)\n"
+            "    time.sleep(0.5)  # the child has exec'd, so its environment carries the stage's token\n"
+            "    return {'status': 'pass'}")
+    row = _run_stage_in_a_fresh_interpreter(tmp_path, body, 30)
     assert row["status"] == "fail" and "left 1 process" in row["error"], row
     time.sleep(0.3)
     assert not subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True).stdout.strip()
