@@ -42,6 +42,22 @@ def test_rft_train_passes_skip_preflight_to_the_notebook_not_the_config(tmp_path
     assert seen["skip_preflight"] is True and seen["num_steps"] == 1
 
 
+def test_rft_train_after_a_one_rank_group_in_the_same_process_is_no_torchrun_rank(tmp_path, monkeypatch):
+    """A one-rank DeepSpeed attempt earlier in this process (a notebook kernel's, a test worker's) leaves the
+    rendezvous variables init_dist set (LOCAL_RANK, WORLD_SIZE). `rft train` read them as "a torchrun rank" and
+    ended the process in exit_rank's os._exit: an xdist worker died so, inside this file. init_dist marks its own."""
+    from rftlib.train.dist import ONE_RANK_ENV, started_as_a_rank, without_group_env
+
+    mine = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_PORT": "1234", ONE_RANK_ENV: "1"}
+    assert not started_as_a_rank(mine)
+    assert started_as_a_rank({k: v for k, v in mine.items() if k != ONE_RANK_ENV})  # another launcher's
+    assert started_as_a_rank({**mine, "TORCHELASTIC_RUN_ID": "x"})  # torchrun's, whatever else is set
+    assert not set(without_group_env(mine))  # a child starts without them, the mark included
+    for k, v in mine.items():
+        monkeypatch.setenv(k, v)
+    test_rft_train_passes_skip_preflight_to_the_notebook_not_the_config(tmp_path, monkeypatch)  # reaches papermill
+
+
 def test_rft_ab_takes_skip_preflight_too():
     from rftlib.ab import plan_variants
 

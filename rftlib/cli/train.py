@@ -13,7 +13,7 @@ from rftlib.attempts import create_attempt, write_json
 from rftlib.cli.common import add_preset_and_sets, config_overrides, parse_sets, report_line, run_notebook
 from rftlib.config import ConfigError, make_config
 from rftlib.report.live import TextView
-from rftlib.train.dist import exit_rank, init_dist, shutdown_dist
+from rftlib.train.dist import exit_rank, init_dist, shutdown_dist, started_as_a_rank
 from rftlib.train.torchrun import run_ranks
 from rftlib.train.loop import Trainer, resume_config
 from rftlib.workbench import result_text
@@ -28,7 +28,7 @@ def add_arguments(t) -> None:
 
 
 def _under_torchrun() -> bool:
-    return "TORCHELASTIC_RUN_ID" in os.environ or ("LOCAL_RANK" in os.environ and "WORLD_SIZE" in os.environ)
+    return started_as_a_rank()
 
 
 def run_rank(args) -> int:

@@ -148,14 +148,30 @@ def init_dist(cfg) -> Dist:
         os.environ.setdefault("RANK", "0")
         os.environ.setdefault("WORLD_SIZE", "1")
         os.environ.setdefault("LOCAL_RANK", "0")
+        os.environ[ONE_RANK_ENV] = "1"  # these are ours, not a launcher's: this process is no torchrun rank
     if needs_group and not tdist.is_initialized():
         pg_backend = "nccl" if device.type == "cuda" else "gloo"
         backend.join_group(pg_backend, device)
     return Dist(rank=rank, world_size=world, local_rank=local_rank, local_world_size=local_world, device=device)
 
 
-DIST_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
-"""torch.distributed's rendezvous variables (init_dist sets them for a one-rank group without torchrun)"""
+ONE_RANK_ENV = "RFTLIB_ONE_RANK_GROUP"
+"""Set by init_dist beside the rendezvous variables it sets for a one-rank group without torchrun. They stay in the
+process's environment after the attempt (ZeRO-3's partitioned loading reads LOCAL_RANK), so without this mark a
+later ``rft train`` in the same process (a notebook kernel, a test worker) read LOCAL_RANK + WORLD_SIZE as "a
+torchrun rank" and ended the process with exit_rank's os._exit (an xdist worker of the suite died so)."""
+
+DIST_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", ONE_RANK_ENV)
+"""torch.distributed's rendezvous variables (init_dist sets them for a one-rank group without torchrun), and its mark"""
+
+
+def started_as_a_rank(env=None) -> bool:
+    """This process is one rank of a launched job (torchrun; or a launcher that sets LOCAL_RANK and WORLD_SIZE), not
+    a process where init_dist set those itself for a one-rank group (:data:`ONE_RANK_ENV`)."""
+    env = os.environ if env is None else env
+    if "TORCHELASTIC_RUN_ID" in env:
+        return True
+    return "LOCAL_RANK" in env and "WORLD_SIZE" in env and ONE_RANK_ENV not in env
 
 
 def without_group_env(env: dict[str, str]) -> dict[str, str]:
