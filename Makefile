@@ -10,15 +10,14 @@ setup:
 demo: setup
 	$(PY) -m rftlib.cli demo
 
-# The whole suite, its 25 slowest tests and the seconds of every test file at the end (CI's budget: 90 minutes for
-# all of .ci/run), then the numeric tests again with the CPU kernels forced to another ISA (scripts/test_forced_isa.sh):
-# tolerances must hold for any x86 CPU's summation order, not only this one's
+# The whole suite (CI's budget: 90 minutes for all of .ci/run), in scripts/test.sh's phases: the tests that run in
+# one process on both cores (pytest-xdist), then those that start ranks or engines (marked solo) one at a time,
+# then the numeric tests again with the CPU kernels forced to another ISA (tolerances must hold for any x86 CPU's
+# summation order, not only this one's). Each phase ends with its 25 slowest tests and seconds per test file.
 test: setup
-	$(PY) -m pytest -q --durations=25 tests
-	bash scripts/test_forced_isa.sh
+	bash scripts/test.sh
 
-# The same suite on both cores (pytest-xdist: whole files, longest first; tests/conftest.py gives each worker one
-# thread). Not yet CI's command: its first whole run on this tree is still to be seen green (issue 41).
+# Everything on both cores at once, solo tests included (ranks beside ranks): not CI's command (see scripts/test.sh)
 test-parallel: setup
 	$(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder --durations=25 tests
 

@@ -51,17 +51,32 @@ def pytest_terminal_summary(terminalreporter):
         terminalreporter.write_line(f"{s:8.1f} s  {100 * s / total:5.1f}%  {path}")
 
 
-# The longest files first (seconds measured on 8f651ca, 2-core AMD EPYC, in CI's single-process run: rehearsal
-# 456, train_distributed 652, env_resolution 137, launch_detached 155, ...). make test-parallel hands xdist whole
-# files in this order (--dist loadfile --no-loadscope-reorder: a module's fixtures are built once, on one worker), so no
-# worker starts a 5-minute file while the other has nothing left: the wall time is at least the longest file's,
-# and that file must run beside the rest, not after it. Files not listed keep collection order after them.
-LONGEST_FIRST = ("test_launch_rehearsal.py", "test_train_distributed.py", "test_env_resolution.py",
-                 "test_launch_detached.py", "test_eval_precision.py", "test_validate_criteria.py",
-                 "test_report_presets.py", "test_scripts_gpu_check.py", "test_cli_advice.py", "test_smoke.py",
-                 "test_attempts_lock.py", "test_notebooks_reports.py", "test_launch_where.py",
-                 "test_models_gptoss.py", "test_train_flat_steps.py", "test_train_pipeline.py",
-                 "test_rollout_vllm_engine.py", "test_train_replay_distributed.py", "test_rollout_vllm_sync.py")
+# The longest files first, for the phase that runs on both cores (make test's first; worker-seconds measured on
+# aa9df2f + this change, 2-core AMD EPYC: report_presets 160, validate_criteria 110, notebooks_reports 79, cli_advice
+# 67, notebooks 58, bench_grpo_step 58, launch_where 50, sft 43, train_replay 36, ...). xdist hands out whole files
+# in this order (--dist loadfile --no-loadscope-reorder: a module's fixtures are built once, on one worker), so no
+# worker starts a long file while the other has nothing left. Files not listed keep collection order after them.
+# (Solo files first too, for make test-parallel: the longest of them would otherwise start last.)
+LONGEST_FIRST = ("test_report_presets.py", "test_validate_criteria.py", "test_notebooks_reports.py",
+                 "test_cli_advice.py", "test_notebooks.py", "test_bench_grpo_step.py", "test_launch_where.py",
+                 "test_sft.py", "test_train_replay.py", "test_notebooks_ui.py", "test_launch_plan.py",
+                 "test_notebooks_replay.py",
+                 "test_launch_rehearsal.py", "test_train_distributed.py", "test_launch_detached.py",
+                 "test_train_replay_distributed.py", "test_train_pipeline.py")
+
+# Files whose tests start processes that want both cores: trainer ranks (torchrun, DeepSpeed), vLLM engines,
+# detached launches, the smoke test's and the GPU check's lines. Marked `solo`: make test runs them one at a time
+# after the rest has run on both cores (pytest-xdist, a one-thread worker per core). Two of them side by side put
+# 4-6 busy processes on 2 cores; two one-thread tests side by side do not. Measured on aa9df2f (2-core AMD EPYC):
+# everything under -n 2 ran two-rank tests beside the two-rank rehearsal and two of them failed (a worker was lost
+# too, to the GPU check's in-process fork, which its tests now run in a fresh interpreter);
+# the files not listed here, on both cores, ran 1,272 tests in 576 s of wall time (972 worker-seconds, against
+# 1,263 s for the same files in the serial suite, whose 2-thread torch pools gain little on a tiny model).
+SOLO_MODULES = ("test_launch_rehearsal", "test_launch_detached", "test_train_distributed",
+                "test_train_replay_distributed", "test_train_pipeline", "test_train_zero3_gather", "test_models_gptoss",
+                "test_rollout_vllm_engine", "test_rollout_vllm_sync", "test_rollout_vllm_weight_transfer",
+                "test_rollout_vllm_trainer", "test_rollout_vllm_bf16", "test_eval_precision", "test_smoke",
+                "test_scripts_gpu_check", "test_attempts_lock")
 
 # The inner loop's tier (make test-fast): pure and light modules, a subset of make test that needs no rank, engine,
 # kernel or trained attempt. Prefixes, as NUMERIC_MODULES.
@@ -77,6 +92,8 @@ def pytest_collection_modifyitems(items):
     for item in items:
         if item.path.name.startswith(FAST_MODULES):
             item.add_marker(pytest.mark.fast)
+        if item.path.name.startswith(SOLO_MODULES):
+            item.add_marker(pytest.mark.solo)
         if item.path.name.startswith(NUMERIC_MODULES) and not item.get_closest_marker("plumbing"):
             item.add_marker(pytest.mark.numeric)
 
