@@ -205,13 +205,6 @@ def run_line_process(cmd: list[str], log, timeout: float, env: dict[str, str]) -
     return code
 
 
-def _processes_with_token(token: str, var: str = LINE_TOKEN_ENV) -> list[int]:
-    """The pids whose environment carries ``var=token`` (``LINE_TOKEN_ENV``): the line and everything it started
-    (:func:`rftlib.launch.procs.processes_with_token`). scripts/gpu_check.py finds its stages' with its own ``var``:
-    a smoke line inside a stage carries both."""
-    return processes_with_token(token, var)
-
-
 def stop_line_processes(proc: subprocess.Popen, token: str, grace: float = STOP_GRACE_S) -> None:
     """Stop a line's process and every process it started: SIGTERM to each of their process groups (the
     line's own session, and the sessions its servers made), then SIGKILL to what is left after ``grace``
@@ -220,7 +213,7 @@ def stop_line_processes(proc: subprocess.Popen, token: str, grace: float = STOP_
 
     def groups() -> set[int]:
         out = {proc.pid} if proc.poll() is None else set()  # the line leads its own group (start_new_session)
-        for pid in _processes_with_token(token):
+        for pid in processes_with_token(token, LINE_TOKEN_ENV):
             try:
                 out.add(os.getpgid(pid))
             except ProcessLookupError:
@@ -237,10 +230,10 @@ def stop_line_processes(proc: subprocess.Popen, token: str, grace: float = STOP_
 
     signal_all(signal.SIGTERM)
     deadline = time.time() + grace
-    while time.time() < deadline and (proc.poll() is None or _processes_with_token(token)):
+    while time.time() < deadline and (proc.poll() is None or processes_with_token(token, LINE_TOKEN_ENV)):
         time.sleep(0.2)
     signal_all(signal.SIGKILL)
-    for pid in _processes_with_token(token):  # one that left its group (setpgid) is still reached by pid
+    for pid in processes_with_token(token, LINE_TOKEN_ENV):  # one that left its group (setpgid) is still reached by pid
         try:
             os.kill(pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):

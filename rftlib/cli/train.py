@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 from pathlib import Path
@@ -25,10 +24,6 @@ def add_arguments(t) -> None:
                    help="ranks on this machine: > 1 starts torchrun (set backend ddp or deepspeed)")
     t.add_argument("--run-dir", default=None, help="an attempt directory made already (what the ranks are given)")
     t.add_argument("--resume", action="store_true", help="with --run-dir: continue from its step_latest")
-
-
-def _under_torchrun() -> bool:
-    return started_as_a_rank()
 
 
 def run_rank(args) -> int:
@@ -57,7 +52,7 @@ def run_rank(args) -> int:
 
 
 def run(args) -> int:
-    if _under_torchrun():
+    if started_as_a_rank():
         exit_rank(run_rank(args))  # a rank process: skip the teardown that can abort (see exit_rank)
     if args.nproc > 1 or args.run_dir:
         if args.run_dir:
