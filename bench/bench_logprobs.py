@@ -27,6 +27,19 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
+def child_env(**extra: str) -> dict[str, str]:
+    """The environment a bench worker process starts from: this one's, less torch.distributed's rendezvous
+    variables (a one-rank DeepSpeed group set up earlier in this process, as in a pytest worker that ran a
+    ZeRO-3 test, leaves RANK/WORLD_SIZE/MASTER_PORT with the port still held: TRL's GRPOConfig then sets up
+    accelerate's group from them and fails with EADDRINUSE, CI of stop 47), with the repository importable."""
+    if str(REPO_ROOT) not in sys.path:
+        sys.path.insert(0, str(REPO_ROOT))
+    from rftlib.train.dist import without_group_env
+    env = without_group_env(dict(os.environ))
+    env["PYTHONPATH"] = str(REPO_ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")
+    return {**env, **extra}
+
+
 def _status_mb(field: str) -> float | None:
     """A ``/proc/self/status`` memory field (VmRSS, VmHWM) in MiB; None where there is no procfs."""
     try:
@@ -111,7 +124,7 @@ def measure(variant: str, tokens: int, vocab: int, hidden_size: int, chunk_size:
     """Run ``worker`` in a fresh interpreter (same imports for every variant) and return its report."""
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", variant, "--tokens", str(tokens),
            "--vocab", str(vocab), "--hidden", str(hidden_size), "--chunk-size", str(chunk_size)]
-    out = subprocess.run(cmd, capture_output=True, text=True, check=True, cwd=REPO_ROOT, env={**os.environ, **(env or {})})
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True, cwd=REPO_ROOT, env=child_env(**(env or {})))
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 

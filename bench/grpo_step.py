@@ -65,7 +65,7 @@ from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_logprobs import _reset_peak_rss, _status_mb  # noqa: E402  (one peak-RSS reader for bench/)
+from bench_logprobs import _reset_peak_rss, _status_mb, child_env  # noqa: E402  (one peak-RSS reader for bench/)
 
 RESULT = "@@RESULT "  # worker stdout lines carrying a JSON result (libraries print to stdout too)
 
@@ -302,8 +302,7 @@ class Worker:
         for k in ("model", "rollout_batch_size", "n_samples_per_prompt", "max_new_tokens", "micro_batch_size"):
             if getattr(args, k) is not None:
                 cmd += [f"--{k.replace('_', '-')}", str(getattr(args, k))]
-        env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "TOKENIZERS_PARALLELISM": "false",
-               "PYTHONPATH": str(REPO_ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+        env = child_env(OMP_NUM_THREADS=str(args.threads), TOKENIZERS_PARALLELISM="false")
         self.side = side
         self.p = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=REPO_ROOT,
                                   env=env)
@@ -496,8 +495,7 @@ def run_update(args) -> dict:
         cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", f"update-{side}", "--threads",
                str(args.threads), "--rows", str(N), "--prompt-len", str(P), "--completion-len", str(T),
                "--vocab", str(V), "--chunk-size", str(args.chunk_size)]
-        env = {**os.environ, "OMP_NUM_THREADS": str(args.threads),
-               "PYTHONPATH": str(REPO_ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+        env = child_env(OMP_NUM_THREADS=str(args.threads))
         p = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO_ROOT, env=env)
         lines = [ln for ln in p.stdout.splitlines() if ln.startswith(RESULT)]
         if p.returncode or not lines:

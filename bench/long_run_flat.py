@@ -51,7 +51,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 RESULT = "@@RESULT "  # the fresh-probe subprocess's result line
 sys.path.insert(0, str(REPO_ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_logprobs import _reset_peak_rss, _status_mb  # noqa: E402  (one peak-RSS reader for bench/)
+from bench_logprobs import _reset_peak_rss, _status_mb, child_env  # noqa: E402  (one peak-RSS reader for bench/)
 
 
 class _Mallinfo2(ctypes.Structure):
@@ -295,8 +295,7 @@ def main(argv: list[str] | None = None) -> dict:
         gc.collect()
         cmd = [sys.executable, str(Path(__file__).resolve()), "--probe-only", "--probe", str(args.probe), "--preset",
                args.preset, "--threads", str(args.threads), *sum((["--set", kv] for kv in args.set), [])]
-        env = {**os.environ, "PYTHONPATH": str(REPO_ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-        lines = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO_ROOT, env=env).stdout.splitlines()
+        lines = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO_ROOT, env=child_env()).stdout.splitlines()
         probes["fresh"] = next((json.loads(ln[len(RESULT):]) for ln in lines if ln.startswith(RESULT)), [])
         for k in ("start", "end", "fresh"):
             print(f"generation probe, {k:5s}: {_secs(probes[k])}", flush=True)

@@ -5,6 +5,7 @@ Skipped when trl (the bench extra) is not installed.
 
 from __future__ import annotations
 
+import socket
 import sys
 from pathlib import Path
 
@@ -45,12 +46,26 @@ def test_both_sides_generate_and_train_on_the_same_forced_tokens():
     assert set(res["ratios"]) == {"wall", "generate", "reward", "reference", "update", "peak_mb"}
 
 
-def test_update_mode_backpropagates_into_the_same_lora_tensors():
+def test_update_mode_backpropagates_into_the_same_lora_tensors(monkeypatch):
     """The update alone, small vocabulary: LoRA r16 on q/k/v/o of a 2-layer model has 2*4 = 8 A and 8 B
     tensors; B starts at zero, so the first backward reaches the 8 B tensors only (A's gradient is
-    B^T x ... = 0), on both sides."""
-    res = _grpo_step().main(["--mode", "update", "--threads", "1", "--rows", "2", "--prompt-len", "4",
-                             "--completion-len", "8", "--vocab", "1000", "--chunk-size", "8"])
+    B^T x ... = 0), on both sides.
+
+    Run from a process that holds a one-rank group's rendezvous, as a pytest worker does after a ZeRO-3
+    test (init_dist leaves RANK/WORLD_SIZE/MASTER_PORT with the port held): the TRL worker must not
+    inherit them (its GRPOConfig sets up accelerate's group: EADDRINUSE, CI of stop 47)."""
+    held = socket.socket()
+    held.bind(("127.0.0.1", 0))
+    held.listen()
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(held.getsockname()[1]))
+    for k, v in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "RFTLIB_ONE_RANK_GROUP": "1"}.items():
+        monkeypatch.setenv(k, v)
+    try:
+        res = _grpo_step().main(["--mode", "update", "--threads", "1", "--rows", "2", "--prompt-len", "4",
+                                 "--completion-len", "8", "--vocab", "1000", "--chunk-size", "8"])
+    finally:
+        held.close()
     assert res["rftlib"]["params_with_grad"] == 8, res["rftlib"]
     assert res["trl"]["params_with_grad"] == 8, res["trl"]
     assert res["ratios"]["seconds"] > 0
