@@ -360,11 +360,13 @@ def test_staleness_above_zero_is_refused_where_it_cannot_overlap(tiny_cfg):
 
 # ---- kill -9 with a batch in flight ---------------------------------------------------------------------
 
-def _worker(run_root: Path, name: str, *, resume: bool, control: Path, delay: float) -> subprocess.Popen:
+def _worker(run_root: Path, name: str, *, resume: bool, control: Path, delay: float,
+            multi_turn: bool = False) -> subprocess.Popen:
     env = {**os.environ, "RFT_TOY_GEN_DELAY": str(delay), "RFT_TOY_CONTROL": str(control),
            "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]),
            "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, str(HERE / "pipeline_worker.py"), str(run_root), name] + (["--resume"] if resume else [])
+    cmd += ["--multi-turn"] if multi_turn else []
     return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
@@ -380,30 +382,38 @@ def _wait_for(paths: list[Path], proc: subprocess.Popen, timeout: float = 240.0)
     raise AssertionError(f"timed out waiting for {paths}")
 
 
-def test_kill9_with_a_batch_in_flight_resumes_exactly(tmp_path):
+@pytest.mark.parametrize("multi_turn", [False, True], ids=["single_turn", "mid_episode"])
+def test_kill9_with_a_batch_in_flight_resumes_exactly(tmp_path, multi_turn):
     """k = 1, 4 steps, a checkpoint every step. The worker is killed -9 while batch 4 is generating (step 3
     training, the checkpoint of step 2 on disk, batch 3 permitted and maybe generated but not trained). The
     resumed attempt trains steps 1..4 exactly once each, on the prompts of an uninterrupted run, and regenerates
-    the in-flight batch from the resumed weights (lag 0 where the uninterrupted run had 1)."""
+    the in-flight batch from the resumed weights (lag 0 where the uninterrupted run had 1).
+
+    ``mid_episode`` (issue 40): two-turn episodes (tests/pipeline_worker.py --multi-turn: every batch makes one
+    engine call a turn), killed while batch 4's second turn generates: its episodes are half played (turn 1
+    sampled, the environment's answer appended) and nothing of them is in the checkpoint; the resume plays them
+    again from the start, every trained step holding whole two-turn episodes."""
+    calls = 2 if multi_turn else 1  # engine calls a batch makes: marker inflight_<calls * 4> is batch 4's last
     ref_root, root = tmp_path / "ref", tmp_path / "killed"
-    p = _worker(ref_root, "ref", resume=False, control=tmp_path / "ctl_ref", delay=0.0)
+    p = _worker(ref_root, "ref", resume=False, control=tmp_path / "ctl_ref", delay=0.0, multi_turn=multi_turn)
     out, _ = p.communicate(timeout=600)
     assert p.returncode == 0, out
     ref_dir = ref_root / "attempt-01-ref"
     reference = read_trained(ref_dir)
     assert [t["step"] for t in reference] == [1, 2, 3, 4]
+    assert len(list((tmp_path / "ctl_ref").glob("inflight_*"))) == 4 * calls  # one call a turn, every batch
 
     ctl = tmp_path / "ctl"
-    p = _worker(root, "killed", resume=False, control=ctl, delay=1.5)
+    p = _worker(root, "killed", resume=False, control=ctl, delay=1.5, multi_turn=multi_turn)
     run = root / "attempt-01-killed"
-    _wait_for([run / "training_state" / "step_2", ctl / "inflight_4"], p)
+    _wait_for([run / "training_state" / "step_2", ctl / f"inflight_{4 * calls}"], p)
     os.kill(p.pid, signal.SIGKILL)
     p.wait()
     state = json.loads((run / "training_state" / "step_latest" / "trainer_state.json").read_text())
     saved_step = state["step"]
     assert saved_step in (2, 3)
     assert [b["batch"] for b in state["pipeline"]["pending"]] == [saved_step + 1]  # permitted, not trained
-    p = _worker(root, "killed", resume=True, control=ctl, delay=0.0)
+    p = _worker(root, "killed", resume=True, control=ctl, delay=0.0, multi_turn=multi_turn)
     out, _ = p.communicate(timeout=600)
     assert p.returncode == 0, out
     trained = read_trained(run)
@@ -415,6 +425,9 @@ def test_kill9_with_a_batch_in_flight_resumes_exactly(tmp_path):
     first_after = steps_rows[saved_step]  # the step right after the checkpoint: its batch was regenerated
     assert first_after["staleness/max"] == 0 and first_after["staleness/version_min"] == saved_step
     assert trained[saved_step]["versions"] == [saved_step]
+    if multi_turn:  # every trained batch: whole episodes of two turns, the environment's tokens in them
+        assert all(r["turns"] == 2.0 and r["tokens/env"] > 0 and r["stop/answer"] == 1.0 for r in steps_rows), \
+            [(r["step"], r.get("turns"), r.get("tokens/env"), r.get("stop/answer")) for r in steps_rows]
 
 
 # ---- under ranks ------------------------------------------------------------------------------------------

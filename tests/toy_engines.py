@@ -92,6 +92,34 @@ class CopyEngine:
 
     def generate(self, prompts, *, group_size: int, max_new_tokens: int, temperature: float, top_p: float = 1.0,
                  greedy: bool = False, seed: int | None = None, adapter: str | None = None):
+        model, name = self._begin(adapter, greedy)
+        if seed is None:
+            seed = self.rng.randrange(2**40)
+        out = HFEngine(model, self.tok).generate(prompts, group_size=group_size, max_new_tokens=max_new_tokens,
+                                                 temperature=temperature, top_p=top_p, greedy=greedy)
+        with self.lock:
+            self.generated.append((name, out.num_rows, greedy))
+        return out
+
+    @property
+    def stop_ids(self) -> tuple[int, ...]:
+        return self._hf.stop_ids
+
+    def generate_ids(self, contexts, *, max_new_tokens: list[int], temperature: float, top_p: float = 1.0,
+                     greedy: bool = False, seed: int | None = None, adapter: str | None = None):
+        """One turn of multi-turn episodes (rftlib.rollout.multi_turn) on the copy of version ``adapter``: HF
+        generate_ids on that copy, with the same in-flight marker and delay as :meth:`generate` (a marker per
+        turn: a test can wait for a batch's second turn, mid-episode)."""
+        model, name = self._begin(adapter, greedy)
+        out = HFEngine(model, self.tok).generate_ids(contexts, max_new_tokens=max_new_tokens,
+                                                     temperature=temperature, top_p=top_p, greedy=greedy)
+        with self.lock:
+            self.generated.append((name, len(out), greedy))
+        return out
+
+    def _begin(self, adapter: str | None, greedy: bool):
+        """The copy a call samples from and its version's name, after the call's in-flight marker and delay
+        (sampled calls only)."""
         with self.lock:
             name = adapter or self.adapter
             model = self.copies[name]  # KeyError: a version released while a batch still wanted it (a bug)
@@ -102,13 +130,7 @@ class CopyEngine:
             (self.control_dir / f"inflight_{call}").write_text(name)
         if self.delay_s and not greedy:
             time.sleep(self.delay_s)
-        if seed is None:
-            seed = self.rng.randrange(2**40)
-        out = HFEngine(model, self.tok).generate(prompts, group_size=group_size, max_new_tokens=max_new_tokens,
-                                                 temperature=temperature, top_p=top_p, greedy=greedy)
-        with self.lock:
-            self.generated.append((name, out.num_rows, greedy))
-        return out
+        return model, name
 
     def close(self) -> None:
         self.copies.clear()
@@ -127,7 +149,7 @@ def register_copy_engine(monkeypatch=None, *, delay_s: float | None = None) -> N
     delay = float(os.environ.get("RFT_TOY_GEN_DELAY", "0")) if delay_s is None else delay_s
     control = os.environ.get("RFT_TOY_CONTROL")
 
-    @register_engine("copy", on_trainer_module=False)
+    @register_engine("copy", on_trainer_module=False, continues_from_ids=True)
     def _copy(inputs, model, tok, run_dir, backend):
         made.append(CopyEngine(model, tok, seed=inputs.attempt.seed, delay_s=delay,
                                control_dir=Path(control) if control else None))

@@ -17,8 +17,12 @@ An environment message longer than ``max_observation_tokens`` is cut in the midd
 
 ``max_episode_seconds`` is the episodes' clock: no turn starts after it (stop reason ``clock``).
 
-Not yet (issue 40): vLLM engines,
-per-row staleness versions, records of the turn boundaries.
+Engines: HF generate (the trainer's module) and vLLM (``generate_ids`` on token ids; a server engine keeps each
+group on one server across its turns: ``route``). With ``max_staleness`` k > 0 every turn of a batch samples the
+policy version the batch was bound to (``Sampling.adapter``), so a trajectory's staleness is its batch's, counted
+from its first turn; a batch still playing when the attempt dies is not in the checkpoint's trained steps, and the
+resume plays its episodes again from ``reset`` (tests/test_train_pipeline.py, the ``mid_episode`` kill -9).
+Records keep the model mask (rftlib.train.record), so ``rft replay`` sees the turn boundaries.
 """
 
 from __future__ import annotations
