@@ -59,6 +59,7 @@ def pytest_terminal_summary(terminalreporter):
 # (Solo files first too, for make test-parallel: the longest of them would otherwise start last.)
 LONGEST_FIRST = ("test_report_presets.py", "test_validate_criteria.py", "test_notebooks_reports.py",
                  "test_cli_advice.py", "test_notebooks.py", "test_bench_grpo_step.py", "test_launch_where.py",
+                 "test_bench_tool_step.py",
                  "test_sft.py", "test_train_replay.py", "test_notebooks_ui.py", "test_launch_plan.py",
                  "test_notebooks_replay.py",
                  "test_launch_rehearsal.py", "test_train_distributed.py", "test_launch_detached.py",
