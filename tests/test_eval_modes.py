@@ -112,13 +112,14 @@ def test_the_trainer_logs_the_seeds_name_with_the_seeds_meaning(tmp_path):
     from rftlib.config import make_config
     from rftlib.train.dist import Dist
     from rftlib.train.loop import Trainer
+    from rftlib.train.state import TrainerState
 
     p1 = ["3", "3", "3", "4", "4", "4", "4", "7"]
     p2 = ["5"] * 5 + ["6"] * 3
     tr = object.__new__(Trainer)  # the eval alone: no model is needed to score scripted completions
     tr.cfg = make_config("tiny", {"eval_probes": ["ood"], "eval_temperature": {"ood": 0.6},
                                   "eval_n_samples": {"ood": 8}, "runs_root": str(tmp_path)})
-    tr.dist, tr.run_dir, tr.step_num, tr.eval_history = Dist(), tmp_path, 0, []
+    tr.dist, tr.run_dir, tr.state = Dist(), tmp_path, TrainerState()
     tr.engine, tr.tok, tr.eval_precision = ScriptedEngine(p1 + p2), Tok(), None
     tr.task = SimpleNamespace(eval_set=lambda probe: EXAMPLES, system_prompt=None, reward=math_em_reward, name="t")
     row = tr.evaluate().metrics

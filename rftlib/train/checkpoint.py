@@ -21,6 +21,7 @@ from rftlib.models.loading import is_peft
 from rftlib.backends import checkpoint_format_of
 from rftlib.backends.scheduler import restart_schedule
 from rftlib.train.pipeline import truncate_trained
+from rftlib.train.state import TrainerState
 
 STATE = "training_state"
 
@@ -186,12 +187,11 @@ def load_rng(step_dir: str | Path, rank: int) -> dict[str, Any]:
 
 def trainer_state(tr) -> dict[str, Any]:
     """What a resume needs beside the backend's weights and optimizer: the step, sampler cursor, evals."""
-    return {"step": tr.step_num, "sampler": tr.sampler.state(), "eval_history": tr.eval_history,
-            "skipped_steps": tr.skipped_steps, "num_steps": tr.cfg.num_steps,
+    return {**tr.state.saved(), "sampler": tr.sampler.state(), "num_steps": tr.cfg.num_steps,
             "world_size": tr.dist.world_size, "backend": tr.cfg.backend,
             # max_staleness > 0: batches permitted (their prompts drawn, the sampler's cursor past them) but not
             # trained; a resume regenerates them first, so none is skipped and none trained twice (issue 32)
-            "pipeline": {"max_staleness": tr.cfg.max_staleness, "version": tr.step_num,
+            "pipeline": {"max_staleness": tr.cfg.max_staleness, "version": tr.state.step,
                          "pending": tr.source.pending() if getattr(tr, "source", None) is not None else []},
             # the sync probe's recent noise measurements (rftlib.rollout.sync_probe.noise_level): a resume's first
             # sync is judged against the level the attempt measured, not against one fresh measurement (rank 0's;
@@ -208,7 +208,7 @@ def save_trainer(tr) -> Path:
             if tr.dist.is_main:
                 tr.model.save_pretrained(tmp / "adapter", **({"state_dict": state} if state else {}))
 
-    return save_step(tr.run_dir, tr.step_num, dist=tr.dist, write=write, trainer_state=trainer_state(tr),
+    return save_step(tr.run_dir, tr.state.step, dist=tr.dist, write=write, trainer_state=trainer_state(tr),
                      max_keep=tr.cfg.max_ckpt_num)
 
 
@@ -231,15 +231,12 @@ def resume_trainer(tr) -> None:
     restart_schedule(tr.optimizer, tr.scheduler, lr=cfg.lr, betas=(cfg.adam_beta1, cfg.adam_beta2),
                      weight_decay=cfg.weight_decay)
     set_rng_state(load_rng(d, tr.dist.rank))
-    tr.step_num = ts["step"]
+    tr.state = TrainerState.from_saved(ts)  # its pending batches: the source generates them first
     tr.sampler.load_state(ts["sampler"])
-    tr.eval_history = ts["eval_history"]
-    tr.skipped_steps = ts.get("skipped_steps", 0)
-    tr._pending = ts.get("pipeline", {}).get("pending", [])  # the source regenerates these first
     noises = ts.get("sync_probe", {}).get("noises", [])
     if noises and hasattr(tr.engine, "probe_noises"):  # before the resume's first sync, which reads them
         tr.engine.probe_noises.extend(noises)
     if tr.logger is not None:
-        tr.logger.truncate_after(tr.step_num)
+        tr.logger.truncate_after(tr.state.step)
     if tr.dist.is_main:
-        truncate_trained(tr.run_dir, tr.step_num)
+        truncate_trained(tr.run_dir, tr.state.step)

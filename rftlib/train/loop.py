@@ -58,6 +58,7 @@ from rftlib.train.phases import (Advantaged, Around, EvalResult, Forward, Hook, 
                                  phase)
 from rftlib.train.pipeline import log_trained, make_source, staleness_metrics
 from rftlib.train.record import Recorder
+from rftlib.train.state import TrainerState
 from rftlib.train.step_metrics import first_group, step_metrics, write_step_logs
 from rftlib.train.update_parts import (NoiseScaleProbe, full_width, no_grad_batch_rows, rows_of, sequence_log_ratio,
                                       token_diagnostics, truncated_is)
@@ -131,14 +132,11 @@ class Trainer:
                 self.rollout_source, task=self.task, env=cfg.env, env_args=dict(cfg.env_args), max_turns=cfg.max_turns,
                 max_trajectory_tokens=cfg.max_trajectory_tokens or cfg.max_new_tokens,
                 max_observation_tokens=cfg.max_observation_tokens, max_episode_seconds=cfg.max_episode_seconds)
-        self.step_num = 0
-        self.eval_history: list[dict[str, Any]] = []
-        self.skipped_steps = 0
+        self.state = TrainerState()  # step, evals, skipped steps, pending batches: what a checkpoint saves
         self.memory_estimate = None
         if D.device.type == "cuda":
             self.memory_estimate = preflight_gib(cfg, causal_lm(self.model).config, D.world_size, prompt_len=256,
                                                 chunk_rows=self.logprob_chunk_size)
-        self._pending: list[dict] = []  # batches a checkpoint permitted but did not train (max_staleness > 0)
         self.session_end: int | None = None  # the step train() stops at this session (None: num_steps)
         self._timeline_log = TimelineLog(self.run_dir) if D.is_main else None  # logs/timeline.jsonl (rank 0)
         if resume:
@@ -164,12 +162,33 @@ class Trainer:
                                   draw=self.sampler.next,
                                   next_seed=self._next_seed, produce=self.produce, engine=self.engine,
                                   version=self.step_num, adapter=getattr(self.engine, "adapter", None))
-        self.source.load_pending(self._pending)
-        if self._pending and D.is_main:
-            b = sorted(int(p["batch"]) for p in self._pending)
+        self.source.load_pending(self.state.pending)
+        if self.state.pending and D.is_main:
+            b = sorted(int(p["batch"]) for p in self.state.pending)
             print(f"[rft] resume: {len(b)} batch(es) the checkpoint had permitted but not trained (step "
                   f"{', '.join(map(str, b))}) are generated first, from the resumed weights, each when max_staleness "
                   f"{cfg.max_staleness} allows: their prompts are trained once, none skipped", flush=True)
+
+    # the run's bookkeeping lives in self.state (rftlib.train.state); these names stay for the notebooks and callers
+    @property
+    def step_num(self) -> int:
+        return self.state.step
+
+    @step_num.setter
+    def step_num(self, value: int) -> None:
+        self.state.step = value
+
+    @property
+    def eval_history(self) -> list[dict[str, Any]]:
+        return self.state.eval_history
+
+    @property
+    def skipped_steps(self) -> int:
+        return self.state.skipped_steps
+
+    @skipped_steps.setter
+    def skipped_steps(self, value: int) -> None:
+        self.state.skipped_steps = value
 
     @property
     def optimizer(self):
@@ -483,7 +502,7 @@ class Trainer:
                 out.rows_seen += len(rows_b)
                 out.rows_run += sum(len(ix) for ix in micro)
                 if not micro:  # nothing to learn from: zero gradients, so the optimizer steps as it would have
-                    self._zero_backward()
+                    self.zero_backward()
 
                 def after(ix, fwd, loss, m, old, epoch=epoch, seq_lr=seq_lr, probe=probe):  # what the row reports
                     logp, ent = fwd.logprobs, fwd.entropy  # (n, T')
@@ -568,7 +587,7 @@ class Trainer:
             m.update(tis)
         return fwd, loss, m, old
 
-    def _zero_backward(self) -> None:
+    def zero_backward(self) -> None:
         """Give every trainable parameter a zero gradient through the backend's own backward, for an optimizer
         batch whose rows all drop out (every advantage 0: seed 002's FizzBuzz once every group scores 1.0).
 

@@ -502,7 +502,7 @@ class ReplayTrace(UpdateTrace):
                 local = trainer.backward_batch(cf_batch, advantages, cf_micro, epoch=epoch, totals=tot, loss_kw=kw,
                                                after=after)
                 if not cf_micro:
-                    trainer._zero_backward()
+                    trainer.zero_backward()
                 cf_loss = float(trainer.dist.all_sum(torch.tensor([local], device=trainer.dist.device))[0])
             finally:
                 trainer.cfg = cfg0
