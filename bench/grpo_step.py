@@ -172,6 +172,48 @@ def worker_rftlib(args) -> None:
                "fb_tokens": seen["fb_tokens"], "f_tokens": seen["f_tokens"], "fb_rows": seen["fb_rows"]})
 
 
+def timed(acc: dict, name: str, fn, after=None):
+    """``fn`` wrapped to add its seconds to ``acc[name]`` at each call (then ``after(result)``, if given): how a
+    TRL worker times the trainer's own methods."""
+    def wrapper(*a, **kw):
+        t = time.perf_counter()
+        out = fn(*a, **kw)
+        acc[name] += time.perf_counter() - t
+        if after:
+            after(out)
+        return out
+    return wrapper
+
+
+def trl_driver(trainer, acc: dict, threads: int, report):
+    """A TrainerCallback that holds each of ``trainer``'s optimizer steps until a 'go' line arrives on stdin (any
+    other line ends the worker), zeroes ``acc``, the thread count and the peak RSS before the step, and emits
+    ``report(wall seconds, RSS at its start in MiB, LoRA tensors changed since the start)`` after it."""
+    import torch
+    from transformers import TrainerCallback
+
+    state = {}
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
+
+    class Driver(TrainerCallback):
+        def on_step_begin(self, a, s, c, **kw):
+            if sys.stdin.readline().strip() != "go":
+                raise SystemExit(0)
+            for k in acc:
+                acc[k] = 0
+            torch.set_num_threads(threads)  # accelerate may have set its own
+            state["base"] = _reset_peak()
+            state["t"] = time.perf_counter()
+
+        def on_step_end(self, a, s, c, **kw):
+            wall = time.perf_counter() - state["t"]
+            changed = sum(int(not torch_equal(p, before[n])) for n, p in trainer.model.named_parameters()
+                          if n in before)
+            _emit(report(wall, state["base"], changed))
+
+    return Driver()
+
+
 def torch_equal(a, b) -> bool:
     import torch
     return bool(torch.equal(a.detach(), b))
@@ -185,7 +227,6 @@ def worker_trl(args) -> None:
     import torch
     from datasets import Dataset
     from peft import LoraConfig
-    from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
     from rftlib.data.base import build_task
@@ -222,49 +263,23 @@ def worker_trl(args) -> None:
     torch.set_num_threads(args.threads)  # accelerate may have set its own
     acc = {"generate": 0.0, "reward": 0.0, "score": 0.0, "tokens": 0.0, "prompt_tokens": 0.0, "rows": 0}
 
-    def timed(name, fn, after=None):
-        def wrapper(*a, **kw):
-            t = time.perf_counter()
-            out = fn(*a, **kw)
-            acc[name] += time.perf_counter() - t
-            if after:
-                after(out)
-            return out
-        return wrapper
-
     def count(out):  # the tokens TRL trains on this step: its completion mask (no truncation mask)
         acc["tokens"] += float(out["completion_mask"].sum())
         acc["prompt_tokens"] += float(out["prompt_mask"].sum())
         acc["rows"] += int(out["completion_mask"].shape[0])
 
-    trainer._generate = timed("generate", trainer._generate)
-    trainer._calculate_rewards = timed("reward", trainer._calculate_rewards)
-    trainer._generate_and_score_completions = timed("score", trainer._generate_and_score_completions, count)
-    state = {}
-    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
+    trainer._generate = timed(acc, "generate", trainer._generate)
+    trainer._calculate_rewards = timed(acc, "reward", trainer._calculate_rewards)
+    trainer._generate_and_score_completions = timed(acc, "score", trainer._generate_and_score_completions, count)
 
-    class Driver(TrainerCallback):
-        def on_step_begin(self, a, s, c, **kw):
-            line = sys.stdin.readline()
-            if line.strip() != "go":
-                raise SystemExit(0)
-            for k in acc:
-                acc[k] = 0
-            torch.set_num_threads(args.threads)
-            state["base"] = _reset_peak()
-            state["t"] = time.perf_counter()
+    def report(wall: float, base_mb: float, changed: int) -> dict:
+        return {"wall": wall, "generate": acc["generate"], "reward": acc["reward"],
+                "reference": acc["score"] - acc["generate"] - acc["reward"], "update": wall - acc["score"],
+                "peak_mb": _status_mb("VmHWM"), "base_mb": base_mb, "tokens": acc["tokens"],
+                "prompt_tokens": acc["prompt_tokens"], "rows": acc["rows"], "params_changed": changed,
+                "fb_tokens": acc["tokens"] + acc["prompt_tokens"], "f_tokens": 0.0, "fb_rows": acc["rows"]}
 
-        def on_step_end(self, a, s, c, **kw):
-            wall = time.perf_counter() - state["t"]
-            changed = sum(int(not torch_equal(p, before[n])) for n, p in trainer.model.named_parameters()
-                          if n in before)
-            _emit({"wall": wall, "generate": acc["generate"], "reward": acc["reward"],
-                   "reference": acc["score"] - acc["generate"] - acc["reward"], "update": wall - acc["score"],
-                   "peak_mb": _status_mb("VmHWM"), "base_mb": state["base"], "tokens": acc["tokens"],
-                   "prompt_tokens": acc["prompt_tokens"], "rows": acc["rows"], "params_changed": changed,
-                   "fb_tokens": acc["tokens"] + acc["prompt_tokens"], "f_tokens": 0.0, "fb_rows": acc["rows"]})
-
-    trainer.add_callback(Driver())
+    trainer.add_callback(trl_driver(trainer, acc, args.threads, report))
     _emit({"ready": True, **_weights_info(trainer.model), "load_s": 0.0})
     trainer.train()
 
@@ -295,14 +310,24 @@ def machine_figures(threads: int, m: int, k: int, n: int) -> dict:
 
 
 # ---- step-mode driver ---------------------------------------------------------------------------
+def _step_argv(args) -> list[str]:
+    """A step-mode worker's arguments: the driver's settings it must share."""
+    argv = ["--preset", args.preset, "--threads", str(args.threads), "--reps", str(args.reps),
+            "--warmup", str(args.warmup)]
+    for k in ("model", "rollout_batch_size", "n_samples_per_prompt", "max_new_tokens", "micro_batch_size"):
+        if getattr(args, k) is not None:
+            argv += [f"--{k.replace('_', '-')}", str(getattr(args, k))]
+    return argv
+
+
 class Worker:
-    def __init__(self, side: str, args):
-        cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", side, "--preset", args.preset,
-               "--threads", str(args.threads), "--reps", str(args.reps), "--warmup", str(args.warmup)]
-        for k in ("model", "rollout_batch_size", "n_samples_per_prompt", "max_new_tokens", "micro_batch_size"):
-            if getattr(args, k) is not None:
-                cmd += [f"--{k.replace('_', '-')}", str(getattr(args, k))]
-        env = child_env(OMP_NUM_THREADS=str(args.threads), TOKENIZERS_PARALLELISM="false")
+    """One side's long-lived worker process, ``SCRIPT --worker SIDE ARGV...``, driven one step per 'go' line on
+    its stdin; every answer is a RESULT line on its stdout (its first: what it built). bench/tool_step.py drives
+    its workers with it too (``script``)."""
+
+    def __init__(self, side: str, argv: list[str], *, threads: int, script: str | Path = __file__):
+        cmd = [sys.executable, str(Path(script).resolve()), "--worker", side, *argv]
+        env = child_env(OMP_NUM_THREADS=str(threads), TOKENIZERS_PARALLELISM="false")
         self.side = side
         self.p = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=REPO_ROOT,
                                   env=env)
@@ -343,7 +368,7 @@ def run_steps(args) -> dict:
     steps = {s: [] for s in ("rftlib", "trl")}
     try:
         for side in steps:
-            workers[side] = Worker(side, args)
+            workers[side] = Worker(side, _step_argv(args), threads=args.threads)
         for i in range(args.warmup + args.reps):
             for side, w in workers.items():
                 r = w.step()

@@ -41,18 +41,16 @@ Needs the bench extra (trl==1.16.0): pip install -e ".[bench]".
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_logprobs import child_env  # noqa: E402
-from grpo_step import RESULT, REPO_ROOT, _emit, _reset_peak, _set_threads, _status_mb, torch_equal  # noqa: E402
+from grpo_step import (REPO_ROOT, Worker, _emit, _reset_peak, _set_threads, _status_mb,  # noqa: E402
+                       timed, torch_equal, trl_driver)
 
 TEMPLATE = (
     "{% for message in messages %}"
@@ -140,7 +138,6 @@ def worker_trl(args) -> None:
     import torch
     from datasets import Dataset
     from peft import LoraConfig, PeftModel
-    from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
     from trl.chat_template_utils import is_chat_template_prefix_preserving, qwen3_template, supports_tool_calling
 
@@ -215,91 +212,41 @@ def worker_trl(args) -> None:
     torch.set_num_threads(args.threads)  # accelerate may have set its own
     acc = {"score": 0.0, "rollout": 0.0, "model_tokens": 0.0, "rows": 0}
 
-    def timed(name, fn, after=None):
-        def wrapper(*a, **kw):
-            t = time.perf_counter()
-            out = fn(*a, **kw)
-            acc[name] += time.perf_counter() - t
-            if after:
-                after(out)
-            return out
-        return wrapper
-
     def count(out):  # the model tokens TRL trains on: completion mask x tool mask (tool tokens masked out)
         m = out["completion_mask"] * out["tool_mask"] if out.get("tool_mask") is not None else out["completion_mask"]
         acc["model_tokens"] += float(m.sum())
         acc["rows"] += int(m.shape[0])
 
-    trainer._generate = timed("rollout", trainer._generate)  # generation, the tool loop and the rewards' inputs
-    trainer._calculate_rewards = timed("rollout", trainer._calculate_rewards)
-    trainer._generate_and_score_completions = timed("score", trainer._generate_and_score_completions, count)
-    state = {}
-    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
+    trainer._generate = timed(acc, "rollout", trainer._generate)  # generation, the tool loop, the rewards' inputs
+    trainer._calculate_rewards = timed(acc, "rollout", trainer._calculate_rewards)
+    trainer._generate_and_score_completions = timed(acc, "score", trainer._generate_and_score_completions, count)
 
     def last_metric(key: str) -> float:
         vals = getattr(trainer, "_metrics", {}).get("train", {}).get(key) or [0.0]
         return float(vals[-1])
 
-    class Driver(TrainerCallback):
-        def on_step_begin(self, a, s, c, **kw):
-            if sys.stdin.readline().strip() != "go":
-                raise SystemExit(0)
-            for k in acc:
-                acc[k] = 0
-            torch.set_num_threads(args.threads)
-            state["base"] = _reset_peak()
-            state["t"] = time.perf_counter()
+    def report(wall: float, base_mb: float, changed: int) -> dict:
+        return {"wall": wall, "rollout": acc["rollout"], "update": wall - acc["rollout"],
+                "peak_mb": _status_mb("VmHWM"), "base_mb": base_mb, "model_tokens": acc["model_tokens"],
+                "rows": acc["rows"], "turns": float("nan"), "call_rate": last_metric("tools/call_frequency"),
+                "failure_rate": last_metric("tools/failure_frequency"), "reward": last_metric("reward"),
+                "params_changed": changed}
 
-        def on_step_end(self, a, s, c, **kw):
-            wall = time.perf_counter() - state["t"]
-            changed = sum(int(not torch_equal(p, before[n])) for n, p in trainer.model.named_parameters()
-                          if n in before)
-            _emit({"wall": wall, "rollout": acc["rollout"], "update": wall - acc["rollout"],
-                   "peak_mb": _status_mb("VmHWM"), "base_mb": state["base"], "model_tokens": acc["model_tokens"],
-                   "rows": acc["rows"], "turns": float("nan"), "call_rate": last_metric("tools/call_frequency"),
-                   "failure_rate": last_metric("tools/failure_frequency"), "reward": last_metric("reward"),
-                   "params_changed": changed})
-
-    trainer.add_callback(Driver())
+    trainer.add_callback(trl_driver(trainer, acc, args.threads, report))
     _emit({"ready": True, "budget": budget, "prompt_len": prompt_len})
     trainer.train()
 
 
 # ---- driver -------------------------------------------------------------------------------------
-class Worker:
-    def __init__(self, side: str, args):
-        cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", side, "--preset", args.preset,
-               "--threads", str(args.threads), "--reps", str(args.reps), "--warmup", str(args.warmup)]
-        for flag, v in (("--model", args.model), ("--adapter", args.adapter), ("-B", args.rollout_batch_size),
-                        ("-G", args.n_samples_per_prompt), ("--max-trajectory-tokens", args.max_trajectory_tokens)):
-            if v is not None:
-                cmd += [flag, str(v)]
-        self.side = side
-        self.p = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=REPO_ROOT,
-                                  env=child_env(OMP_NUM_THREADS=str(args.threads), TOKENIZERS_PARALLELISM="false"))
-        self.info = self._read()
-
-    def _read(self) -> dict:
-        for line in self.p.stdout:
-            if line.startswith(RESULT):
-                return json.loads(line[len(RESULT):])
-        raise RuntimeError(f"{self.side} worker exited (rc {self.p.wait()}) without a result; its stderr is above")
-
-    def step(self) -> dict:
-        self.p.stdin.write("go\n")
-        self.p.stdin.flush()
-        return self._read()
-
-    def close(self) -> None:
-        try:
-            self.p.stdin.write("stop\n")
-            self.p.stdin.close()
-        except (BrokenPipeError, OSError):
-            pass
-        try:
-            self.p.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            self.p.kill()
+def _argv(args) -> list[str]:
+    """A worker's arguments: the driver's settings it must share."""
+    argv = ["--preset", args.preset, "--threads", str(args.threads), "--reps", str(args.reps), "--warmup",
+            str(args.warmup)]
+    for flag, v in (("--model", args.model), ("--adapter", args.adapter), ("-B", args.rollout_batch_size),
+                    ("-G", args.n_samples_per_prompt), ("--max-trajectory-tokens", args.max_trajectory_tokens)):
+        if v is not None:
+            argv += [flag, str(v)]
+    return argv
 
 
 def run(args) -> dict:
@@ -311,7 +258,7 @@ def run(args) -> dict:
     workers, steps = {}, {s: [] for s in ("rftlib", "trl")}
     try:
         for side in steps:
-            workers[side] = Worker(side, args)
+            workers[side] = Worker(side, _argv(args), threads=args.threads, script=__file__)
         print(f"TRL: max_completion_length {workers['trl'].info['budget']} (rftlib's max_trajectory_tokens); median "
               f"prompt {workers['trl'].info['prompt_len']:.0f} tokens", flush=True)
         for i in range(args.warmup + args.reps):
