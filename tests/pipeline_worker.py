@@ -2,10 +2,10 @@
 max_staleness 1, 4 steps, a checkpoint every step; ``--resume`` continues the attempt.
 
 ``--multi-turn``: two-turn episodes (issue 40: kill -9 mid-episode) through the multi_turn source against
-``TwoTurnEnv``, which answers the model's first turn with a user message and scores its second. Every turn ends
-after exactly ``TURN_TOKENS`` sampled tokens with the stop token (forced in the sampler: the random tiny model
-rarely samples it), so no turn is cut by a length and every batch makes exactly two engine calls, one a turn:
-the CopyEngine's in-flight marker ``inflight_<2b>`` is batch b's second turn.
+``toy_envs.TwoTurnEnv``, which answers the model's first turn with a user message and scores its second. Every
+turn ends after exactly ``TURN_TOKENS`` sampled tokens with the stop token (forced in the sampler: the random tiny
+model rarely samples it), so no turn is cut by a length and every batch makes exactly two engine calls, one a
+turn: the CopyEngine's in-flight marker ``inflight_<2b>`` is batch b's second turn.
 
 usage: pipeline_worker.py RUNS_ROOT NAME [--resume] [--multi-turn]   (env: RFT_TOY_GEN_DELAY, RFT_TOY_CONTROL)
 """
@@ -18,32 +18,17 @@ from dataclasses import replace
 import torch
 
 from toy_engines import register_copy_engine
+from toy_envs import TwoTurnEnv
 from toy_rewards import isdigit_share
 
 from rftlib.config import make_config
-from rftlib.envs.base import ENVS, Step
+from rftlib.envs.base import ENVS
 from rftlib.train.build import build_task
 from rftlib.train.loop import Trainer
 
 
 TURN_TOKENS = 3
 """sampled tokens of every model turn in --multi-turn (the stop token is forced after them)"""
-
-
-class TwoTurnEnv:
-    """Turn 1: any text, answered by a user message; turn 2: scored by the tiny task's reward, episode over."""
-
-    def __init__(self, task):
-        self.turn = 0
-
-    def reset(self, example, seed):
-        return [{"role": "user", "content": example.prompt}]
-
-    def step(self, text, *, truncated=False):
-        self.turn += 1
-        if truncated or self.turn == 2:
-            return Step([], isdigit_share(text, None, truncated)[0], True, {"stop": "length" if truncated else "answer"})
-        return Step([{"role": "user", "content": "Result: 42"}], 0.0, False, {"tool_calls": 1.0})
 
 
 def force_stop_after(n: int, stop: list[int]) -> None:

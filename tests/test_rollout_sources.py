@@ -15,6 +15,7 @@ import json
 
 import pytest
 
+from toy_envs import TwoTurnEnv
 from toy_rewards import isdigit_share
 
 MACHINE_KEYS = ("timing/", "memory/", "throughput/")
@@ -94,28 +95,6 @@ def test_tokens_outside_the_model_mask_get_no_gradient_and_are_not_counted(tiny_
     assert grad[0, 1:3].eq(0).all()  # the environment span: exactly zero, by the mask, not by rounding
 
 
-class _TwoTurnEnv:
-    """A scripted environment: the model's first turn gets a fixed tool-style answer, its second ends the
-    episode, scored by the digit share of that turn (isdigit_share). A turn cut by the budget ends it too."""
-
-    ANSWER = "Result: 42"
-
-    def __init__(self, task):
-        self.turn = 0
-
-    def reset(self, example, seed):
-        return [{"role": "user", "content": example.prompt}]
-
-    def step(self, text, *, truncated=False):
-        from rftlib.envs.base import Step
-
-        self.turn += 1
-        if truncated or self.turn == 2:
-            return Step([], isdigit_share(text, None, truncated)[0], True,
-                        {"stop": "length" if truncated else "answer"})
-        return Step([{"role": "user", "content": self.ANSWER}], 0.0, False, {"tool_calls": 1.0})
-
-
 def test_a_multi_turn_step_trains_and_the_environment_tokens_are_masked(tiny_dir, tiny_cfg, monkeypatch):
     """One GRPO step of two-turn episodes through the multi_turn source on HF generate (the tiny model).
 
@@ -131,7 +110,7 @@ def test_a_multi_turn_step_trains_and_the_environment_tokens_are_masked(tiny_dir
     from rftlib.train.loop import Trainer
 
     monkeypatch.setattr(ENVS, "_table", dict(ENVS._table))  # the registration ends with the test
-    ENVS.register("two_turn_test", _TwoTurnEnv)
+    ENVS.register("two_turn_test", TwoTurnEnv)
     real = hf.SampleAndRecord.__call__
 
     def biased(self, input_ids, scores):
@@ -169,10 +148,10 @@ def test_a_multi_turn_step_trains_and_the_environment_tokens_are_masked(tiny_dir
         end = start + mm[start:].index(1)  # the environment's span, up to the model's second turn
         span = tr.tok.decode(ids[start:end])
         assert ids[start:start + len(nl)] == nl  # the boundary newline the engine never generates is the env's
-        assert span == f"\n<|im_start|>user\n{_TwoTurnEnv.ANSWER}<|im_end|>\n<|im_start|>assistant\n", span
+        assert span == f"\n<|im_start|>user\n{TwoTurnEnv.ANSWER}<|im_end|>\n<|im_start|>assistant\n", span
     # the samples file (save_steps 1) keeps each logged row's transcript: the environment's run is that span
     rows = [json.loads(x) for x in (tr.run_dir / "logs" / "samples" / "samples_step1.jsonl").read_text().splitlines()]
-    want = f"\n<|im_start|>user\n{_TwoTurnEnv.ANSWER}<|im_end|>\n<|im_start|>assistant\n"
+    want = f"\n<|im_start|>user\n{TwoTurnEnv.ANSWER}<|im_end|>\n<|im_start|>assistant\n"
     for i, r in enumerate(rows):
         env_runs = [sp["text"] for sp in r.get("transcript", []) if sp["who"] == "env"]
         assert env_runs[:1] == ([want] if bool(two_turn[i]) else []), (i, r.get("transcript"))
