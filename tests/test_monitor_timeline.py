@@ -90,11 +90,11 @@ def test_the_bottleneck_leaves_evals_out_and_counts_scoring():
     assert "rollouts 83% (generate 17%, score 67%)" in title and "bottleneck: rollouts" in title, title
 
 
-def test_eval_generation_is_on_every_engine_it_used():
+def test_eval_generation_is_on_every_engine_it_used(tmp_path):
     """An eval's generate calls are ``eval`` lines on the engine lane (they were on no lane), one per engine that got
     a share of the call: server engines take prompt i on engine i % N, so 2 prompts on 3 engines use engines 0 and 1,
     5 prompts all three; an engine without servers is engine 0 (every generate was engine 0 before)."""
-    from rftlib.train.loop import Trainer, _TimedEngine
+    from rftlib.train.timeline_hook import TrainerTimeline
 
     class Servers:
         servers = [object(), object(), object()]
@@ -103,15 +103,14 @@ def test_eval_generation_is_on_every_engine_it_used():
         def generate(self, prompts, **kw):
             return len(prompts)
 
-    tl = Timeline()
-    stub = SimpleNamespace(engine=Servers(), timeline=tl, dist=SimpleNamespace(rank=0), step_num=4)
-    stub.engine_lanes = lambda n: Trainer.engine_lanes(stub, n)
-    timed = _TimedEngine(stub.engine, stub)
+    hook = TrainerTimeline(tmp_path, rank=0, is_main=True, engine=Servers(), step=lambda: 4)
+    timed = hook.eval_engine(hook.engine)
     assert timed.precision == "float32" and timed.generate(["a", "b"], group_size=1) == 2
     timed.generate(["p"] * 5, group_size=1)
-    got = [(it["lane"], it["phase"], it["engine"], it["step"]) for it in tl.drain()]
+    got = [(it["lane"], it["phase"], it["engine"], it["step"]) for it in hook.timeline.drain()]
     assert got == [("engine", "eval", 0, 4), ("engine", "eval", 1, 4)] + [("engine", "eval", k, 4) for k in range(3)]
-    assert Trainer.engine_lanes(SimpleNamespace(engine=object()), 8) == [{"engine": 0}]
+    single = TrainerTimeline(tmp_path, rank=0, is_main=False, engine=object(), step=lambda: 0)
+    assert single.engine_lanes(8) == [{"engine": 0}]
 
 
 def test_an_open_span_counts_until_now():

@@ -143,7 +143,7 @@ def test_each_trainer_rank_sends_vllm_its_own_seeds():
     Rank 0 keeps the single-process stream (Random(seed)); rank r starts from seed + 1,000,003 x r, as the HF path
     reseeds torch per rank (rftlib.train.build). Before the fix every rank drew from Random(seed): rank 1's i-th
     prompt sampled vLLM's stream of rank 0's i-th prompt, call after call. The pipeline's next-seed draw (the
-    trainer's _next_seed reads engine.rng) takes the same stream."""
+    trainer's seed, rftlib.train.pipeline.engine_seed, reads engine.rng) takes the same stream."""
     import random
 
     G, B, calls = 4, 3, 2

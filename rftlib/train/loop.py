@@ -8,7 +8,9 @@ score) -> :meth:`Trainer.advantages` (reference / old logprobs, shaped rewards, 
 -> :meth:`Trainer.update` (micro-batched, gradient-accumulated loss) -> :meth:`Trainer.sync` -> metrics;
 :meth:`Trainer.evaluate` scores the held-out set. The run around the steps (evals, checkpoints, health, stops, the
 summary: :meth:`Trainer.train`) is rftlib.train.run's ``RunLoop``, mixed in; the bookkeeping a checkpoint saves is
-``Trainer.state`` (rftlib.train.state). ``Trainer.hooks`` see every phase (its name, seconds
+``Trainer.state`` (rftlib.train.state); where the next batch comes from (inline, or a producer thread k batches
+ahead, and the adapters shared engines keep for it) is rftlib.train.pipeline's; ``Trainer.timeline`` records where
+the time goes (rftlib.train.timeline_hook). ``Trainer.hooks`` see every phase (its name, seconds
 and result), ``Trainer.around`` wrap them: how a bench, a validation or a test observes a step without
 patching the trainer.
 One call of :meth:`Trainer.step` is one rollout; it makes ``num_updates_per_rollout x B /
@@ -43,7 +45,6 @@ from rftlib.models.forward import completion_logprobs
 from rftlib.models.loading import causal_lm, compute_dtype, is_peft
 from rftlib.models.precision import describe as describe_precision
 from rftlib.monitor import records
-from rftlib.monitor.timeline import Timeline, TimelineLog, shares
 from rftlib.rewards.registry import Reward, as_reward
 from rftlib.rollout.base import transcript_spans
 from rftlib.rollout.sources import SOURCES, Sampling, source_name
@@ -55,11 +56,12 @@ from rftlib.train.evaluation import EVAL_KEY, evaluate_probes  # noqa: F401  EVA
 from rftlib.train.step_memory import preflight_gib, step_memory
 from rftlib.train.phases import (Advantaged, Around, EvalResult, Forward, Hook, Scored, SyncResult, UpdateResult,
                                  phase)
-from rftlib.train.pipeline import log_trained, make_source, staleness_metrics
+from rftlib.train.pipeline import engine_seed, hold_for_other_ranks, log_trained, make_source, staleness_metrics
 from rftlib.train.record import Recorder
 from rftlib.train.run import BUDGET_STOP, RunLoop  # noqa: F401  BUDGET_STOP: importers of loop
 from rftlib.train.state import TrainerState
 from rftlib.train.step_metrics import first_group, step_metrics, write_step_logs
+from rftlib.train.timeline_hook import TrainerTimeline
 from rftlib.train.update_parts import (NoiseScaleProbe, full_width, no_grad_batch_rows, rows_of, sequence_log_ratio,
                                       token_diagnostics, truncated_is)
 
@@ -137,16 +139,15 @@ class Trainer(RunLoop):
             self.memory_estimate = preflight_gib(cfg, causal_lm(self.model).config, D.world_size, prompt_len=256,
                                                 chunk_rows=self.logprob_chunk_size)
         self.session_end: int | None = None  # the step train() stops at this session (None: num_steps)
-        self._timeline_log = TimelineLog(self.run_dir) if D.is_main else None  # logs/timeline.jsonl (rank 0)
+        self.timeline: TrainerTimeline | None = None  # logs/timeline.jsonl, from the first sync on
         if resume:
             ckpt.resume_trainer(self)
-            if self._timeline_log is not None:
-                self._timeline_log.truncate_after(self.step_num)
             if D.is_main:  # the steps after the checkpoint run again and are recorded again
                 records.truncate_after(self.run_dir, self.step_num)
         self.recorder = Recorder(self)  # records/step_N: the batches record_batches names (rftlib.train.record)
         # every rank records where its time goes (its rows' timing/*_busy); rank 0 writes them
-        self.timeline = Timeline(time.time() - (self._timeline_log.offset() if self._timeline_log and resume else 0.0))
+        self.timeline = TrainerTimeline(self.run_dir, rank=D.rank, is_main=D.is_main, engine=self.engine,
+                                        step=lambda: self.step_num, resume_step=self.step_num if resume else None)
         if not self.engine.shares_trainer_module:  # once the weights are final: a resume restored the adapter
             sync = self.sync(verify=True)
             self.engine.initial_sync = sync.details
@@ -159,7 +160,7 @@ class Trainer(RunLoop):
         # generating up to k batches ahead (rftlib.train.pipeline); the engine holds the version it starts with
         self.source = make_source(cfg.max_staleness, produce_inline=self.rollout, produce_indices=self.rollout_of,
                                   draw=self.sampler.next,
-                                  next_seed=self._next_seed, produce=self.produce, engine=self.engine,
+                                  next_seed=lambda: engine_seed(self.engine), produce=self.produce, engine=self.engine,
                                   version=self.step_num, adapter=getattr(self.engine, "adapter", None))
         self.source.load_pending(self.state.pending)
         if self.state.pending and D.is_main:
@@ -234,10 +235,8 @@ class Trainer(RunLoop):
             t_wait = time.time()
             # no batch is permitted past this session's last step (stop_after_steps): none is generated untrained
             scored, waited = self.source.take(self.step_num + 1, n_prompts, last=self.session_end or cfg.num_steps)
-            if self.source.threaded:
-                self.timeline.add("trainer", "wait", t_wait, t_wait + waited, rank=self.dist.rank,
-                                  step=self.step_num + 1)
             if self.source.threaded:  # the producer generated it: the rollout phase's observers see it here
+                self.timeline.wait(t_wait, waited)
                 for hook in self.hooks:
                     hook("rollout", waited, scored)
             drawn.append(scored)
@@ -257,13 +256,14 @@ class Trainer(RunLoop):
         recorded = self.recorder.finish(self.step_num + 1, adv, upd, versions)  # records/step_N (record_batches)
         sync = self.sync()  # 4: the engine samples the new policy next step
         self.step_num += 1
-        self._hold_for_other_ranks()
+        self.state.held_for_others = hold_for_other_ranks(self.engine, self.dist, self.source.threaded,
+                                                          self.state.held_for_others)
         self.source.publish(self.step_num, getattr(self.engine, "adapter", None))  # batches started now sample it
         t_end = time.time()
         timing = {"generate": sum(s.generate_seconds for s in drawn), "reward": sum(s.reward_seconds for s in drawn),
                   "reference": adv.reference_seconds, "update": t_update, "sync": sync.seconds,
                   "wait_rollout": waited, "step": t_end - t_step}
-        timing.update(self._busy_shares(t_step, t_end))
+        timing.update(self.timeline.busy_shares(t_step, t_end))
         # TRL's frac_reward_zero_std: groups of the first rollout whose G rewards are all equal (no signal)
         zero_std = float(constant_groups(first.rewards, G).float().mean())
         extra = {**adv.metrics, **batch.metrics, "frac_reward_zero_std": zero_std}
@@ -271,55 +271,6 @@ class Trainer(RunLoop):
             timing["record"] = recorded["seconds"]
         row = self._step_row(adv, upd, sync, timing, extra, versions, recorded)  # 5
         return row
-
-    def _hold_for_other_ranks(self) -> None:
-        """Server engines shared by several ranks at max_staleness > 0: rank 0 alone loads and unloads adapters, and
-        its own holds are its own producer's, while another rank's producer may still sample an older version.
-        Before the ranks publish the new version, each reports the adapters it holds (its newest, and any in
-        flight); rank 0 holds those on the others' behalf and lets one go once no later report names it. A report
-        made before the publish includes every version another rank can still bind, so none is unloaded under it."""
-        eng, D = self.engine, self.dist
-        if not (self.source.threaded and D.distributed and getattr(eng, "shared_across_ranks", False)
-                and hasattr(eng, "inflight")):
-            return
-        parts = D.gather_objects(sorted(n for n, c in eng.inflight.items() if c > 0))
-        if not D.is_main:
-            return
-        held = getattr(self, "_held_for_others", set())
-        others = {n for p in parts[1:] for n in p}
-        for name in sorted(others - held):
-            eng.hold(name)
-        for name in sorted(held - others):
-            eng.release(name)
-        self._held_for_others = others
-
-    _TIMELINE_PHASES = ("rollout", "advantages", "update", "sync", "eval")
-
-    def _on_phase(self, name: str, t0: float, t1: float) -> None:
-        """A public phase ended (rftlib.train.phases.phase): the trainer lane of the timeline. A synchronous
-        rollout is the trainer's own phase; a threaded producer's batch shows on the engine lane instead."""
-        if name in self._TIMELINE_PHASES and hasattr(self, "timeline"):
-            self.timeline.add("trainer", name, t0, t1, rank=self.dist.rank,
-                              step=self.step_num if name == "eval" else self.step_num + 1)
-
-    def _busy_shares(self, lo: float, hi: float) -> dict[str, float]:
-        """timing/trainer_busy, engine_busy, reward_busy and rollout_busy (fractions of the step's wall time,
-        rftlib.monitor.timeline.shares) and timing/overlap (seconds trainer and engines were both busy), from this
-        rank's intervals of the step, a batch still generating or scoring at its end included."""
-        return shares(self.timeline.peek(now=hi), lo - self.timeline.origin, hi - self.timeline.origin)
-
-    def engine_lanes(self, n_prompts: int) -> list[dict[str, int]]:
-        """The timeline's engine fields of a generate call of ``n_prompts`` prompts: server engines take prompt i on
-        engine i % N (rftlib.rollout.vllm_server.VLLMServerEngine._sample), so the call runs on the first
-        min(N, n_prompts) engines side by side; any other engine is engine 0."""
-        n = len(getattr(self.engine, "servers", None) or [None])
-        return [{"engine": k} for k in range(max(1, min(n, n_prompts)))]
-
-    def _flush_timeline(self) -> None:
-        """Rank 0 appends what the timeline recorded to logs/timeline.jsonl (the other ranks forget theirs)."""
-        items = self.timeline.drain()
-        if self._timeline_log is not None:
-            self._timeline_log.append(items)
 
     @phase("rollout")
     def rollout(self, n_prompts: int) -> Scored:
@@ -333,13 +284,6 @@ class Trainer(RunLoop):
         """The synchronous rollout of given prompts (pool indices of the global batch): a checkpoint's batch that an
         asynchronous attempt drew and did not train, resumed at max_staleness 0."""
         return self.produce(global_indices)
-
-    def _next_seed(self) -> int | None:
-        """The engine's base seed for a batch, drawn on the trainer's thread when the batch is permitted (the draw
-        ``rftlib.rollout.vllm`` makes inside generate), so a threaded producer keeps the engine's seed stream in the
-        step order; None for an engine that draws none."""
-        rng = getattr(self.engine, "rng", None)
-        return None if rng is None else rng.randrange(2**40)
 
     def produce(self, global_indices: list[int], *, seed: int | None = None, adapter: str | None = None,
                 version: int | None = None, batch: int | None = None) -> Scored:
@@ -357,13 +301,10 @@ class Trainer(RunLoop):
         examples = [self.task.train[i] for i in indices]
         version = self.step_num if version is None else version
         batch = self.step_num + 1 if batch is None else batch
-        lanes = {"generate": lambda: self.timeline.span("engine", "generate", each=self.engine_lanes(len(examples)),
-                                                        rank=D.rank, batch=batch, version=version, step=batch),
-                 "reward": lambda: self.timeline.span("producer", "reward", rank=D.rank, batch=batch, step=batch)}
         out = self.rollout_source(examples, engine=self.engine, tok=self.tok, system_prompt=self.task.system_prompt,
                                   reward=self.training_reward(), group_size=G, device=self.dist.device,
                                   sampling=Sampling(cfg.max_new_tokens, cfg.temperature, cfg.top_p, seed, adapter),
-                                  spans=lambda name: lanes[name]())
+                                  spans=self.timeline.produce_spans(len(examples), batch=batch, version=version))
         ro, diags = out.rollout, out.diags
         items = [(ro, g, ex, idx, diags[g * G:(g + 1) * G]) for g, (ex, idx) in enumerate(zip(examples, indices))]
         return Scored(items, torch.tensor(out.rewards), generate_seconds=out.generate_seconds,
@@ -677,7 +618,7 @@ class Trainer(RunLoop):
         if self.memory_estimate is not None:
             row["memory/preflight_gib"] = self.memory_estimate
         self._group = first_group(allr, G)
-        self._flush_timeline()
+        self.timeline.flush()
         if D.is_main:
             write_step_logs(self.logger, self.cfg, self.step_num, row, allr, record=(recorded or {}).get("path"))
             log_trained(self.run_dir, self.step_num, allr["indices"], allr["versions"])
@@ -729,7 +670,7 @@ class Trainer(RunLoop):
     def evaluate(self) -> EvalResult:
         """greedy_pass@1 (or the probe's sampling mode) on every eval probe, sharded over ranks (the same
         number as one process gives); results in eval/step_N[_probe].json and the history."""
-        engine = _TimedEngine(self.engine, self) if hasattr(self, "timeline") else self.engine
+        engine = self.timeline.eval_engine(self.engine) if self.timeline is not None else self.engine
         row = evaluate_probes(self.cfg, engine, self.tok, self.task, self.dist, self.run_dir, self.step_num,
                               self.eval_precision)
         self.eval_history.append(row)
@@ -738,32 +679,13 @@ class Trainer(RunLoop):
     # ---- checkpoints and resume (rftlib.train.checkpoint) -------------------------------------------------
     def save(self) -> Path:
         """Checkpoint this step: the backend's weights and optimizer, the peft adapter, RNG, sampler, evals."""
-        timeline = getattr(self, "timeline", None)
-        with timeline.span("trainer", "save", rank=self.dist.rank, step=self.step_num) if timeline else \
-                contextlib.nullcontext():
+        with self.timeline.save_span() if self.timeline is not None else contextlib.nullcontext():
             return ckpt.save_trainer(self)
 
     def _unlock(self) -> None:
         if self._lock is not None:
             self._lock.close()  # the kernel drops the flock with the file
             self._lock = None
-
-
-class _TimedEngine:
-    """The trainer's engine as an eval sees it: each generate call is an ``eval`` interval on the timeline's engine
-    lane (one per engine that got a share: Trainer.engine_lanes), everything else the engine's own."""
-
-    def __init__(self, engine, trainer: Trainer):
-        self._engine, self._trainer = engine, trainer
-
-    def __getattr__(self, name: str):
-        return getattr(self._engine, name)
-
-    def generate(self, prompts, **kw):
-        tr = self._trainer
-        with tr.timeline.span("engine", "eval", each=tr.engine_lanes(len(prompts)), rank=tr.dist.rank,
-                              step=tr.step_num):
-            return self._engine.generate(prompts, **kw)
 
 
 def resume_config(run_dir: str | Path, **overrides: Any) -> RunConfig:

@@ -59,9 +59,9 @@ def phase(name: str, *, synchronize: bool = True):
                 if synchronize:  # its kernels are its time
                     settle(getattr(getattr(self, "dist", None), "device", None))
                 seconds = time.time() - t
-            on_phase = getattr(self, "_on_phase", None)  # the trainer's timeline (rftlib.monitor.timeline)
-            if on_phase is not None:
-                on_phase(name, t, t + seconds)
+            timeline = getattr(self, "timeline", None)  # the trainer's (rftlib.train.timeline_hook), once it has one
+            if timeline is not None:
+                timeline.on_phase(name, t, t + seconds)
             for hook in self.hooks:
                 hook(name, seconds, result)
             return result

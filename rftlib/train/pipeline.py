@@ -263,6 +263,38 @@ class ThreadedSource:
         return True
 
 
+def engine_seed(engine) -> int | None:
+    """The engine's base seed for a batch, drawn on the trainer's thread when the batch is permitted (the draw
+    ``rftlib.rollout.vllm`` makes inside generate), so a threaded producer keeps the engine's seed stream in the
+    step order; None for an engine that draws none."""
+    rng = getattr(engine, "rng", None)
+    return None if rng is None else rng.randrange(2**40)
+
+
+def hold_for_other_ranks(engine, dist, threaded: bool, held: set[str]) -> set[str]:
+    """The adapters rank 0 holds loaded on the other ranks' behalf after this step; ``held``: those it held before.
+
+    Server engines shared by several ranks at max_staleness > 0: rank 0 alone loads and unloads adapters, and its
+    own holds (ThreadedSource._hold) are its own producer's, while another rank's producer may still sample an older
+    version. Before the ranks publish the new version, each reports the adapters it holds (its newest, and any in
+    flight); rank 0 holds those on the others' behalf and lets one go once no later report names it. A report made
+    before the publish includes every version another rank can still bind, so none is unloaded under it. A
+    collective when it applies (every rank calls it at the same point of the step); ``held`` back unchanged when it
+    does not (one rank, k = 0, an engine not shared) and on the other ranks."""
+    if not (threaded and dist.distributed and getattr(engine, "shared_across_ranks", False)
+            and hasattr(engine, "inflight")):
+        return held
+    parts = dist.gather_objects(sorted(n for n, c in engine.inflight.items() if c > 0))
+    if not dist.is_main:
+        return held
+    others = {n for p in parts[1:] for n in p}
+    for name in sorted(others - held):
+        engine.hold(name)
+    for name in sorted(held - others):
+        engine.release(name)
+    return others
+
+
 def make_source(k: int, **kw) -> InlineSource | ThreadedSource:
     """InlineSource at k = 0 (``produce_inline`` and ``produce_indices`` given), ThreadedSource otherwise
     (ThreadedSource's arguments)."""

@@ -101,7 +101,7 @@ class RunLoop:
                 break
         if main:  # a stop asked during this session is honoured by its end (stopped or done): a resume goes on
             (self.run_dir / STOP_FILE).unlink(missing_ok=True)
-        self._flush_timeline()
+        self.timeline.flush()
         if bar is not None:
             bar.close()
         return self.summary()

@@ -30,6 +30,11 @@ class TrainerState:
     """max_staleness > 0: batches a checkpoint had permitted (their prompts drawn) but not trained; a resume
     generates them first, from the resumed weights (rftlib.train.pipeline), so none is skipped or trained twice"""
 
+    held_for_others: set[str] = field(default_factory=set)
+    """rank 0 of server engines shared by the ranks at max_staleness > 0: the adapters it holds loaded because
+    another rank's producer may still sample them (rftlib.train.pipeline.hold_for_other_ranks). Not saved: a
+    resume syncs the engines afresh and the other ranks report again before the first publish"""
+
     def saved(self) -> dict[str, Any]:
         """The fields as ``trainer_state.json`` holds them (``pending`` goes under ``pipeline``)."""
         return {"step": self.step, "eval_history": self.eval_history, "skipped_steps": self.skipped_steps}
