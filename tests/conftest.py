@@ -95,7 +95,8 @@ def pytest_collection_modifyitems(items):
             item.add_marker(pytest.mark.fast)
         if item.path.name.startswith(SOLO_MODULES):
             item.add_marker(pytest.mark.solo)
-        if item.path.name.startswith(NUMERIC_MODULES) and not item.get_closest_marker("plumbing"):
+        if item.path.name.startswith(NUMERIC_MODULES) and not (item.get_closest_marker("plumbing")
+                                                                or item.get_closest_marker("same_kernels")):
             item.add_marker(pytest.mark.numeric)
 
 

@@ -120,6 +120,7 @@ def test_one_rank_deepspeed_with_row_skipping_follows_one_process(tmp_path):
         assert torch.allclose(one["weights"][k], ds["weights"][k], atol=1e-5, rtol=0), k
 
 
+@pytest.mark.same_kernels  # bit for bit against a run on the same kernels: not in the forced-ISA pass
 def test_ddp_stop_and_resume_equals_uninterrupted(ddp, tmp_path):
     """2 ranks, 2 steps, a stop (checkpoint), a relaunch that resumes for 2 more: the same weights and
     Adam moments, bit for bit, as 4 uninterrupted steps (gloo's reductions are deterministic)."""
@@ -159,6 +160,7 @@ def test_zero3_two_ranks_match_one_process_and_partition(single, zero3):
     assert abs(local0 / full0 - 0.5) < 0.02 and abs(local1 / full1 - 0.5) < 0.02, zero3["partition"]
 
 
+@pytest.mark.same_kernels  # bit for bit against a run on the same kernels: not in the forced-ISA pass
 def test_zero3_stop_and_resume_equals_uninterrupted(zero3, tmp_path):
     run_worker(tmp_path, "--backend", "deepspeed", "--set", f"deepspeed_config={ZERO3}", "--stop-after", "2", nproc=2)
     resumed = run_worker(tmp_path, "--backend", "deepspeed", "--set", f"deepspeed_config={ZERO3}", "--resume",
