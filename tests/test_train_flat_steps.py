@@ -3,13 +3,17 @@ and the metrics row carries the memory a step leaves, not only the run's high-wa
 
 The tiny model with B x G = 8 x 8 rows and a reward that varies with the completion (non-zero advantages,
 so the update runs rows, keeps entropy / ratio accumulators, steps Adam), evals and checkpoints every 4
-steps: the loop ``rft train`` runs. Counts are taken at steps 16, 20 and 24, each an eval step (taken when
+steps: the loop ``rft train`` runs. Counts are taken at steps 16, 20, 24 and 28, each an eval step (taken when
 its row is emitted, before its checkpoint), so every kind of work has run before the first count: Adam's
 state from step 1, the first checkpoint's lazy imports at step 4, the first pruned checkpoint
 (max_ckpt_num 1) at step 8. Tensors alive: the same count at each (a kept tensor of any size shows).
 Python memory (tracemalloc, which also sees the dicts and strings the collector does not track): what may
 grow is the run's own record, mainly the metrics row the loop keeps for the health verdicts
-(ALLOWANCE_BYTES_PER_STEP). No timings are asserted (bench/long_run_flat.py measures them).
+(ALLOWANCE_BYTES_PER_STEP), in the median of the three 4-step intervals: a step that keeps something keeps it in
+every interval, while a one-time allocation of the process shows in one. tracemalloc sees every thread of the
+process, and under xdist the process has run other tests' files first: in CI's run of 2645741 a module import
+(pydantic models, 9.0 MB) landed between steps 16 and 20 of this test, from no code of this test's trainer.
+No timings are asserted (bench/long_run_flat.py measures them).
 """
 
 from __future__ import annotations
@@ -29,6 +33,8 @@ under their keys) and small caches still filling (names jinja interns while comp
 each checkpoint, transformers' output-capture keys): tracemalloc measured 7.2, 5.3 and 4.6 KB a step over
 steps 16-24, 24-32 and 32-40 of this run. One small object kept per completion (a dict holding its text, 64
 per step) measured 25.7 KB a step."""
+
+CENSUS_STEPS = (16, 20, 24, 28)
 
 NOT_A_STEPS_KEEP = [tracemalloc.Filter(False, "<frozen abc>")]
 """Left out of the census: the ABC machinery's subclass-check caches (``_abc_subclasscheck``, abc.py's line
@@ -67,7 +73,7 @@ def _train(cfg, task, callback) -> Trainer:
 
 
 def test_steps_leave_no_tensors_or_python_memory_behind(tiny_cfg, task_with):
-    cfg = tiny_cfg(num_steps=24, eval_steps=4, save_steps=4, max_ckpt_num=1, rollout_batch_size=8,
+    cfg = tiny_cfg(num_steps=28, eval_steps=4, save_steps=4, max_ckpt_num=1, rollout_batch_size=8,
                    n_samples_per_prompt=8, report_to=["tensorboard"])
     census: dict[int, tuple[int, int, tracemalloc.Snapshot]] = {}
     ran: list[float] = []  # floats only: the test keeps nothing of its own per step (a row carries the live
@@ -79,7 +85,7 @@ def test_steps_leave_no_tensors_or_python_memory_behind(tiny_cfg, task_with):
         ran.append(1.0 - row.get("update/skipped_row_frac", 1.0))
         if row["step"] == 12:
             tracemalloc.start()
-        if row["step"] in (16, 20, 24):  # eval + checkpoint steps: the same work each time
+        if row["step"] in CENSUS_STEPS:  # eval + checkpoint steps: the same work each time
             gc.collect()
             traced, snap = tracemalloc.get_traced_memory()[0], tracemalloc.take_snapshot()
             census[row["step"]] = (_tensors_alive(), traced - _abc_caches(snap), snap)
@@ -90,15 +96,19 @@ def test_steps_leave_no_tensors_or_python_memory_behind(tiny_cfg, task_with):
         tracemalloc.stop()
     assert max(ran) > 0, "the update never ran a row"
     tensors = {s: c[0] for s, c in census.items()}
-    assert len(set(tensors.values())) == 1, f"tensors alive at steps 16/20/24: {tensors}: a step keeps tensors"
-    for a, b in ((16, 20), (20, 24)):
+    assert len(set(tensors.values())) == 1, f"tensors alive at steps {CENSUS_STEPS}: {tensors}: a step keeps tensors"
+    per_step = {}  # (a, b) -> bytes a step, and what grew most
+    for a, b in zip(CENSUS_STEPS, CENSUS_STEPS[1:]):
         (_, ba, sa), (_, bb, sb) = census[a], census[b]
-        per_step = (bb - ba) / (b - a)
         grown = [st for st in sb.filter_traces(NOT_A_STEPS_KEEP).compare_to(sa.filter_traces(NOT_A_STEPS_KEEP), "lineno")
                  if st.size_diff > 0][:5]
-        assert per_step <= ALLOWANCE_BYTES_PER_STEP, (
-            f"{per_step:.0f} bytes of Python objects more per step from step {a} to {b}: a step keeps more than "
-            "its metrics row; grown most:\n" + "\n".join(str(st) for st in grown))
+        per_step[(a, b)] = ((bb - ba) / (b - a), grown)
+    median = sorted(v for v, _ in per_step.values())[len(per_step) // 2]
+    assert median <= ALLOWANCE_BYTES_PER_STEP, (
+        f"{median:.0f} bytes of Python objects more per step in the median interval: a step keeps more than its "
+        "metrics row; per interval, with what grew most:\n" + "\n".join(
+            f"steps {a}-{b}: {v:.0f} B/step\n  " + "\n  ".join(str(st) for st in grown)
+            for (a, b), (v, grown) in per_step.items()))
 
 
 def test_the_census_finds_the_abc_caches_it_leaves_out():

@@ -79,6 +79,7 @@ class Trainer(RunLoop):
     hooks: list[Hook] | tuple = ()  # the instance's lists (__init__); empty for a trainer built without one
     around: list[Around] | tuple = ()
     trace = None  # rftlib.train.record.UpdateTrace while a recorded step's update runs (record_batches)
+    timeline: TrainerTimeline | None = None  # logs/timeline.jsonl (rftlib.train.timeline_hook), from _setup's sync on
 
     def __init__(self, cfg: RunConfig, run_dir: str | Path | None = None, *, resume: bool = False,
                  progress: bool = True, callbacks: list[Callable[[dict], None]] | None = None,
@@ -139,7 +140,7 @@ class Trainer(RunLoop):
             self.memory_estimate = preflight_gib(cfg, causal_lm(self.model).config, D.world_size, prompt_len=256,
                                                 chunk_rows=self.logprob_chunk_size)
         self.session_end: int | None = None  # the step train() stops at this session (None: num_steps)
-        self.timeline: TrainerTimeline | None = None  # logs/timeline.jsonl, from the first sync on
+        self.timeline = None  # nothing is recorded before the resume below: the timeline starts after it
         if resume:
             ckpt.resume_trainer(self)
             if D.is_main:  # the steps after the checkpoint run again and are recorded again
