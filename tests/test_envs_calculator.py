@@ -121,6 +121,23 @@ def test_tool_errors_go_back_to_the_model_as_text_and_are_counted(task):
     assert info == {"tool_calls": 4.0, "tool_ok": 0.0, "tool_parse_errors": 2.0, "tool_exec_errors": 2.0}
 
 
+def test_a_number_inside_an_unclosed_call_is_not_an_answer(task):
+    """A final turn with an unclosed <tool_call> is answered by its text before the tag. Session 10's calc-cpu run:
+    after 10 GRPO steps every held-out success was the tool's result echoed as a new call left open,
+    which the task's last-number rule read as the answer (train[0] is 123 * 456 = 56088)."""
+    env = CalculatorEnv(task)
+    env.reset(task.train[0], seed=0)
+    echo = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "56088"}}'
+    _, reward, done, info = env.step(echo)
+    assert (reward, done, info["stop"], info["tool_parse_errors"]) == (0.0, True, "void", 1.0)
+    env.reset(task.train[0], seed=0)  # an answer before the open tag still counts
+    _, reward, _, info = env.step("The product is 56088. " + echo)
+    assert (reward, info["stop"]) == (1.0, "void")
+    env.reset(task.train[0], seed=0)
+    _, reward, _, info = env.step("So \\boxed{56088} " + echo)
+    assert (reward, info["stop"]) == (1.0, "answer")
+
+
 def test_a_turn_without_a_call_or_an_answer_is_void_and_a_cut_turn_runs_no_tool(task):
     env = CalculatorEnv(task)
     env.reset(task.train[0], seed=0)

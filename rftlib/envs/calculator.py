@@ -21,7 +21,10 @@ A turn:
   truncated)``): the final answer is read as the task reads it (rftlib.rewards.math: the last ``\\boxed{}``,
   else the last number). ``stop`` is ``answer`` when the turn holds a ``\\boxed{}``, else ``void`` (neither a
   complete tool call nor a final answer: SimpleTIR's void turn, counted as ``void_turns``; a lone unclosed
-  ``<tool_call>`` is such a turn, and also counts as a parse error);
+  ``<tool_call>`` is such a turn, and also counts as a parse error: its answer is read from the text before the
+  tag, never from the call's arguments. Session 10's calc-cpu run found the hole this closes: after 10 GRPO steps
+  every held-out success was the tool's result echoed as a new, unclosed call, ``<tool_call>{..."expression":
+  "1920"}}``, which the last-number rule read as the answer);
 - cut by the token budget (``truncated``): the episode ends, no call runs, the task's reward scores it as a
   truncated completion, ``stop`` is ``length``.
 Only the model's last turn reaches the reward; the tool's output never does.
@@ -310,7 +313,10 @@ class CalculatorEnv:
             raise RuntimeError("calculator: step() before reset()")
         calls = [] if truncated else parse_tool_calls(assistant_text, self.tools)
         if not any(c.complete for c in calls):  # no complete call: the final turn (a lone open tag is void)
-            return self._final(assistant_text, truncated, parse_errors=float(bool(calls)))
+            # the answer is read from the turn's text before an unclosed <tool_call>: a number among a call's
+            # arguments is not an answer (RL found that echoing the tool's result as a new, unclosed call scored)
+            answer_text = assistant_text[:assistant_text.find("<tool_call>")] if calls else assistant_text
+            return self._final(answer_text, truncated, parse_errors=float(bool(calls)))
         counts = {"tool_calls": 0.0, "tool_ok": 0.0, "tool_parse_errors": 0.0, "tool_exec_errors": 0.0}
         out: list[Message] = []
         for i, call in enumerate(calls):
