@@ -122,3 +122,21 @@ def test_float16_runs_are_told_the_overflow_risk_and_the_bf16_alternative(capsys
     plan = make_plan(dataclasses.replace(cfg, device="cuda", launch_gpu_type="RTX3080-10GB"), tmp_path / "run",
                      gpus_per_node=1)
     assert "NOTE: dtype float16: " in format_plan(plan) and "(sm_86) has it: --set dtype=bfloat16" in plan.precision["note"]
+
+
+def test_building_the_tiny_model_leaves_the_callers_random_stream(tmp_path):
+    """The first run on a fresh clone builds the tiny model (rftlib.models.tiny.tiny_model_dir); it must then draw
+    the samples a run that finds the model built draws. build_tiny_model seeded torch's global generator, so a cold
+    cache moved every later draw of the process (a first metrics fingerprint on a fresh clone differed from every
+    later one). The weights are still the seed's, whatever the caller's stream."""
+    from safetensors.torch import load_file
+
+    torch.manual_seed(123)
+    want = torch.rand(8)
+    torch.manual_seed(123)
+    a = build_tiny_model(tmp_path / "a")
+    assert torch.equal(torch.rand(8), want)
+    torch.manual_seed(7)  # another caller's stream: the same weights
+    b = build_tiny_model(tmp_path / "b")
+    wa, wb = load_file(a / "model.safetensors"), load_file(b / "model.safetensors")
+    assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)

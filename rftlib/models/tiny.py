@@ -57,6 +57,8 @@ def build_tiny_model(out_dir: str | Path, *, seed: int = 0, hidden: int = 64, la
 
     Heads of HEAD_DIM (hidden 64: 2 query heads sharing 1 KV head), so vLLM's CPU engine runs it; the
     weights' shapes and seeded values are those of v1's 4 heads of 16 (the head split is not a weight).
+    The caller's random stream is left as it was (the seed is set inside a fork of it): a run that builds the
+    model on a cold cache draws the same samples as one that finds it built.
     """
     if hidden % (2 * HEAD_DIM):
         raise ValueError(f"hidden={hidden}: the tiny model needs a multiple of {2 * HEAD_DIM} "
@@ -64,13 +66,14 @@ def build_tiny_model(out_dir: str | Path, *, seed: int = 0, hidden: int = 64, la
 
     out_dir = Path(out_dir)
     tok = build_tiny_tokenizer()
-    torch.manual_seed(seed)
     arch = LlamaConfig(vocab_size=len(tok), hidden_size=hidden, intermediate_size=hidden * 2,
                        num_hidden_layers=layers, num_attention_heads=hidden // HEAD_DIM,
                        num_key_value_heads=hidden // HEAD_DIM // 2,
                        max_position_embeddings=512, tie_word_embeddings=True,
                        eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, bos_token_id=None)
-    model = LlamaForCausalLM(arch)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = LlamaForCausalLM(arch)
     model.generation_config.eos_token_id = tok.eos_token_id
     model.generation_config.pad_token_id = tok.pad_token_id
     model.save_pretrained(out_dir)
