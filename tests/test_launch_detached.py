@@ -1,10 +1,11 @@
-"""Detached attempts (rftlib.launch.supervise/status): the tiny preset on 2 CPU ranks under DDP.
+"""Detached attempts (rftlib.launch.supervise/status): the tiny preset on 2 CPU ranks under DDP, launched from the
+CLI (`rft launch -p`): a planted crash of rank 1 (tests/launch_crash/sitecustomize.py) stops rank 0 and is reported
+by attach and in control/status.json; the supervisor stops the engines when the trainer dies. No timing
+assertions: every wait is a poll with a generous deadline.
 
-launch.ipynb under papermill starts the attempt and its kernel exits while the attempt runs on;
-`rft attach` shows it progressing; `rft stop` checkpoints and stops it; `rft launch --resume`
-continues from the next step; a planted crash of rank 1 (tests/launch_crash/sitecustomize.py) stops
-rank 0 and is reported by attach and in control/status.json. No timing assertions: every wait is a
-poll with a generous deadline.
+The notebook launch (launch.ipynb under papermill: the kernel exits while the attempt runs on, `rft attach`,
+`rft stop`, `rft launch --resume`, `rft status`) is tested on seed 003's a28b rehearsal in test_launch_rehearsal.py,
+which starts the same supervisor, torchrun and ranks (issue 41: one launch instead of two).
 """
 
 from __future__ import annotations
@@ -73,52 +74,6 @@ def kill_leftovers(run_dir: Path) -> None:
             os.kill(pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
-
-
-def test_notebook_launch_attach_stop_resume(tmp_path):
-    runs = tmp_path / "runs"
-    out = tmp_path / "launch-out.ipynb"
-    import yaml
-
-    p = subprocess.run([sys.executable, "-m", "papermill", str(REPO / "notebooks" / "launch.ipynb"), str(out),
-                        "-p", "preset", "tiny", "-p", "dry_run", "False", "-y",
-                        yaml.safe_dump({"overrides": {**TINY_DDP, "runs_root": str(runs)}}), "-k", "python3"],
-                       cwd=REPO, env=env(), capture_output=True, text=True, timeout=600)
-    assert p.returncode == 0, p.stderr[-3000:]
-    (run_dir,) = runs.glob("attempt-01-tiny")
-    try:
-        assert "launched attempt-01-tiny detached" in out.read_text()
-        # the kernel has exited (papermill returned); the supervisor it started runs on
-        assert pid_alive(status(run_dir)["supervisor_pid"])
-        assert (run_dir / "plan.json").exists() and "--nproc_per_node=2" in (run_dir / "commands.sh").read_text()
-        wait_for(lambda: len(steps(run_dir)) >= 2, "two training steps")
-        a = rft("attach", str(run_dir), "--timeout", "2")
-        assert a.returncode == 0, a.stderr
-        assert "[rft] step 1/5000  reward" in a.stdout and "[rft] step 2/5000  reward" in a.stdout
-        assert "state: running" in a.stdout and "detached after 2 s; the attempt goes on" in a.stdout
-
-        s = rft("stop", str(run_dir), "--timeout", "600")
-        assert s.returncode == 0, s.stdout + s.stderr
-        st = status(run_dir)
-        assert st["state"] == "stopped" and st["reason"] == "stopped by user"
-        last = steps(run_dir)[-1]
-        summary = json.loads((run_dir / "summary.json").read_text())
-        assert summary["stop_reason"] == "stopped by user" and summary["steps"] == last
-        assert not (run_dir / "control" / "stop").exists()  # honoured and removed
-        assert not pid_alive(st["supervisor_pid"]) and attempt_processes(run_dir.resolve()) == []
-
-        r = rft("launch", "--resume", str(run_dir))
-        assert r.returncode == 0, r.stderr
-        wait_for(lambda: len(steps(run_dir)) >= last + 1, "a step after the resume")
-        # the relaunch continued from the checkpoint of step `last`: the next row is step last + 1
-        assert steps(run_dir)[: last + 1] == list(range(1, last + 2))
-        s = rft("stop", str(run_dir), "--timeout", "600")
-        assert s.returncode == 0 and status(run_dir)["state"] == "stopped"
-        assert attempt_processes(run_dir.resolve()) == []
-        st = rft("status", "--runs", str(runs))
-        assert "attempt-01-tiny" in st.stdout and " stopped " in st.stdout
-    finally:
-        kill_leftovers(run_dir.resolve())
 
 
 def test_planted_crash_of_rank_1_stops_the_attempt(tmp_path):

