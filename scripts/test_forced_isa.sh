@@ -11,7 +11,7 @@
 # Left out: the SmolLM2 DDP/ZeRO-3 comparison (3 runs of the 135M model: 385 s with SSE gemms here, 157 s
 # native), which would take this pass past CI's budget; the tiny-model DDP/ZeRO-3 tests check the same code.
 # Extra arguments go to pytest (e.g. -k, -x).
-set -uo pipefail
+set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
 native=$("$PY" -c "import torch; print(torch.backends.cpu.get_cpu_capability())")
@@ -22,18 +22,5 @@ fi
 echo "[forced ISA] native $native; ONEDNN_MAX_CPU_ISA=$ONEDNN_MAX_CPU_ISA MKL_ENABLE_INSTRUCTIONS=$MKL_ENABLE_INSTRUCTIONS" \
      "ATEN_CPU_CAPABILITY=${ATEN_CPU_CAPABILITY:-native}"
 # Tests in those modules marked @pytest.mark.plumbing compare no kernel float and are left out (tests/conftest.py).
-# As make test's first two phases (scripts/test.sh, issue 41): the numeric tests that run in one process on both
-# cores (pytest-xdist, two workers of one torch thread each, whole files), then those marked solo (ranks, engines)
-# one at a time with both cores. Every numeric test runs once either way.
-skip=(--deselect tests/test_train_distributed.py::test_embedded_default_ddp_and_zero3_match_one_process)
-"$PY" -m pytest -q --durations=10 -n 2 --dist loadfile --no-loadscope-reorder -m "numeric and not solo" tests \
-  "${skip[@]}" "$@"
-rc1=$?
-"$PY" -m pytest -q --durations=10 -m "numeric and solo" tests "${skip[@]}" "$@"
-rc2=$?
-# pytest's 5 (nothing collected, e.g. a -k that selects nothing in one half) is not a failure of that half
-ok() { [ "$1" -eq 0 ] || [ "$1" -eq 5 ]; }
-if ! ok $rc1; then exit $rc1; fi
-if ! ok $rc2; then exit $rc2; fi
-if [ $rc1 -eq 5 ] && [ $rc2 -eq 5 ]; then exit 5; fi
-exit 0
+exec "$PY" -m pytest -q --durations=10 -m numeric tests \
+  --deselect tests/test_train_distributed.py::test_embedded_default_ddp_and_zero3_match_one_process "$@"
