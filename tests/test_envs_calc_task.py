@@ -47,6 +47,28 @@ def test_the_warm_start_rows_are_training_problems_each_answered_by_its_call():
         assert end.done and end.reward == 1.0 and end.info["stop"] == "answer"
 
 
+def test_a_direct_share_of_the_warm_start_answers_without_the_tool():
+    """--direct-share 0.75 (sft-calc-cpu's rows): 30 of 40 problems get one row boxing the product, no call, the
+    answer the environment ends on with reward 1; the other 10 their call and answer as above; the draw of
+    problems is the same as without the share, so only the form of each row changes."""
+    t = multiply_task()
+    train = {e.prompt: e for e in t.train}
+    rows = sft_rows(40, direct_share=0.75)
+    direct = [r for r in rows if "<tool_call>" not in r["output"] and "context" not in r]
+    calls = [r for r in rows if "<tool_call>" in r["output"]]
+    assert (len(direct), len(calls), len(rows)) == (30, 10, 50)
+    assert [r["input"] for r in rows if "context" not in r] == [r["input"] for r in sft_rows(40)[::2]]
+    for r in direct:
+        ex = train[r["input"]]
+        env = CalculatorEnv(t)
+        env.reset(ex, 0)
+        end = env.step(r["output"])
+        assert end.done and end.reward == 1.0 and end.info["stop"] == "answer" and ex.answer in r["output"]
+    assert sft_rows(40, direct_share=0.0) == sft_rows(40)
+    with pytest.raises(ValueError, match="direct_share"):
+        sft_rows(4, direct_share=1.0)
+
+
 def test_the_calculator_prompt_is_shown_once():
     t = multiply_task(tool_prompt=True)
     ex = t.eval[0]

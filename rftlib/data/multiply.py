@@ -13,8 +13,9 @@ Problems are drawn with a fixed seed from the 90 x 900 products, a training pool
 (rftlib.envs.calculator.SYSTEM_PROMPT), so an SFT warm start on this task renders the prompt the environment
 shows (CalculatorEnv does not repeat it); off for the no-tool arm.
 
-``python -m rftlib.data.multiply --sft PATH [--rows N]`` writes the warm start's rows: training-pool problems,
-each as two rows: its tool call, and the boxed answer after the tool's result.
+``python -m rftlib.data.multiply --sft PATH [--rows N] [--direct-share F]`` writes the warm start's rows:
+training-pool problems, each as two rows (its tool call, and the boxed answer after the tool's result), or, for a
+share F of them, one row that boxes the product without a call.
 """
 
 from __future__ import annotations
@@ -71,16 +72,27 @@ def answer_text(product: int) -> str:
     return f"The product is \\boxed{{{product}}}."
 
 
-def sft_rows(n: int, seed: int = 0) -> list[dict]:
-    """Warm-start rows for ``n`` training-pool problems, two per problem, the whole episode as ReTool's cold start
-    has it: the call ({"input": the problem, "output": its tool call}) and the answer after the tool's result
+def sft_rows(n: int, seed: int = 0, direct_share: float = 0.0) -> list[dict]:
+    """Warm-start rows for ``n`` training-pool problems, the whole episode as ReTool's cold start has it: two rows
+    per problem, the call ({"input": the problem, "output": its tool call}) and the answer after the tool's result
     ({"input", "context": [the call, the tool's result], "output": the boxed product}). With the call alone the
-    model learned to call and never to answer (100% calls, 0% correct after SFT: it called again every turn)."""
+    model learned to call and never to answer (100% calls, 0% correct after SFT: it called again every turn).
+
+    ``direct_share``: that share of the problems (spread evenly through the draw: problem i is direct when
+    floor((i + 1) * share) passes an integer) is answered without the tool, one row boxing the product. A warm start on calls alone leaves the
+    decision to call made for RL (calls in 100% of episodes after 6 steps, issue 40's session 10); with both
+    kinds the warm start teaches the two formats and RL must learn that the call pays: the model cannot
+    multiply two- by three-digit numbers unaided, so its direct answers are wrong, whatever the rows taught."""
+    if not 0.0 <= direct_share < 1.0:
+        raise ValueError(f"direct_share={direct_share}: a share of the problems in [0, 1)")
     train = multiply_task().train
     picked = random.Random(seed).sample(train, n)
     rows: list[dict] = []
-    for e in picked:
+    for i, e in enumerate(picked):
         a, b = e.meta["a"], e.meta["b"]
+        if int((i + 1) * direct_share) > int(i * direct_share):
+            rows.append({"input": e.prompt, "output": answer_text(a * b)})
+            continue
         call = tool_call_text(f"{a} * {b}")
         rows.append({"input": e.prompt, "output": call})
         rows.append({"input": e.prompt, "context": [{"role": "assistant", "content": call},
@@ -92,9 +104,10 @@ def sft_rows(n: int, seed: int = 0) -> list[dict]:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description="write the calc-cpu warm start's SFT rows (tool-call transcripts)")
     p.add_argument("--sft", required=True, help="the JSONL to write")
-    p.add_argument("--rows", type=int, default=200)
+    p.add_argument("--rows", type=int, default=200, help="problems (two rows each with a call, one without)")
+    p.add_argument("--direct-share", type=float, default=0.0, help="the share of problems answered without the tool")
     a = p.parse_args(argv)
-    rows = sft_rows(a.rows)
+    rows = sft_rows(a.rows, direct_share=a.direct_share)
     Path(a.sft).parent.mkdir(parents=True, exist_ok=True)
     Path(a.sft).write_text("".join(json.dumps(r) + "\n" for r in rows))
     print(f"wrote {len(rows)} rows to {a.sft}")
