@@ -161,28 +161,13 @@ def test_zero3_two_ranks_match_one_process_and_partition(single, zero3):
 
 
 @pytest.mark.same_kernels  # bit for bit against a run on the same kernels: not in the forced-ISA pass
-def test_zero3_stop_and_resume_equals_uninterrupted(zero3, tmp_path):
-    run_worker(tmp_path, "--backend", "deepspeed", "--set", f"deepspeed_config={ZERO3}", "--stop-after", "2", nproc=2)
-    resumed = run_worker(tmp_path, "--backend", "deepspeed", "--set", f"deepspeed_config={ZERO3}", "--resume",
-                         nproc=2)
-    assert resumed["step"] == 4
-    for k in zero3["weights"]:
-        assert torch.equal(zero3["weights"][k], resumed["weights"][k]), k
-    a = zero3["adam_local"]["optimizer_state_dict"]["state"]
-    b = resumed["adam_local"]["optimizer_state_dict"]["state"]
-    assert a.keys() == b.keys() and a
-    for i in a:
-        for k in ("exp_avg", "exp_avg_sq"):
-            assert torch.equal(a[i][k], b[i][k]), (i, k)
-            assert a[i][k].abs().max() > 0
-
-
-@pytest.mark.plumbing
-def test_zero3_lora_checkpoints_are_adapter_sized_and_deepspeed_state_optional(zero3, tmp_path):
+def test_zero3_lora_checkpoints_are_adapter_sized_resume_exactly_and_deepspeed_state_optional(zero3, tmp_path):
     """A LoRA checkpoint under ZeRO-3 holds adapter-sized files only (seed 003's PeftModel
-    + ZeRO-3 save wrote ~203 GB of full-model shards beside a 91 MB adapter), and DeepSpeed's own
-    checkpoint can be left out as the seed's --disable_ds_ckpt does; such a checkpoint still resumes the
-    weights and the LR schedule exactly (AdamW's moments restart)."""
+    + ZeRO-3 save wrote ~203 GB of full-model shards beside a 91 MB adapter); with DeepSpeed's own state in it, a
+    stop after 2 of 4 steps and a resume equal the uninterrupted run bit for bit (weights and every rank's Adam
+    moments); DeepSpeed's state can be left out as the seed's --disable_ds_ckpt does, and such a checkpoint still
+    resumes the weights and the LR schedule exactly (AdamW's moments restart). (Issue 41: one test where two
+    started the same stopped run, test_zero3_stop_and_resume_equals_uninterrupted's and this one's.)"""
     from rftlib.models.tiny import tiny_model_dir
 
     base = sum(f.stat().st_size for f in tiny_model_dir().glob("*.safetensors"))  # the whole model's weights
@@ -201,6 +186,18 @@ def test_zero3_lora_checkpoints_are_adapter_sized_and_deepspeed_state_optional(z
     total, adapter, step = sizes(full["run_dir"])
     # the adapter, the gathered trainable tensors, and DeepSpeed's partitions of them with AdamW's m, v
     assert (step / "deepspeed").is_dir() and total < 12 * adapter, (total, adapter, base)
+    resumed = run_worker(tmp_path / "with_ds", *ds, "--resume", nproc=2)
+    assert resumed["step"] == 4
+    for k in zero3["weights"]:
+        assert torch.equal(zero3["weights"][k], resumed["weights"][k]), k
+    a = zero3["adam_local"]["optimizer_state_dict"]["state"]
+    b = resumed["adam_local"]["optimizer_state_dict"]["state"]
+    assert a.keys() == b.keys() and a
+    for i in a:
+        for k in ("exp_avg", "exp_avg_sq"):
+            assert torch.equal(a[i][k], b[i][k]), (i, k)
+            assert a[i][k].abs().max() > 0
+
     lean = run_worker(tmp_path / "lean", *ds, "--set", "deepspeed_checkpoint=false", "--stop-after", "2", nproc=2)
     lean_total, adapter, step = sizes(lean["run_dir"])
     assert not (step / "deepspeed").exists() and lean_total < 4 * adapter and lean_total < total, (lean_total, total)
