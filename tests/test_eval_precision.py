@@ -147,17 +147,25 @@ def test_hf_and_vllm_engines_agree_on_greedy_eval_of_one_checkpoint(tmp_path):
     # the trainer's HF engine: bf16 autocast wherever autocast auto finds native bf16 (this machine)
     hf = make_engine(EngineInputs.of(make_config("default", {"device": "cpu"}).section), model, tok, tmp_path / "hf")
     vl = make_engine(EngineInputs.of(cfg.section), model, tok, tmp_path / "run", sync=False)  # the same checkpoint, from its directory
+    # the token ids each eval generated, kept as its engine returned them (issue 41: the test generated them a
+    # second time, doubling its cost, 31 s here and 61 s in the forced-ISA pass)
+    rollouts = {}
+    for name, eng in (("hf", hf), ("vllm", vl)):
+        def kept(*args, _generate=eng.generate, _name=name, **kwargs):
+            ro = _generate(*args, **kwargs)
+            rollouts.setdefault(_name, []).append(ro)
+            return ro
+        eng.generate = kept
     try:
         res_hf = greedy_eval(hf, tok, task, task.eval, max_new_tokens=MAX_NEW, precision=precision)
         res_vl = greedy_eval(vl, tok, task, task.eval, max_new_tokens=MAX_NEW, precision=precision)
-        assert res_hf["precision"] == res_vl["precision"] == "float32"
-        prompts = format_prompts(tok, task.eval, task.system_prompt)
-        with eval_numerics(hf, precision):
-            a = _ids(hf.generate(prompts, group_size=1, max_new_tokens=MAX_NEW, temperature=0.0, greedy=True))
-        b = _ids(vl.generate(prompts, group_size=1, max_new_tokens=MAX_NEW, temperature=0.0, greedy=True))
     finally:
         vl.close()
-    # the recorded texts are those token ids' (the eval's results are the generate calls' above)
+    assert res_hf["precision"] == res_vl["precision"] == "float32"
+    assert len(rollouts["hf"]) == len(rollouts["vllm"]) == 1  # one batch of N_PROMPTS each
+    prompts = format_prompts(tok, task.eval, task.system_prompt)
+    a, b = _ids(rollouts["hf"][0]), _ids(rollouts["vllm"][0])
+    # the recorded texts are those token ids' (the eval's results are its generate call's)
     assert [r["completion"] for r in res_hf["results"]] == tok.batch_decode(
         [[t for t in ids if t not in hf.stop_ids] for ids in a], skip_special_tokens=False)
     margins = _first_divergence_margins(model, tok, prompts, a, b)
