@@ -8,8 +8,6 @@
 #   - torch's own vectorised ops (softmax, reductions): AVX2 on an AVX-512 machine. Not the scalar
 #     'default' on an AVX2 machine: torch 2.13's inductor, which vLLM's CPU engine compiles with, then
 #     writes C++ that does not compile ("'at::vec' has not been declared"), so they stay native there.
-# Left out: the SmolLM2 DDP/ZeRO-3 comparison (3 runs of the 135M model: 385 s with SSE gemms here, 157 s
-# native), which would take this pass past CI's budget; the tiny-model DDP/ZeRO-3 tests check the same code.
 # Extra arguments go to pytest (e.g. -k, -x).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -22,5 +20,4 @@ fi
 echo "[forced ISA] native $native; ONEDNN_MAX_CPU_ISA=$ONEDNN_MAX_CPU_ISA MKL_ENABLE_INSTRUCTIONS=$MKL_ENABLE_INSTRUCTIONS" \
      "ATEN_CPU_CAPABILITY=${ATEN_CPU_CAPABILITY:-native}"
 # Tests in those modules marked @pytest.mark.plumbing compare no kernel float and are left out (tests/conftest.py).
-exec "$PY" -m pytest -q --durations=10 -m numeric tests \
-  --deselect tests/test_train_distributed.py::test_embedded_default_ddp_and_zero3_match_one_process "$@"
+exec "$PY" -m pytest -q --durations=10 -m numeric tests "$@"
