@@ -19,5 +19,6 @@ if [ "$native" = "AVX512" ]; then
 fi
 echo "[forced ISA] native $native; ONEDNN_MAX_CPU_ISA=$ONEDNN_MAX_CPU_ISA MKL_ENABLE_INSTRUCTIONS=$MKL_ENABLE_INSTRUCTIONS" \
      "ATEN_CPU_CAPABILITY=${ATEN_CPU_CAPABILITY:-native}"
-# Tests in those modules marked @pytest.mark.plumbing compare no kernel float and are left out (tests/conftest.py).
+# Tests in those modules marked @pytest.mark.plumbing (they compare no kernel float) or same_kernels (bit for bit
+# against a run on the same kernels) are left out (tests/conftest.py).
 exec "$PY" -m pytest -q --durations=10 -m numeric tests "$@"

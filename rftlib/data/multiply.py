@@ -79,9 +79,9 @@ def sft_rows(n: int, seed: int = 0, direct_share: float = 0.0) -> list[dict]:
     model learned to call and never to answer (100% calls, 0% correct after SFT: it called again every turn).
 
     ``direct_share``: that share of the problems (spread evenly through the draw: problem i is direct when
-    floor((i + 1) * share) passes an integer) is answered without the tool, one row boxing the product. A warm start on calls alone leaves the
-    decision to call made for RL (calls in 100% of episodes after 6 steps, issue 40's session 10); with both
-    kinds the warm start teaches the two formats and RL must learn that the call pays: the model cannot
+    floor((i + 1) * share) passes an integer) is answered without the tool, one row boxing the product. A warm
+    start on calls alone decides the tool use before RL starts (calls in 100% of episodes after 6 steps, issue 40's
+    session 10); with both kinds it teaches the two formats and RL must learn that the call pays: the model cannot
     multiply two- by three-digit numbers unaided, so its direct answers are wrong, whatever the rows taught."""
     if not 0.0 <= direct_share < 1.0:
         raise ValueError(f"direct_share={direct_share}: a share of the problems in [0, 1)")
