@@ -30,7 +30,7 @@ ZERO3 = REPO / "tests" / "data" / "zero3_tiny.json"
 pytest.importorskip("deepspeed", reason="scripts/setup.sh installs deepspeed (CPU ZeRO-3 tests)")
 
 
-def run_worker(out: Path, *args: str, nproc: int = 1, timeout: int = 900) -> dict:
+def run_worker(out: Path, *args: str, nproc: int = 1, timeout: int = 900, load: bool = True) -> dict | None:
     env = without_group_env({**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"})
     if nproc == 1:
         cmd = [sys.executable, str(WORKER), str(out), *args]
@@ -40,7 +40,18 @@ def run_worker(out: Path, *args: str, nproc: int = 1, timeout: int = 900) -> dic
     p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
     if p.returncode != 0:
         raise AssertionError(f"{' '.join(cmd)} failed ({p.returncode}):\n{p.stdout[-3000:]}\n{p.stderr[-6000:]}")
-    return torch.load(out / "result.pt", weights_only=False)
+    return torch.load(out / "result.pt", weights_only=False) if load else None
+
+
+def run_plan(out: Path, backend: str, plan: dict[str, tuple[str, ...]], *, nproc: int = 1) -> dict[str, dict]:
+    """The runs of ``plan`` (name -> worker arguments) one after another in one process or torchrun job
+    (tests/dist_worker.py --plan): each as it would be alone, without a start-up of its own."""
+    import json
+
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "plan.json").write_text(json.dumps({name: list(args) for name, args in plan.items()}))
+    run_worker(out, "--backend", backend, "--plan", str(out / "plan.json"), nproc=nproc, load=False)
+    return {name: torch.load(out / name / "result.pt", weights_only=False) for name in plan}
 
 
 def _train_rows(res):
@@ -68,43 +79,76 @@ def assert_same_run(a: dict, b: dict, *, rel: float = 1e-5, atol: float = 1e-5) 
     assert moved, "LoRA B starts at 0: training must have moved it"
 
 
-@pytest.fixture(scope="module")
-def single(tmp_path_factory):
-    return run_worker(tmp_path_factory.mktemp("single"), "--backend", "single")
+# The runs this module compares, by name: each made once in one process (single) and once on 2 ranks (ddp), all of
+# a backend's runs in one process or torchrun job (run_plan; issue 41: four starts of each saved). "default" first.
+BATCH_STATISTICS = {
+    "reinforce_pp-token_mean": ("advantage_estimator=reinforce_pp_baseline", "loss_agg_mode=token-mean"),
+    "batch_scale-seq_sum_norm": ("scale_rewards=batch", "loss_agg_mode=seq-mean-token-sum-norm"),
+}
+
+
+def _sets(*sets: str) -> tuple[str, ...]:
+    return tuple(a for s in sets for a in ("--set", s))
+
+
+def _wide() -> tuple[str, ...]:  # test_ddp_and_zero3_at_the_default_persistence_threshold_match_one_process's model
+    from rftlib.models.tiny import tiny_model_dir
+
+    return ("--model", str(tiny_model_dir(384)), "--steps", "2")
 
 
 @pytest.fixture(scope="module")
-def ddp(tmp_path_factory):
-    return run_worker(tmp_path_factory.mktemp("ddp"), "--backend", "ddp", nproc=2)
+def singles(tmp_path_factory):
+    plan = {"default": (), **{k: _sets(*v) for k, v in BATCH_STATISTICS.items()},
+            "skip_rows": _sets("skip_zero_advantage_rows=true"), "wide": _wide()}
+    return run_plan(tmp_path_factory.mktemp("single"), "single", plan)
+
+
+@pytest.fixture(scope="module")
+def ddps(tmp_path_factory):
+    plan = {"default": (), **{k: _sets(*v) for k, v in BATCH_STATISTICS.items()}, "wide": _wide(),
+            "train_batch_size_1": ("--steps", "2", *_sets("train_batch_size=1"))}
+    return run_plan(tmp_path_factory.mktemp("ddp"), "ddp", plan, nproc=2)
+
+
+@pytest.fixture(scope="module")
+def single(singles):
+    return singles["default"]
+
+
+@pytest.fixture(scope="module")
+def ddp(ddps):
+    return ddps["default"]
 
 
 def test_ddp_two_ranks_match_one_process(single, ddp):
     assert_same_run(single, ddp)
 
 
-@pytest.mark.parametrize("sets", [
-    ("advantage_estimator=reinforce_pp_baseline", "loss_agg_mode=token-mean"),
-    ("scale_rewards=batch", "loss_agg_mode=seq-mean-token-sum-norm"),
-], ids=["reinforce_pp-token_mean", "batch_scale-seq_sum_norm"])
-def test_batch_statistics_and_aggregations_match_one_process_on_two_ranks(tmp_path, sets):
+@pytest.mark.parametrize("name", list(BATCH_STATISTICS))
+def test_batch_statistics_and_aggregations_match_one_process_on_two_ranks(singles, ddps, name):
     """Advantages that use batch statistics (REINFORCE++'s batch mean/std, GRPO with
     scale_rewards: batch) are computed over the global batch, so 2 ranks equal one process; and the
     token-mean and seq-mean-token-sum-norm aggregations normalise by global totals as the default does.
     Per-rank statistics (the old code) give other advantages, so other losses and weights."""
-    args = [a for s in sets for a in ("--set", s)]
-    one = run_worker(tmp_path / "one", "--backend", "single", *args)
-    two = run_worker(tmp_path / "two", "--backend", "ddp", *args, nproc=2)
-    assert_same_run(one, two)
+    import yaml
+
+    from rftlib.eval_checkpoints import attempt_config
+
+    for res in (singles[name], ddps[name]):  # the settings reached both runs of the plans
+        cfg = attempt_config(Path(res["run_dir"]))
+        assert all(getattr(cfg, k) == yaml.safe_load(v) for k, v in (s.split("=", 1) for s in BATCH_STATISTICS[name]))
+    assert_same_run(singles[name], ddps[name])
 
 
-def test_one_rank_deepspeed_with_row_skipping_follows_one_process(tmp_path):
+def test_one_rank_deepspeed_with_row_skipping_follows_one_process(singles, tmp_path):
     """DeepSpeed steps its optimizer after a fixed count of micro-batches; skipping
     zero-advantage rows (on by default) ran fewer, so optimizer steps fell out of line with the schedule
     and gradients spilled into the next rollout. One DeepSpeed rank (no torchrun) with skipping asked for
     must train as one process does: the same losses, grad norms and weights. (entropy_mean is not
     compared: the single process, which does skip, measures it over the rows it ran.)"""
     skip = ("--set", "skip_zero_advantage_rows=true")
-    one = run_worker(tmp_path / "one", "--backend", "single", *skip)
+    one = singles["skip_rows"]
     ds = run_worker(tmp_path / "ds", "--backend", "deepspeed", "--set", "zero_stage=2", *skip)
     ra, rb = _train_rows(one), _train_rows(ds)
     assert len(ra) == len(rb) == 4 and any(r["update/skipped_row_frac"] > 0 for r in ra)  # rows were skipped
@@ -148,9 +192,16 @@ def test_resume_with_another_world_size_is_refused(ddp, tiny_cfg):
 
 
 @pytest.fixture(scope="module")
-def zero3(tmp_path_factory):
-    return run_worker(tmp_path_factory.mktemp("zero3"), "--backend", "deepspeed", "--set",
-                      f"deepspeed_config={ZERO3}", nproc=2)
+def zero3s(tmp_path_factory):
+    """ZeRO-3 on 2 ranks, in one torchrun job: every parameter partitioned (zero3_tiny.json) on the tiny model, and
+    DeepSpeed's default configuration on the wide one (test_ddp_and_zero3_at_the_default_persistence_threshold_...)."""
+    return run_plan(tmp_path_factory.mktemp("zero3"), "deepspeed",
+                    {"default": _sets(f"deepspeed_config={ZERO3}"), "wide": _wide()}, nproc=2)
+
+
+@pytest.fixture(scope="module")
+def zero3(zero3s):
+    return zero3s["default"]
 
 
 def test_zero3_two_ranks_match_one_process_and_partition(single, zero3):
@@ -171,7 +222,8 @@ def test_zero3_lora_checkpoints_are_adapter_sized_resume_exactly_and_deepspeed_s
     from rftlib.models.tiny import tiny_model_dir
 
     base = sum(f.stat().st_size for f in tiny_model_dir().glob("*.safetensors"))  # the whole model's weights
-    ds = ("--backend", "deepspeed", "--set", f"deepspeed_config={ZERO3}", "--set", "save_steps=1")
+    ds = _sets(f"deepspeed_config={ZERO3}", "save_steps=1")
+    lean_ds = (*ds, *_sets("deepspeed_checkpoint=false"))
 
     def sizes(run_dir):
         step = Path(run_dir) / "training_state" / "step_2"
@@ -182,11 +234,20 @@ def test_zero3_lora_checkpoints_are_adapter_sized_resume_exactly_and_deepspeed_s
         assert max(files) < base / 2, (max(files), base)
         return sum(files), adapter, step
 
-    full = run_worker(tmp_path / "with_ds", *ds, "--stop-after", "2", nproc=2)
-    total, adapter, step = sizes(full["run_dir"])
+    # both stopped runs in one torchrun job, then both resumes in another (each run in its own directory); the step
+    # directories are measured before the resumes write theirs
+    stopped = run_plan(tmp_path, "deepspeed", {"with_ds": (*ds, "--stop-after", "2"),
+                                               "lean": (*lean_ds, "--stop-after", "2")}, nproc=2)
+    total, adapter, step = sizes(stopped["with_ds"]["run_dir"])
     # the adapter, the gathered trainable tensors, and DeepSpeed's partitions of them with AdamW's m, v
     assert (step / "deepspeed").is_dir() and total < 12 * adapter, (total, adapter, base)
-    resumed = run_worker(tmp_path / "with_ds", *ds, "--resume", nproc=2)
+    lean = stopped["lean"]
+    lean_total, adapter, step = sizes(lean["run_dir"])
+    assert not (step / "deepspeed").exists() and lean_total < 4 * adapter and lean_total < total, (lean_total, total)
+
+    resumed_runs = run_plan(tmp_path, "deepspeed", {"with_ds": (*ds, "--resume"), "lean": (*lean_ds, "--resume")},
+                            nproc=2)
+    resumed = resumed_runs["with_ds"]
     assert resumed["step"] == 4
     for k in zero3["weights"]:
         assert torch.equal(zero3["weights"][k], resumed["weights"][k]), k
@@ -198,10 +259,7 @@ def test_zero3_lora_checkpoints_are_adapter_sized_resume_exactly_and_deepspeed_s
             assert torch.equal(a[i][k], b[i][k]), (i, k)
             assert a[i][k].abs().max() > 0
 
-    lean = run_worker(tmp_path / "lean", *ds, "--set", "deepspeed_checkpoint=false", "--stop-after", "2", nproc=2)
-    lean_total, adapter, step = sizes(lean["run_dir"])
-    assert not (step / "deepspeed").exists() and lean_total < 4 * adapter and lean_total < total, (lean_total, total)
-    resumed = run_worker(tmp_path / "lean", *ds, "--set", "deepspeed_checkpoint=false", "--resume", nproc=2)
+    resumed = resumed_runs["lean"]
     assert resumed["step"] == 4
     for k in lean["weights"]:  # scattered back into the partitions exactly as they were saved
         assert torch.equal(lean["weights"][k], resumed["init"][k]), k
@@ -210,17 +268,14 @@ def test_zero3_lora_checkpoints_are_adapter_sized_resume_exactly_and_deepspeed_s
           f"adapter {adapter / 1e3:.0f} kB, whole tiny model {base / 1e3:.0f} kB")
 
 
-def test_ddp_and_zero3_at_the_default_persistence_threshold_match_one_process(tmp_path):
+def test_ddp_and_zero3_at_the_default_persistence_threshold_match_one_process(singles, ddps, zero3s):
     """DDP and ZeRO-3 at DeepSpeed's default persistence threshold (1e5 elements), 2 steps, on a tiny
     model wide enough that ZeRO-3 releases its large weights after each use and gathers them again
     (hidden 384: q_proj 384 x 384 = 147,456 and each MLP weight 384 x 768 = 294,912 elements; the k/v
     projections, 192 x 384 = 73,728, and the norms stay whole), so both kinds of parameter are in one
     run. The tiny model's layers (hidden 64) are all below the threshold, hence zero3_tiny.json's 0
     above; this is the default configuration a user gets. (The same check ran on SmolLM2-135M: 316 s or more.)"""
-    from rftlib.models.tiny import tiny_model_dir
-
-    args = ("--model", str(tiny_model_dir(384)), "--steps", "2")
-    z3 = run_worker(tmp_path / "z3", *args, "--backend", "deepspeed", nproc=2)
+    z3 = zero3s["wide"]
     # the default threshold, and the model big enough for it: attention and MLP weights are released,
     # something is kept whole (a model that shrank below the threshold would fail here, not pass vacuously)
     assert z3["persistence_threshold"] == 100_000, z3["persistence_threshold"]
@@ -229,8 +284,7 @@ def test_ddp_and_zero3_at_the_default_persistence_threshold_match_one_process(tm
         assert sum(part in n and "lora" not in n for n in released) == 2, (part, sorted(released))
     assert all(numel > 100_000 for numel in released.values()), released
     assert not any("norm" in n or "k_proj" in n or "lora" in n for n in released), sorted(released)  # kept whole
-    one = run_worker(tmp_path / "one", *args, "--backend", "single")
-    two = run_worker(tmp_path / "ddp", *args, "--backend", "ddp", nproc=2)
+    one, two = singles["wide"], ddps["wide"]
     for other in (two, z3):
         ra, rb = _train_rows(one), _train_rows(other)
         assert len(ra) == len(rb) == 2
@@ -310,10 +364,10 @@ def test_train_notebook_with_nproc_2_runs_ranks_under_torchrun(tmp_path):
         "rng_rank0.pt", "rng_rank1.pt"]
 
 
-def test_optimizer_batches_split_groups_across_ranks_as_openrlhf_counts_samples(tmp_path):
+def test_optimizer_batches_split_groups_across_ranks_as_openrlhf_counts_samples(ddps):
     """seed 003 a28: 16 samples (2 prompts) per optimizer step over 4 ranks. Here: 4 samples (1 prompt of
     G = 4) over 2 ranks, so each rank steps on half a group; advantages were taken over whole groups."""
-    res = run_worker(tmp_path, "--backend", "ddp", "--steps", "2", "--set", "train_batch_size=1", nproc=2)
+    res = ddps["train_batch_size_1"]
     rows = _train_rows(res)
     assert len(rows) == 2
     for r in rows:
