@@ -436,28 +436,34 @@ def _rows_without_volatile(res: dict) -> list[dict]:
     return [_stable(r) for r in res["rows"]]
 
 
-def test_k0_on_two_ranks_equals_the_synchronous_phases(tmp_path):
+@pytest.fixture(scope="module")
+def ddp_runs(tmp_path_factory):
+    """This section's four 2-rank DDP runs (tests/dist_worker.py, gloo), in one torchrun job (issue 41: three
+    starts saved): max_staleness 0 on the seeded HF engine, the same stepped by the synchronous oracle, and on the
+    copy engine (off the trainer's module) at max_staleness 0 and 1."""
+    from test_train_distributed import run_plan
+
+    plan = {"pipeline": (), "oracle": ("--oracle",), "copy_k0": ("--copy-engine",),
+            "copy_k1": ("--copy-engine", "--set", "max_staleness=1")}
+    return run_plan(tmp_path_factory.mktemp("ddp"), "ddp", plan, nproc=2)
+
+
+def test_k0_on_two_ranks_equals_the_synchronous_phases(ddp_runs):
     """The 2-rank DDP run (tests/dist_worker.py, gloo) at max_staleness 0 writes the rows and weights of the same
     2-rank run stepped by the synchronous oracle, bit for bit: the source changes nothing under ranks either."""
-    from test_train_distributed import run_worker
-
-    got = run_worker(tmp_path / "pipeline", "--backend", "ddp", nproc=2)
-    want = run_worker(tmp_path / "oracle", "--backend", "ddp", "--oracle", nproc=2)
+    got, want = ddp_runs["pipeline"], ddp_runs["oracle"]
     assert len(got["rows"]) == len(want["rows"]) >= 5
     assert _rows_without_volatile(got) == _rows_without_volatile(want)
     assert all(torch.equal(got["weights"][k], want["weights"][k]) for k in want["weights"])
     assert any(not torch.equal(got["weights"][k], got["init"][k]) for k in got["init"])  # it trained
 
 
-def test_k1_on_two_ranks_lags_and_keeps_the_collectives_in_order(tmp_path):
+def test_k1_on_two_ranks_lags_and_keeps_the_collectives_in_order(ddp_runs):
     """Two DDP ranks, each with its own producer thread on an engine off the module, max_staleness 1: every
     collective (the sampler's gather, the advantages' gather, the gradient all-reduce, the row's gather) stays on
     the trainer's thread in the same order on both ranks (a mismatch would hang or fail), the rows lag by one
     version from step 2 on, and the steps trained the prompts of the k = 0 run in the same order."""
-    from test_train_distributed import run_worker
-
-    k1 = run_worker(tmp_path / "k1", "--backend", "ddp", "--copy-engine", "--set", "max_staleness=1", nproc=2)
-    k0 = run_worker(tmp_path / "k0", "--backend", "ddp", "--copy-engine", nproc=2)
+    k1, k0 = ddp_runs["copy_k1"], ddp_runs["copy_k0"]
     rows = [r for r in k1["rows"] if "staleness/max" in r]
     lags = [r["staleness/max"] for r in rows]
     # batch n+1 binds its version as the producer picks it up, right after batch n, while step n updates: lag 1

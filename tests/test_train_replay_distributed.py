@@ -32,9 +32,16 @@ def test_a_two_rank_record_holds_each_ranks_rows(ddp_recorded):
     assert len(rec.manifest["opt_steps"]) == 2  # train_batch_size 2 of 4 prompts: two optimizer steps
 
 
+@pytest.fixture(scope="module")
+def step2_replayed(ddp_recorded):
+    """Step 2 replayed on 2 ranks with one counterfactual (eps_clip 0.001) beside the recorded config: one torchrun
+    job that the bitwise check of step 2 and the table's clip fractions both read (issue 41: one start saved)."""
+    return replay(ddp_recorded, 2, [{"eps_clip": 0.001}], save=False)
+
+
 @pytest.mark.parametrize("step", [1, 2])
-def test_two_rank_replay_is_bitwise(ddp_recorded, step):
-    res = replay(ddp_recorded, step, save=False)
+def test_two_rank_replay_is_bitwise(ddp_recorded, step2_replayed, step):
+    res = replay(ddp_recorded, step, save=False) if step == 1 else step2_replayed
     assert res.environment_differences == []
     assert res.faithful, res.first_mismatch
     ranks = {c["what"].split()[1] for c in res.checks if c["what"].startswith("rank")}
@@ -80,13 +87,13 @@ def _clip_counts(rec, rank: int, k: int, kw) -> tuple[float, float, float]:
     return low, high, tokens
 
 
-def test_two_rank_table_clip_fractions_count_both_ranks_tokens(ddp_recorded):
+def test_two_rank_table_clip_fractions_count_both_ranks_tokens(ddp_recorded, step2_replayed):
     """The replay table's clip fractions (recorded config and counterfactual) are over both ranks' tokens, as worked
     out from the record; rank 0's tokens alone give other fractions here, so a rank-0-only table fails this."""
     from rftlib.train import steps
     from rftlib.train.replay import counterfactual_config, replay_config
 
-    res = replay(ddp_recorded, 2, [{"eps_clip": 0.001}], save=False)
+    res = step2_replayed
     assert res.faithful, res.first_mismatch
     rec = records.read_record(ddp_recorded, 2)
     cfg = replay_config(rec.manifest, world_size=2)
