@@ -10,10 +10,11 @@ setup:
 demo: setup
 	$(PY) -m rftlib.cli demo
 
-# The whole suite (CI's budget: 90 minutes for all of .ci/run), in scripts/test.sh's phases: the tests that run in
-# one process on both cores (pytest-xdist), then those that start ranks or engines (marked solo) one at a time,
-# then the numeric tests again with the CPU kernels forced to another ISA (tolerances must hold for any x86 CPU's
-# summation order, not only this one's). Each phase ends with its 25 slowest tests and seconds per test file.
+# The whole suite (CI's budget: 90 minutes for all of .ci/run), in scripts/test.sh's two phases, each on both cores
+# (pytest-xdist --solo-worker: one worker runs the tests that start ranks or engines, marked solo, one at a time,
+# the other every other file): every test, then the numeric tests again with the CPU kernels forced to another ISA
+# (tolerances must hold for any x86 CPU's summation order, not only this one's). Each phase ends with its slowest
+# tests and seconds per test file.
 test: setup
 	bash scripts/test.sh
 

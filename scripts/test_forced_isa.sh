@@ -20,5 +20,6 @@ fi
 echo "[forced ISA] native $native; ONEDNN_MAX_CPU_ISA=$ONEDNN_MAX_CPU_ISA MKL_ENABLE_INSTRUCTIONS=$MKL_ENABLE_INSTRUCTIONS" \
      "ATEN_CPU_CAPABILITY=${ATEN_CPU_CAPABILITY:-native}"
 # Tests in those modules marked @pytest.mark.plumbing (they compare no kernel float) or same_kernels (bit for bit
-# against a run on the same kernels) are left out (tests/conftest.py).
-exec "$PY" -m pytest -q --durations=10 -m numeric tests "$@"
+# against a run on the same kernels) are left out (tests/conftest.py). On both cores as make test's first phase:
+# the solo tests one at a time on one worker, the one-process files on the other (--solo-worker).
+exec "$PY" -m pytest -q -n 2 --solo-worker --dist loadfile --no-loadscope-reorder --durations=10 -m numeric tests "$@"
