@@ -23,7 +23,8 @@ test-parallel: setup
 	$(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder --durations=25 tests
 
 # The inner loop (a subset of `make test`, never a replacement): the pure and light modules (algo, config,
-# data, rewards, units, envs): 839 tests in about 3 minutes on 2 cores. tests/conftest.py: FAST_MODULES.
+# data, rewards, units, envs): 871 tests in 50 s of pytest, 99 s with the set-up check, on 2 cores. tests/conftest.py:
+# FAST_MODULES.
 test-fast: setup
 	$(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder --durations=10 -m fast tests
 
