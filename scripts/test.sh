@@ -2,7 +2,7 @@
 # make test: the whole suite in one phase on both cores, then the forced-ISA pass (issue 41: CI's 90 minutes).
 #   1. every test, pytest-xdist with two workers of one torch thread each (tests/conftest.py): the `solo` tests
 #      (tests/conftest.py SOLO_MODULES: trainer ranks, vLLM engines, launches) are one work unit that one worker
-#      runs one at a time, in SOLO_ORDER, while the other worker takes the remaining files (each a unit, longest
+#      runs one at a time, in that list's order, while the other worker takes the remaining files (each a unit, longest
 #      first) and then stops; the solo tests whose checks ride on timing run last, when they have the cores alone;
 #   2. the numeric tests again with the CPU kernels forced to another ISA (scripts/test_forced_isa.sh).
 # Both phases run even when the first failed (CI's log shows all failures); the exit status is non-zero if either

@@ -73,15 +73,19 @@ LONGEST_FIRST = ("test_report_presets.py", "test_validate_criteria.py", "test_sm
 # solo test beside a one-thread test does not. (test_smoke and test_attempts_lock left this list in issue 41: their
 # processes take turns -- the smoke's lines one after another, a lock holder beside a trainer, two ranks refused at
 # start -- so they run on the other worker, beside a solo test, and the solo worker's line is 2 minutes shorter.)
-# Measured on aa9df2f (2-core AMD EPYC):
+# In the order the solo worker runs them: those whose assertions are on numbers and polls with deadlines first (the
+# rehearsal, the rank comparisons), sharing the cores with the one-thread files; those whose checks ride on timing
+# (a batch that must outlast a sync, a kill while a batch is in flight, overlap and lag) last, when the other worker
+# is done. Measured on aa9df2f (2-core AMD EPYC):
 # everything under -n 2 ran two-rank tests beside the two-rank rehearsal and two of them failed (a worker was lost
 # too, to the GPU check's in-process fork, which its tests now run in a fresh interpreter);
 # the files not listed here, on both cores, ran 1,272 tests in 576 s of wall time (972 worker-seconds, against
 # 1,263 s for the same files in the serial suite, whose 2-thread torch pools gain little on a tiny model).
-SOLO_MODULES = ("test_launch_rehearsal", "test_launch_detached", "test_train_distributed",
-                "test_train_replay_distributed", "test_train_pipeline", "test_train_zero3_gather", "test_models_gptoss",
-                "test_rollout_vllm_engine", "test_rollout_vllm_sync", "test_rollout_vllm_weight_transfer",
-                "test_rollout_vllm_trainer", "test_rollout_vllm_bf16", "test_eval_precision", "test_scripts_gpu_check")
+SOLO_MODULES = ("test_launch_rehearsal", "test_train_distributed", "test_train_replay_distributed",
+                "test_models_gptoss", "test_train_zero3_gather", "test_rollout_vllm_engine",
+                "test_rollout_vllm_weight_transfer", "test_rollout_vllm_bf16", "test_eval_precision",
+                "test_scripts_gpu_check", "test_launch_detached", "test_rollout_vllm_trainer", "test_rollout_vllm_sync",
+                "test_train_pipeline")
 
 # The inner loop's tier (make test-fast): pure and light modules, a subset of make test that needs no rank, engine,
 # kernel or trained attempt. Prefixes, as NUMERIC_MODULES.
@@ -90,20 +94,9 @@ FAST_MODULES = ("test_algo_", "test_config", "test_data_", "test_rewards_", "tes
                 "test_docs_references", "test_envs_")
 
 
-# make test's first phase (pytest -n 2 --solo-worker): every solo test is in one work unit, which one worker runs in
-# this order while the other worker takes the one-thread files (each file a unit, longest first). The solo tests at
-# the front (the rehearsal, the rank comparisons) share the cores with the one-thread files: their assertions are on
-# numbers and polls with deadlines, not on time; those whose checks ride on timing (a batch that must outlast a
-# sync, a kill while a batch is in flight, overlap and lag) come last, when the other worker is done.
-SOLO_ORDER = ("test_launch_rehearsal", "test_train_distributed", "test_train_replay_distributed", "test_models_gptoss",
-              "test_train_zero3_gather", "test_rollout_vllm_engine", "test_rollout_vllm_weight_transfer",
-              "test_rollout_vllm_bf16", "test_eval_precision", "test_scripts_gpu_check", "test_launch_detached", "test_rollout_vllm_trainer", "test_rollout_vllm_sync",
-              "test_train_pipeline")
-
-
 def pytest_addoption(parser):
     parser.addoption("--solo-worker", action="store_true",
-                     help="with -n 2: the solo tests as one unit on one worker (in SOLO_ORDER), every other file a "
+                     help="with -n 2: the solo tests as one unit on one worker (in SOLO_MODULES' order), every other file a "
                           "unit of its own on either (tests/conftest.py; make test)")
 
 
@@ -122,17 +115,17 @@ def pytest_xdist_make_scheduler(config, log):
     return SoloUnitScheduling(config, log)
 
 
-def _solo_rank(name: str) -> int:
-    return next((i for i, prefix in enumerate(SOLO_ORDER) if name.startswith(prefix)), len(SOLO_ORDER))
+def solo_rank(name: str) -> int | None:
+    """The place of test file ``name`` in SOLO_MODULES (the solo worker's order), None for a file that is not solo."""
+    return next((i for i, prefix in enumerate(SOLO_MODULES) if name.startswith(prefix)), None)
 
 
 def pytest_collection_modifyitems(config, items):
-    if config.getoption("solo_worker"):  # solo tests first, in SOLO_ORDER; then the other files longest first
-        rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
-        items.sort(key=lambda it: ((0, _solo_rank(it.path.name)) if it.path.name.startswith(SOLO_MODULES)
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    if config.getoption("solo_worker"):  # solo tests first, in SOLO_MODULES' order; then the other files longest first
+        items.sort(key=lambda it: ((0, solo_rank(it.path.name)) if solo_rank(it.path.name) is not None
                                    else (1, rank.get(it.path.name, len(rank)))))
     elif os.environ.get("PYTEST_XDIST_WORKER"):  # a single process keeps collection order (what CI has run green)
-        rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
         items.sort(key=lambda it: rank.get(it.path.name, len(rank)))  # stable: collection order within a rank
     for item in items:
         if item.path.name.startswith(FAST_MODULES):

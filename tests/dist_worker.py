@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import hashlib
 import json
 import sys
@@ -76,9 +77,6 @@ class PerPromptSeededEngine:
                        group_size=group_size)
 
 
-_COPY_REGISTERED: list[bool] = []
-
-
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("out")
@@ -105,6 +103,14 @@ def main(argv=None) -> None:
     exit_rank(0)  # skip the interpreter teardown that once aborted a ZeRO-3 rank after its results were written
 
 
+@functools.cache
+def _register_copy_engine_once() -> None:
+    """``rollout_engine: copy`` registered once a process: a plan's second copy-engine run finds it there."""
+    from toy_engines import register_copy_engine
+
+    register_copy_engine()
+
+
 def run(a: argparse.Namespace) -> None:
     """One training run as the arguments say; writes OUT/result.pt (rank 0)."""
     import yaml
@@ -126,11 +132,7 @@ def run(a: argparse.Namespace) -> None:
                      skip_zero_advantage_rows=False)
     overrides.update({k: yaml.safe_load(v) for k, v in (s.split("=", 1) for s in a.set)})
     if a.copy_engine:
-        from toy_engines import register_copy_engine
-
-        if not _COPY_REGISTERED:  # once a process (a plan's second copy-engine run finds it registered)
-            register_copy_engine()
-            _COPY_REGISTERED.append(True)
+        _register_copy_engine_once()
         overrides["rollout_engine"] = "copy"
     cfg = make_config("tiny", overrides)
     dist = init_dist(cfg)

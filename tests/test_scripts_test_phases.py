@@ -1,5 +1,5 @@
 """make test's scheduling (scripts/test.sh, tests/conftest.py): under ``pytest -n 2 --solo-worker`` every solo test
-runs on one worker, one at a time, while the other worker takes the rest. Were the solo tests spread over both
+runs on one worker, one at a time in SOLO_MODULES' order, while the other worker takes the rest. Were the solo tests spread over both
 workers, two launches or rank jobs would run side by side on 2 cores, and fail or time out now and then rather than
 here. (xdist's own ``--dist loadgroup`` did exactly that under pytest 9.2, silently: issue 41.)
 
@@ -34,5 +34,5 @@ def test_solo_tests_run_on_one_worker_in_solo_order_and_the_rest_on_the_other(tm
     rest = [(w, n) for w, n in ran if (w, n) not in solo]
     assert len(solo) == 3 and len({w for w, _ in solo}) == 1, ran  # one worker runs every solo test
     assert rest and {w for w, _ in rest} - {solo[0][0]}, ran  # and the other runs the rest
-    order = [conftest.SOLO_ORDER.index(Path(n.split("::")[0]).stem) for _, n in solo]
-    assert order == sorted(order), solo  # in SOLO_ORDER
+    order = [conftest.solo_rank(Path(n.split("::")[0]).name) for _, n in solo]
+    assert order == sorted(order), solo  # in SOLO_MODULES' order
